@@ -1,0 +1,117 @@
+//! The store contract: what every engine provides. The contract test suite
+//! (`store/tests/contract/`) checks each engine against it.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use serde_json::Value;
+
+use crate::{
+    CappedSpec, Change, ChangeFilter, ChangeStart, Document, Durability, Position, Record, Result,
+    Start, StoreError, Update,
+};
+
+/// A stream of capped-collection documents in insertion order. It never ends on its own while
+/// the store is open: after the last document it waits for the next commit. It ends with
+/// [`StoreError::PositionLost`] when eviction overtook the reader.
+pub type RecordStream = BoxStream<'static, Result<Record, StoreError>>;
+
+/// A stream of changes in commit order; waits for new ones like [`RecordStream`]. It ends with
+/// [`StoreError::HistoryLost`] when resumed from a token older than the retained history.
+pub type ChangeStream = BoxStream<'static, Result<Change, StoreError>>;
+
+/// A storage engine: the factory of collections, the change log and the checkpoints.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// `embedded` or `mongodb` (the `engine` metric label).
+    fn engine(&self) -> &'static str;
+
+    /// Opens (creating when absent) a capped collection.
+    async fn capped(&self, name: &str, spec: &CappedSpec) -> Result<Arc<dyn Capped>>;
+
+    /// Opens (creating when absent) a changefeed-backed keyed collection.
+    async fn keyed(&self, name: &str) -> Result<Arc<dyn Keyed>>;
+
+    /// Every change of the changefeed-backed collections that passes `filter`, in commit order
+    /// (the op-log watcher; a collection's `changes` is this with one collection).
+    fn changes(&self, filter: ChangeFilter, start: ChangeStart) -> ChangeStream;
+
+    /// The newest change's token, if any change was ever committed (for feed lag).
+    async fn newest_change(&self) -> Result<Option<crate::ResumeToken>>;
+
+    /// How many changes lie after `token` up to the newest (a feed's lag in changes).
+    async fn changes_after(&self, token: &crate::ResumeToken) -> Result<u64>;
+
+    /// The commit time (µs since the epoch) of the oldest retained change: how far back a
+    /// stopped feed can resume from.
+    async fn oldest_change_at(&self) -> Result<Option<i64>>;
+
+    /// The saved checkpoint of a feed.
+    async fn load_checkpoint(&self, feed: &str) -> Result<Option<Value>>;
+
+    /// Saves a feed's checkpoint (position and state together, atomically).
+    async fn save_checkpoint(
+        &self,
+        feed: &str,
+        checkpoint: Value,
+        durability: Durability,
+    ) -> Result<()>;
+
+    /// Flushes queued writes and stops the engine's background work.
+    async fn close(&self) -> Result<()>;
+}
+
+/// A capped collection: bounded by count and bytes, insertion-ordered, oldest evicted first.
+#[async_trait]
+pub trait Capped: Send + Sync + 'static {
+    /// The collection's name.
+    fn name(&self) -> &str;
+
+    /// Appends documents in order. Returns their positions (strictly increasing), or an empty
+    /// list for [`Durability::Unacknowledged`], which returns before the commit.
+    async fn append(&self, docs: Vec<Document>, durability: Durability) -> Result<Vec<Position>>;
+
+    /// Every document after `start`, in order, then waits for new ones without polling.
+    fn tail(&self, start: Start) -> RecordStream;
+
+    /// The document at a position, if still retained.
+    async fn get(&self, position: Position) -> Result<Option<Record>>;
+
+    /// The `limit` newest documents whose `field` equals `value` (newest first), on an
+    /// indexed field; an unindexed field is [`StoreError::NotIndexed`].
+    async fn latest(&self, field: &str, value: &Value, limit: usize) -> Result<Vec<Record>>;
+
+    /// Oldest and newest retained positions, or `None` when empty.
+    async fn bounds(&self) -> Result<Option<(Position, Position)>>;
+
+    /// Number of retained documents and their encoded size in bytes.
+    async fn usage(&self) -> Result<(u64, u64)>;
+}
+
+/// A keyed collection whose every insert, update, replace and delete is published as a
+/// [`Change`].
+#[async_trait]
+pub trait Keyed: Send + Sync + 'static {
+    /// The collection's name.
+    fn name(&self) -> &str;
+
+    /// Upserts: applies each `$inc`/`$set` update to its key (creating the key when absent), in
+    /// order, in one commit. Each key's change is published.
+    async fn update(&self, updates: Vec<(String, Update)>, durability: Durability) -> Result<()>;
+
+    /// Inserts or replaces the whole document of `key`.
+    async fn set(&self, key: &str, doc: Document, durability: Durability) -> Result<()>;
+
+    /// Removes `key`; returns whether it existed.
+    async fn delete(&self, key: &str, durability: Durability) -> Result<bool>;
+
+    /// The document of `key`.
+    async fn get(&self, key: &str) -> Result<Option<Document>>;
+
+    /// Every document whose key starts with `prefix`, by key.
+    async fn scan(&self, prefix: &str) -> Result<Vec<(String, Document)>>;
+
+    /// Changes of this collection only (see [`Store::changes`]).
+    fn changes(&self, filter: ChangeFilter, start: ChangeStart) -> ChangeStream;
+}

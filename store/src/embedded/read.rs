@@ -1,0 +1,333 @@
+//! Reads of the embedded engine: point reads, index queries, and the tail / change streams
+//! that catch up from the tables and then follow the writer's in-memory commit broadcast.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rusqlite::{Connection, OptionalExtension, ToSql, params};
+use serde_json::Value;
+use tokio::sync::broadcast::error::RecvError;
+
+use super::Inner;
+use super::schema::{self, capped_table};
+use crate::{
+    Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Document, Position, Record,
+    RecordStream, Result, ResumeToken, Start, StoreError,
+};
+
+/// Rows fetched per catch-up query: bounds memory while a reader is far behind.
+const CATCH_UP_BATCH: usize = 512;
+
+fn parse_doc(body: &str) -> Result<Document> {
+    Ok(serde_json::from_str(body)?)
+}
+
+pub(super) fn parse_token(token: &ResumeToken) -> Result<u64> {
+    token.0.parse().map_err(|_| {
+        StoreError::Invalid(format!(
+            "resume token {token:?} was not made by the embedded engine"
+        ))
+    })
+}
+
+pub(super) fn get_record(
+    c: &Connection,
+    table: &str,
+    position: Position,
+) -> Result<Option<Record>> {
+    c.query_row(
+        &format!("SELECT pos, body, ts FROM {table} WHERE pos = ?1"),
+        [position.0 as i64],
+        |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        },
+    )
+    .optional()?
+    .map(|(pos, body, ts)| {
+        Ok(Record {
+            position: Position(pos as u64),
+            doc: parse_doc(&body)?,
+            committed_at_us: Some(ts),
+        })
+    })
+    .transpose()
+}
+
+/// A JSON scalar as the SQL value `json_extract` returns for it.
+fn sql_value(value: &Value) -> Result<Box<dyn ToSql + Send>> {
+    Ok(match value {
+        Value::String(s) => Box::new(s.clone()),
+        Value::Bool(b) => Box::new(*b as i64),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => Box::new(i),
+            None => Box::new(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        other => {
+            return Err(StoreError::Invalid(format!(
+                "latest() compares scalars only, not {other}"
+            )));
+        }
+    })
+}
+
+pub(super) fn latest(
+    c: &Connection,
+    table: &str,
+    field: &str,
+    value: &Value,
+    limit: usize,
+) -> Result<Vec<Record>> {
+    schema::check_field(field)?;
+    let value = sql_value(value)?;
+    let mut stmt = c.prepare_cached(&format!(
+        "SELECT pos, body, ts FROM {table} WHERE {} = ?1 ORDER BY pos DESC LIMIT ?2",
+        schema::field_expr(field)
+    ))?;
+    let rows = stmt.query_map(params![value, limit as i64], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, i64>(2)?,
+        ))
+    })?;
+    rows.map(|row| {
+        let (pos, body, ts) = row?;
+        Ok(Record {
+            position: Position(pos as u64),
+            doc: parse_doc(&body)?,
+            committed_at_us: Some(ts),
+        })
+    })
+    .collect()
+}
+
+/// The query plan of `latest` on `field` (tests assert that the index is used).
+pub fn explain_latest(c: &Connection, coll: &str, field: &str) -> Result<String> {
+    schema::check_field(field)?;
+    let mut stmt = c.prepare(&format!(
+        "EXPLAIN QUERY PLAN SELECT pos, body, ts FROM {} WHERE {} = ?1 ORDER BY pos DESC LIMIT 20",
+        capped_table(coll),
+        schema::field_expr(field)
+    ))?;
+    let rows = stmt.query_map(["x"], |r| r.get::<_, String>(3))?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?.join("; "))
+}
+
+pub(super) fn scan(c: &Connection, coll: &str, prefix: &str) -> Result<Vec<(String, Document)>> {
+    // Keys in [prefix, prefix + U+10FFFF) share the prefix; this keeps the primary key usable.
+    let upper = format!("{prefix}\u{10FFFF}");
+    let mut stmt = c.prepare_cached(
+        "SELECT key, body FROM kv WHERE coll = ?1 AND key >= ?2 AND key < ?3 ORDER BY key",
+    )?;
+    let rows = stmt.query_map(params![coll, prefix, upper], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+    })?;
+    rows.map(|row| {
+        let (k, body) = row?;
+        Ok((k, parse_doc(&body)?))
+    })
+    .collect()
+}
+
+/// The next documents after `after` (from the oldest when `None`), or `PositionLost` when the
+/// one right after `after` was evicted. One read transaction, so the check and the rows agree.
+fn capped_after(c: &Connection, coll: &str, after: Option<u64>) -> Result<Vec<Record>> {
+    let table = capped_table(coll);
+    let tx = c.unchecked_transaction()?;
+    if let Some(after) = after {
+        let oldest: Option<i64> =
+            tx.query_row(&format!("SELECT MIN(pos) FROM {table}"), [], |r| r.get(0))?;
+        if let Some(oldest) = oldest
+            && oldest as u64 > after + 1
+        {
+            return Err(StoreError::PositionLost {
+                collection: coll.to_string(),
+                after: Position(after),
+                oldest: Position(oldest as u64),
+            });
+        }
+    }
+    let mut stmt = tx.prepare_cached(&format!(
+        "SELECT pos, body, ts FROM {table} WHERE pos > ?1 ORDER BY pos LIMIT ?2"
+    ))?;
+    let rows = stmt.query_map(
+        params![after.unwrap_or(0) as i64, CATCH_UP_BATCH as i64],
+        |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        },
+    )?;
+    rows.map(|row| {
+        let (pos, body, ts) = row?;
+        Ok(Record {
+            position: Position(pos as u64),
+            doc: parse_doc(&body)?,
+            committed_at_us: Some(ts),
+        })
+    })
+    .collect()
+}
+
+/// The next op-log entries after `after`, or `HistoryLost` when the one right after it is gone.
+fn changes_after(c: &Connection, after: Option<u64>) -> Result<Vec<Change>> {
+    let tx = c.unchecked_transaction()?;
+    if let Some(after) = after {
+        let oldest: Option<i64> = tx.query_row("SELECT MIN(seq) FROM oplog", [], |r| r.get(0))?;
+        if let Some(oldest) = oldest
+            && oldest as u64 > after + 1
+        {
+            return Err(StoreError::HistoryLost {
+                token: ResumeToken(after.to_string()),
+                oldest: ResumeToken(oldest.to_string()),
+            });
+        }
+    }
+    let mut stmt = tx.prepare_cached(
+        "SELECT seq, coll, op, key, before, after, ts FROM oplog WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+    )?;
+    let rows = stmt.query_map(
+        params![after.unwrap_or(0) as i64, CATCH_UP_BATCH as i64],
+        |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, Option<String>>(4)?,
+                r.get::<_, Option<String>>(5)?,
+                r.get::<_, i64>(6)?,
+            ))
+        },
+    )?;
+    rows.map(|row| {
+        let (seq, coll, op, key, before, after, ts) = row?;
+        let op: ChangeOp = op.parse().map_err(StoreError::Invalid)?;
+        Ok(Change {
+            op,
+            collection: coll,
+            key,
+            before: before.as_deref().map(parse_doc).transpose()?,
+            after: after.as_deref().map(parse_doc).transpose()?,
+            token: ResumeToken(seq.to_string()),
+            committed_at_us: ts,
+        })
+    })
+    .collect()
+}
+
+pub(super) fn tail_stream(
+    inner: Arc<Inner>,
+    coll: String,
+    newest: Arc<AtomicU64>,
+    start: Start,
+) -> RecordStream {
+    // Subscribe before looking at the table: every commit after this point is either in the
+    // table when we read it or in the broadcast, so nothing falls in between. Done here, not
+    // in the stream, so that `Start::Now` means when `tail` was called, not its first poll.
+    let subscribed = inner.subscribe();
+    let mut last: Option<u64> = match start {
+        Start::Oldest => None,
+        Start::After(p) => Some(p.0),
+        Start::Now => Some(newest.load(Ordering::Acquire)),
+    };
+    Box::pin(async_stream::try_stream! {
+        let mut live = subscribed?;
+        loop {
+            loop {
+                let c = coll.clone();
+                let batch = inner.read(move |conn| capped_after(conn, &c, last)).await?;
+                if batch.is_empty() {
+                    break;
+                }
+                for record in batch {
+                    last = Some(record.position.0);
+                    yield record;
+                }
+            }
+            'live: loop {
+                match live.recv().await {
+                    Ok(commit) => {
+                        for (name, records) in &commit.appended {
+                            if *name != coll {
+                                continue;
+                            }
+                            for record in records {
+                                let p = record.position.0;
+                                match last {
+                                    Some(l) if p <= l => continue,
+                                    // Not the next one: read the table to fill the hole.
+                                    Some(l) if p != l + 1 => break 'live,
+                                    _ => {}
+                                }
+                                last = Some(p);
+                                yield record.clone();
+                            }
+                        }
+                    }
+                    // Fell behind the broadcast: read the table until caught up again.
+                    Err(RecvError::Lagged(_)) => break 'live,
+                    Err(RecvError::Closed) => Err(StoreError::Closed)?,
+                }
+            }
+        }
+    })
+}
+
+pub(super) fn change_stream(
+    inner: Arc<Inner>,
+    filter: ChangeFilter,
+    start: ChangeStart,
+) -> ChangeStream {
+    // Eager for the same reason as `tail_stream`.
+    let subscribed = inner.subscribe();
+    let resolved = match &start {
+        ChangeStart::Oldest => Ok(None),
+        ChangeStart::After(t) => parse_token(t).map(Some),
+        ChangeStart::Now => Ok(Some(inner.newest_op.load(Ordering::Acquire))),
+    };
+    Box::pin(async_stream::try_stream! {
+        let mut live = subscribed?;
+        let mut last: Option<u64> = resolved?;
+        loop {
+            loop {
+                let batch = inner.read(move |conn| changes_after(conn, last)).await?;
+                if batch.is_empty() {
+                    break;
+                }
+                for change in batch {
+                    last = Some(parse_token(&change.token)?);
+                    if filter.matches(&change) {
+                        yield change;
+                    }
+                }
+            }
+            'live: loop {
+                match live.recv().await {
+                    Ok(commit) => {
+                        for change in &commit.changes {
+                            let seq = parse_token(&change.token)?;
+                            match last {
+                                Some(l) if seq <= l => continue,
+                                Some(l) if seq != l + 1 => break 'live,
+                                _ => {}
+                            }
+                            last = Some(seq);
+                            if filter.matches(change) {
+                                yield change.clone();
+                            }
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => break 'live,
+                    Err(RecvError::Closed) => Err(StoreError::Closed)?,
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,110 @@
+//! Table layout of the embedded engine, and connection setup.
+//!
+//! One SQLite database file in WAL mode holds everything:
+//! - `capped_<name>`: one table per capped collection; `pos` is an AUTOINCREMENT rowid, so
+//!   positions strictly increase and are never reused, even after eviction.
+//! - `kv`: the changefeed-backed collections' documents, keyed by (collection, key).
+//! - `oplog`: every change of `kv`, with before/after images; `seq` is the resume token.
+//! - `checkpoints`: each feed's position and state, written in one statement (atomic).
+//! - `collections`: what exists, with the capped limits it was created with.
+
+use std::path::Path;
+
+use rusqlite::Connection;
+
+use crate::{Result, StoreError};
+
+/// The database file name inside the data directory.
+pub const DB_FILE: &str = "tailrace.db";
+
+pub(crate) const CREATE: &str = "
+CREATE TABLE IF NOT EXISTS collections(
+    name TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    max_docs INTEGER,
+    max_bytes INTEGER
+);
+CREATE TABLE IF NOT EXISTS kv(
+    coll TEXT NOT NULL,
+    key TEXT NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY(coll, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS oplog(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    coll TEXT NOT NULL,
+    op TEXT NOT NULL,
+    key TEXT NOT NULL,
+    before TEXT,
+    after TEXT,
+    ts INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS checkpoints(
+    feed TEXT PRIMARY KEY,
+    body TEXT NOT NULL,
+    ts INTEGER NOT NULL
+);
+";
+
+/// The table behind a capped collection.
+pub(crate) fn capped_table(name: &str) -> String {
+    format!("capped_{name}")
+}
+
+/// The name of the expression index on `field` of a capped collection.
+pub(crate) fn index_name(coll: &str, field: &str) -> String {
+    let clean: String = field
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!("idx_{coll}_{clean}")
+}
+
+/// The SQL expression that extracts `field` (a dotted path) from a document body.
+pub(crate) fn field_expr(field: &str) -> String {
+    format!("json_extract(body, '$.{field}')")
+}
+
+/// Checks a collection name: lower-case letters, digits and `_`, so it is safe in table names.
+pub fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "collection name {name:?}: use 1-64 characters from a-z, 0-9 and _"
+        )))
+    }
+}
+
+/// Checks a field path used in an index: letters, digits, `_` and `.` only, so it is safe in
+/// a JSON path literal.
+pub fn check_field(field: &str) -> Result<()> {
+    let ok = !field.is_empty()
+        && !field.starts_with('.')
+        && !field.ends_with('.')
+        && field
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "field {field:?}: use a dotted path of letters, digits and _"
+        )))
+    }
+}
+
+/// Opens a connection with the settings every connection needs.
+pub(crate) fn open(path: &Path) -> Result<Connection> {
+    let conn = Connection::open(path)?;
+    // Readers and the writer share the file; WAL lets readers run during a commit. A writer
+    // never waits on another writer (there is one), but a checkpoint may briefly hold a lock.
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    Ok(conn)
+}

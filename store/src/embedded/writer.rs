@@ -1,0 +1,519 @@
+//! The single writer thread: owns the write connection, commits whatever is queued in one
+//! transaction (group commit), evicts capped collections, appends to the op log, then
+//! publishes the commit to tail readers and answers every caller.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rusqlite::{Connection, OptionalExtension, params};
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use super::schema::{self, capped_table};
+use crate::{
+    CappedSpec, Change, ChangeOp, Document, Durability, Position, Record, Result, ResumeToken,
+    StoreError, Update, update,
+};
+
+/// At most this many jobs share one transaction, so one commit's latency stays bounded.
+const MAX_GROUP: usize = 1024;
+
+/// What a caller asks the writer to do.
+pub(crate) enum Op {
+    CreateCapped {
+        name: String,
+        spec: CappedSpec,
+        newest: Arc<AtomicU64>,
+    },
+    CreateKeyed {
+        name: String,
+    },
+    Append {
+        coll: String,
+        docs: Vec<Document>,
+    },
+    Update {
+        coll: String,
+        updates: Vec<(String, Update)>,
+    },
+    Set {
+        coll: String,
+        key: String,
+        doc: Document,
+    },
+    Delete {
+        coll: String,
+        key: String,
+    },
+    Checkpoint {
+        feed: String,
+        body: String,
+    },
+    /// Commits everything queued before it; used by `close` to flush.
+    Barrier,
+}
+
+/// The writer's answer.
+pub(crate) enum Reply {
+    Positions(Vec<Position>),
+    Deleted(bool),
+    Done,
+}
+
+/// One queued request.
+pub(crate) struct Job {
+    pub op: Op,
+    pub durability: Durability,
+    /// `None` for unacknowledged writes: nobody waits.
+    pub reply: Option<oneshot::Sender<Result<Reply>>>,
+}
+
+/// What one commit made visible; sent to every live tail and change stream.
+#[derive(Default)]
+pub(crate) struct Commit {
+    /// Appended records per capped collection, in position order.
+    pub appended: Vec<(String, Vec<Record>)>,
+    /// Published changes in op-log order.
+    pub changes: Vec<Change>,
+}
+
+/// In-memory bookkeeping of a capped collection, so eviction needs no `COUNT(*)`.
+struct CappedMeta {
+    table: String,
+    max_docs: u64,
+    max_bytes: u64,
+    count: u64,
+    bytes: u64,
+    /// Shared with readers: the newest committed position (0 = none yet).
+    newest: Arc<AtomicU64>,
+}
+
+pub(crate) struct Writer {
+    conn: Connection,
+    capped: HashMap<String, CappedMeta>,
+    oplog_max_entries: u64,
+    /// Whether `synchronous=FULL` is currently set; toggled per group as durability needs.
+    sync_full: bool,
+    hub: broadcast::Sender<Arc<Commit>>,
+    newest_op: Arc<AtomicU64>,
+}
+
+pub(crate) fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+impl Writer {
+    pub(crate) fn new(
+        conn: Connection,
+        oplog_max_entries: u64,
+        hub: broadcast::Sender<Arc<Commit>>,
+        newest_op: Arc<AtomicU64>,
+    ) -> Result<Self> {
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        Ok(Writer {
+            conn,
+            capped: HashMap::new(),
+            oplog_max_entries,
+            sync_full: true,
+            hub,
+            newest_op,
+        })
+    }
+
+    /// Runs until every sender is gone.
+    pub(crate) fn run(mut self, mut rx: mpsc::Receiver<Job>) {
+        while let Some(first) = rx.blocking_recv() {
+            let mut jobs = vec![first];
+            while jobs.len() < MAX_GROUP {
+                match rx.try_recv() {
+                    Ok(job) => jobs.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.commit_group(jobs);
+        }
+    }
+
+    fn commit_group(&mut self, mut jobs: Vec<Job>) {
+        let full = jobs.iter().any(|j| j.durability.syncs());
+        let mut results: Vec<Result<Reply>> = Vec::with_capacity(jobs.len());
+        let mut commit = Commit::default();
+        let outcome = self.transaction(full, &mut jobs, &mut results, &mut commit);
+        if let Err(e) = outcome {
+            // The whole transaction is gone: every caller hears why, and the in-memory
+            // bookkeeping is reloaded from what is really on disk.
+            let _ = self.conn.execute_batch("ROLLBACK");
+            tracing::error!(error = %e, jobs = jobs.len(), "embedded store commit failed");
+            let msg = e.to_string();
+            self.reload_capped_meta();
+            for job in jobs {
+                if let Some(tx) = job.reply {
+                    let _ = tx.send(Err(StoreError::Engine {
+                        engine: "embedded",
+                        message: msg.clone(),
+                    }));
+                }
+            }
+            return;
+        }
+        let committed_at = now_us();
+        for (_, records) in &mut commit.appended {
+            for r in records.iter_mut() {
+                r.committed_at_us = Some(committed_at);
+            }
+        }
+        for c in &mut commit.changes {
+            c.committed_at_us = committed_at;
+        }
+        for (coll, records) in &commit.appended {
+            if let (Some(meta), Some(last)) = (self.capped.get(coll), records.last()) {
+                meta.newest.store(last.position.0, Ordering::Release);
+            }
+        }
+        if let Some(last) = commit.changes.last()
+            && let Ok(seq) = last.token.0.parse::<u64>()
+        {
+            self.newest_op.store(seq, Ordering::Release);
+        }
+        if !commit.appended.is_empty() || !commit.changes.is_empty() {
+            // No receivers is fine: nobody is tailing.
+            let _ = self.hub.send(Arc::new(commit));
+        }
+        for (job, result) in jobs.into_iter().zip(results) {
+            if let Some(tx) = job.reply {
+                let _ = tx.send(result);
+            }
+        }
+    }
+
+    fn transaction(
+        &mut self,
+        full: bool,
+        jobs: &mut [Job],
+        results: &mut Vec<Result<Reply>>,
+        commit: &mut Commit,
+    ) -> Result<()> {
+        if full != self.sync_full {
+            self.conn
+                .pragma_update(None, "synchronous", if full { "FULL" } else { "NORMAL" })?;
+            self.sync_full = full;
+        }
+        let now = now_us();
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        let mut wrote_oplog = false;
+        for job in jobs.iter_mut() {
+            self.conn.execute_batch("SAVEPOINT job")?;
+            let before_appended = commit.appended.len();
+            let before_changes = commit.changes.len();
+            match self.apply(&mut job.op, now, commit) {
+                Ok(reply) => {
+                    self.conn.execute_batch("RELEASE job")?;
+                    wrote_oplog |= commit.changes.len() > before_changes;
+                    results.push(Ok(reply));
+                }
+                Err(e) => {
+                    // Only this job is undone; the others in the group still commit.
+                    self.conn.execute_batch("ROLLBACK TO job; RELEASE job")?;
+                    commit.appended.truncate(before_appended);
+                    commit.changes.truncate(before_changes);
+                    self.reload_capped_meta();
+                    results.push(Err(e));
+                }
+            }
+        }
+        if wrote_oplog
+            && let Some(max_seq) = commit
+                .changes
+                .last()
+                .and_then(|c| c.token.0.parse::<i64>().ok())
+        {
+            // The op log is bounded like a capped collection: oldest entries go first.
+            let cut = max_seq - self.oplog_max_entries as i64;
+            if cut > 0 {
+                self.conn
+                    .prepare_cached("DELETE FROM oplog WHERE seq <= ?1")?
+                    .execute([cut])?;
+            }
+        }
+        self.conn.execute_batch("COMMIT")?;
+        Ok(())
+    }
+
+    fn apply(&mut self, op: &mut Op, now: i64, commit: &mut Commit) -> Result<Reply> {
+        match op {
+            Op::CreateCapped { name, spec, newest } => {
+                self.create_capped(name, spec, newest.clone())?;
+                Ok(Reply::Done)
+            }
+            Op::CreateKeyed { name } => {
+                self.conn.execute(
+                    "INSERT INTO collections(name, kind) VALUES (?1, 'keyed')
+                     ON CONFLICT(name) DO NOTHING",
+                    [&*name],
+                )?;
+                let kind: String = self.conn.query_row(
+                    "SELECT kind FROM collections WHERE name = ?1",
+                    [&*name],
+                    |r| r.get(0),
+                )?;
+                if kind != "keyed" {
+                    return Err(StoreError::Incompatible {
+                        collection: name.clone(),
+                        problem: format!("exists as a {kind} collection, not a keyed one"),
+                    });
+                }
+                Ok(Reply::Done)
+            }
+            Op::Append { coll, docs } => {
+                let records = self.append(coll, std::mem::take(docs), now)?;
+                let positions = records.iter().map(|r| r.position).collect();
+                commit.appended.push((coll.clone(), records));
+                Ok(Reply::Positions(positions))
+            }
+            Op::Update { coll, updates } => {
+                for (key, u) in updates.iter() {
+                    let before = self.get_kv(coll, key)?;
+                    let mut after = before.clone().unwrap_or_else(|| {
+                        let mut d = Document::new();
+                        d.insert("_id".into(), key.clone().into());
+                        d
+                    });
+                    update::apply(&mut after, u)?;
+                    let op = if before.is_some() {
+                        ChangeOp::Update
+                    } else {
+                        ChangeOp::Insert
+                    };
+                    self.put_kv(coll, key, &after)?;
+                    commit
+                        .changes
+                        .push(self.log(coll, op, key, before, Some(after), now)?);
+                }
+                Ok(Reply::Done)
+            }
+            Op::Set { coll, key, doc } => {
+                let before = self.get_kv(coll, key)?;
+                let mut after = std::mem::take(doc);
+                after.insert("_id".into(), key.clone().into());
+                let op = if before.is_some() {
+                    ChangeOp::Replace
+                } else {
+                    ChangeOp::Insert
+                };
+                self.put_kv(coll, key, &after)?;
+                commit
+                    .changes
+                    .push(self.log(coll, op, key, before, Some(after), now)?);
+                Ok(Reply::Done)
+            }
+            Op::Delete { coll, key } => {
+                let before = self.get_kv(coll, key)?;
+                if before.is_none() {
+                    return Ok(Reply::Deleted(false));
+                }
+                self.conn
+                    .prepare_cached("DELETE FROM kv WHERE coll = ?1 AND key = ?2")?
+                    .execute([&*coll, &*key])?;
+                commit
+                    .changes
+                    .push(self.log(coll, ChangeOp::Delete, key, before, None, now)?);
+                Ok(Reply::Deleted(true))
+            }
+            Op::Checkpoint { feed, body } => {
+                self.conn
+                    .prepare_cached(
+                        "INSERT INTO checkpoints(feed, body, ts) VALUES (?1, ?2, ?3)
+                         ON CONFLICT(feed) DO UPDATE SET body = excluded.body, ts = excluded.ts",
+                    )?
+                    .execute(params![&*feed, &*body, now])?;
+                Ok(Reply::Done)
+            }
+            Op::Barrier => Ok(Reply::Done),
+        }
+    }
+
+    fn create_capped(
+        &mut self,
+        name: &str,
+        spec: &CappedSpec,
+        newest: Arc<AtomicU64>,
+    ) -> Result<()> {
+        let table = capped_table(name);
+        let kind: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT kind FROM collections WHERE name = ?1",
+                [name],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if let Some(kind) = kind.filter(|k| k != "capped") {
+            return Err(StoreError::Incompatible {
+                collection: name.to_string(),
+                problem: format!("exists as a {kind} collection, not a capped one"),
+            });
+        }
+        self.conn.execute_batch(&format!(
+            "CREATE TABLE IF NOT EXISTS {table}(
+                pos INTEGER PRIMARY KEY AUTOINCREMENT,
+                body TEXT NOT NULL,
+                sz INTEGER NOT NULL,
+                ts INTEGER NOT NULL
+            )"
+        ))?;
+        // Limits may change between runs: the new ones apply from the next append.
+        self.conn.execute(
+            "INSERT INTO collections(name, kind, max_docs, max_bytes) VALUES (?1, 'capped', ?2, ?3)
+             ON CONFLICT(name) DO UPDATE SET max_docs = excluded.max_docs, max_bytes = excluded.max_bytes",
+            params![name, spec.max_docs as i64, spec.max_bytes as i64],
+        )?;
+        for field in &spec.indexes {
+            schema::check_field(field)?;
+            self.conn.execute_batch(&format!(
+                "CREATE INDEX IF NOT EXISTS {} ON {table}({})",
+                schema::index_name(name, field),
+                schema::field_expr(field)
+            ))?;
+        }
+        let (count, bytes, max): (i64, i64, i64) = self.conn.query_row(
+            &format!("SELECT COUNT(*), COALESCE(SUM(sz), 0), COALESCE(MAX(pos), 0) FROM {table}"),
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )?;
+        newest.store(max as u64, Ordering::Release);
+        self.capped.insert(
+            name.to_string(),
+            CappedMeta {
+                table,
+                max_docs: spec.max_docs,
+                max_bytes: spec.max_bytes,
+                count: count as u64,
+                bytes: bytes as u64,
+                newest,
+            },
+        );
+        Ok(())
+    }
+
+    /// Re-reads counts and sizes after a rolled-back job, so eviction stays exact.
+    fn reload_capped_meta(&mut self) {
+        for meta in self.capped.values_mut() {
+            let row: rusqlite::Result<(i64, i64)> = self.conn.query_row(
+                &format!("SELECT COUNT(*), COALESCE(SUM(sz), 0) FROM {}", meta.table),
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            );
+            if let Ok((count, bytes)) = row {
+                meta.count = count as u64;
+                meta.bytes = bytes as u64;
+            }
+        }
+    }
+
+    fn append(&mut self, coll: &str, docs: Vec<Document>, now: i64) -> Result<Vec<Record>> {
+        let meta = self.capped.get_mut(coll).ok_or_else(|| {
+            StoreError::Invalid(format!("capped collection {coll} was not opened"))
+        })?;
+        let mut records = Vec::with_capacity(docs.len());
+        {
+            let mut insert = self.conn.prepare_cached(&format!(
+                "INSERT INTO {}(body, sz, ts) VALUES (?1, ?2, ?3)",
+                meta.table
+            ))?;
+            for doc in docs {
+                let body = serde_json::to_string(&doc)?;
+                let size = body.len() as u64;
+                insert.execute(params![body, size as i64, now])?;
+                let pos = self.conn.last_insert_rowid() as u64;
+                meta.count += 1;
+                meta.bytes += size;
+                records.push(Record {
+                    position: Position(pos),
+                    doc,
+                    committed_at_us: None,
+                });
+            }
+        }
+        evict(&self.conn, meta)?;
+        Ok(records)
+    }
+
+    fn get_kv(&self, coll: &str, key: &str) -> Result<Option<Document>> {
+        let body: Option<String> = self
+            .conn
+            .prepare_cached("SELECT body FROM kv WHERE coll = ?1 AND key = ?2")?
+            .query_row([coll, key], |r| r.get(0))
+            .optional()?;
+        Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
+    }
+
+    fn put_kv(&self, coll: &str, key: &str, doc: &Document) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO kv(coll, key, body) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(coll, key) DO UPDATE SET body = excluded.body",
+            )?
+            .execute(params![coll, key, serde_json::to_string(doc)?])?;
+        Ok(())
+    }
+
+    fn log(
+        &self,
+        coll: &str,
+        op: ChangeOp,
+        key: &str,
+        before: Option<Document>,
+        after: Option<Document>,
+        now: i64,
+    ) -> Result<Change> {
+        let enc = |d: &Option<Document>| d.as_ref().map(serde_json::to_string).transpose();
+        self.conn
+            .prepare_cached(
+                "INSERT INTO oplog(coll, op, key, before, after, ts) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![coll, op.as_str(), key, enc(&before)?, enc(&after)?, now])?;
+        let seq = self.conn.last_insert_rowid();
+        Ok(Change {
+            op,
+            collection: coll.to_string(),
+            key: key.to_string(),
+            before,
+            after,
+            token: ResumeToken(seq.to_string()),
+            committed_at_us: now,
+        })
+    }
+}
+
+/// Deletes the oldest documents until the collection is within both limits (never the newest).
+fn evict(conn: &Connection, meta: &mut CappedMeta) -> Result<()> {
+    if meta.count <= meta.max_docs && meta.bytes <= meta.max_bytes {
+        return Ok(());
+    }
+    let excess_docs = meta.count.saturating_sub(meta.max_docs);
+    let (mut n, mut freed, mut cut) = (0u64, 0u64, None::<i64>);
+    {
+        let mut oldest =
+            conn.prepare_cached(&format!("SELECT pos, sz FROM {} ORDER BY pos", meta.table))?;
+        let mut rows = oldest.query([])?;
+        while let Some(row) = rows.next()? {
+            if (n >= excess_docs && meta.bytes - freed <= meta.max_bytes) || n + 1 >= meta.count {
+                break;
+            }
+            let (pos, sz): (i64, i64) = (row.get(0)?, row.get(1)?);
+            n += 1;
+            freed += sz as u64;
+            cut = Some(pos);
+        }
+    }
+    if let Some(cut) = cut {
+        conn.prepare_cached(&format!("DELETE FROM {} WHERE pos <= ?1", meta.table))?
+            .execute([cut])?;
+        meta.count -= n;
+        meta.bytes -= freed;
+    }
+    Ok(())
+}

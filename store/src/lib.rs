@@ -1,0 +1,45 @@
+//! # store — where tailrace keeps events
+//!
+//! Documents, positions, durability, the store contract and its engines. It knows nothing of
+//! sources or feeds.
+//!
+//! Two kinds of collection, one contract each ([`Capped`], [`Keyed`]), created by a [`Store`]:
+//! - a **capped collection** is bounded by count and bytes, insertion-ordered, oldest evicted
+//!   first, and can be tailed ([`Capped::tail`]) like MongoDB's tailable cursors;
+//! - a **changefeed-backed collection** publishes every insert, update, replace and delete
+//!   ([`Keyed::changes`], [`Store::changes`] for the op log across collections), resumable from
+//!   a [`ResumeToken`].
+//!
+//! Engines: [`embedded::EmbeddedStore`] (SQLite in WAL mode; the default, no server). The
+//! contract test suite in `tests/contract/` runs against every engine.
+//!
+//! What it is not: a general database. There are no ad-hoc queries beyond `latest` on an
+//! indexed field, no multi-document transactions in the contract, no deletes in capped
+//! collections (eviction only).
+//!
+//! ```no_run
+//! # async fn demo() -> store::Result<()> {
+//! use store::{embedded::{EmbeddedOptions, EmbeddedStore}, CappedSpec, Durability, Start, Store};
+//! use futures::StreamExt;
+//! let store = EmbeddedStore::open("data", EmbeddedOptions::default())?;
+//! let spec = CappedSpec { max_docs: 1000, max_bytes: 1 << 20, indexes: vec![] };
+//! let events = store.capped("events", &spec).await?;
+//! let mut tail = events.tail(Start::Oldest);
+//! let doc = serde_json::json!({"text": "hello"}).as_object().cloned().unwrap_or_default();
+//! events.append(vec![doc], Durability::Journaled).await?;
+//! let first = tail.next().await;
+//! # Ok(()) }
+//! ```
+
+mod contract;
+pub mod embedded;
+mod error;
+mod types;
+pub mod update;
+
+pub use contract::{Capped, ChangeStream, Keyed, RecordStream, Store};
+pub use error::{Result, StoreError};
+pub use types::{
+    CappedSpec, Change, ChangeFilter, ChangeOp, ChangeStart, Document, Durability, Position,
+    Record, ResumeToken, Start, Update,
+};

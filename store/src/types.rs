@@ -1,0 +1,273 @@
+//! Shared value types: documents, positions, tokens, durability, changes, updates.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// A schemaless JSON document (always a JSON object).
+pub type Document = Map<String, Value>;
+
+/// A document's place in a capped collection: strictly increasing in insertion order,
+/// never reused (not even after eviction).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Position(pub u64);
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// An opaque point in a change stream; resuming after it yields exactly the later changes.
+/// Engines encode their own token in it (the embedded engine: the op-log sequence number;
+/// MongoDB: the resume token document as JSON).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ResumeToken(pub String);
+
+impl fmt::Display for ResumeToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// How long a write waits before it is acknowledged (MongoDB's write concerns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// Returns once queued to the writer; lost on a crash.
+    Unacknowledged,
+    /// Returns once committed and visible; survives a process crash, not a power loss.
+    Acknowledged,
+    /// Returns once the commit is on stable storage (fsync).
+    Journaled,
+    /// Returns once a majority of replicas hold it; on one node the same as `Journaled`.
+    Majority,
+}
+
+impl Durability {
+    /// All levels, weakest first.
+    pub const ALL: [Durability; 4] = [
+        Durability::Unacknowledged,
+        Durability::Acknowledged,
+        Durability::Journaled,
+        Durability::Majority,
+    ];
+
+    /// The lowercase name used in config and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Unacknowledged => "unacknowledged",
+            Durability::Acknowledged => "acknowledged",
+            Durability::Journaled => "journaled",
+            Durability::Majority => "majority",
+        }
+    }
+
+    /// Whether the caller waits for the commit.
+    pub fn waits(self) -> bool {
+        self != Durability::Unacknowledged
+    }
+
+    /// Whether the commit must reach stable storage before the acknowledgment.
+    pub fn syncs(self) -> bool {
+        matches!(self, Durability::Journaled | Durability::Majority)
+    }
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Durability {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Durability::ALL
+            .into_iter()
+            .find(|d| d.as_str() == s)
+            .ok_or_else(|| {
+                format!("{s:?} is not one of unacknowledged, acknowledged, journaled, majority")
+            })
+    }
+}
+
+/// Where a tail starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Start {
+    /// The oldest retained document.
+    Oldest,
+    /// Only documents appended after the tail was opened.
+    Now,
+    /// Every document after this position.
+    After(Position),
+}
+
+/// Where a change stream starts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChangeStart {
+    /// The oldest retained change.
+    Oldest,
+    /// Only changes committed after the stream was opened.
+    Now,
+    /// Every change after this token.
+    After(ResumeToken),
+}
+
+/// Limits and indexes of a capped collection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CappedSpec {
+    /// At most this many documents are kept.
+    pub max_docs: u64,
+    /// At most this many bytes of documents are kept (encoded JSON size).
+    pub max_bytes: u64,
+    /// Fields (dotted paths) indexed for [`crate::Capped::latest`].
+    pub indexes: Vec<String>,
+}
+
+/// A document read from a capped collection.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Record {
+    /// Its position.
+    pub position: Position,
+    /// The document.
+    pub doc: Document,
+    /// When its write was committed, in microseconds since the Unix epoch, when known.
+    pub committed_at_us: Option<i64>,
+}
+
+/// The kind of operation a change records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeOp {
+    /// A new key.
+    Insert,
+    /// A partial update (`$inc`, `$set`) of an existing key.
+    Update,
+    /// A whole-document replacement of an existing key.
+    Replace,
+    /// A removed key.
+    Delete,
+}
+
+impl ChangeOp {
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeOp::Insert => "insert",
+            ChangeOp::Update => "update",
+            ChangeOp::Replace => "replace",
+            ChangeOp::Delete => "delete",
+        }
+    }
+}
+
+impl FromStr for ChangeOp {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "insert" => Ok(ChangeOp::Insert),
+            "update" => Ok(ChangeOp::Update),
+            "replace" => Ok(ChangeOp::Replace),
+            "delete" => Ok(ChangeOp::Delete),
+            _ => Err(format!(
+                "{s:?} is not one of insert, update, replace, delete"
+            )),
+        }
+    }
+}
+
+/// One published change of a changefeed-backed collection.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Change {
+    /// What happened.
+    pub op: ChangeOp,
+    /// The collection it happened in.
+    pub collection: String,
+    /// The document key (`_id`).
+    pub key: String,
+    /// The document before the change (absent for inserts, and where the engine has no pre-image).
+    pub before: Option<Document>,
+    /// The document after the change (absent for deletes).
+    pub after: Option<Document>,
+    /// Resume after this token to get the changes that follow this one.
+    pub token: ResumeToken,
+    /// When the change was committed, in microseconds since the Unix epoch.
+    pub committed_at_us: i64,
+}
+
+/// Which changes a change stream yields (like RethinkDB's `filter().changes()`).
+/// Empty lists mean "all".
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChangeFilter {
+    /// Only these collections.
+    pub collections: Vec<String>,
+    /// Only these operations.
+    pub ops: Vec<ChangeOp>,
+    /// Only keys starting with this prefix.
+    pub key_prefix: Option<String>,
+    /// Only changes whose post-image has these field values (dotted path = value).
+    pub fields: Vec<(String, Value)>,
+}
+
+impl ChangeFilter {
+    /// Watch just these collections, every operation.
+    pub fn collections<I, S>(names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ChangeFilter {
+            collections: names.into_iter().map(Into::into).collect(),
+            ..ChangeFilter::default()
+        }
+    }
+
+    /// Whether a change passes the filter.
+    pub fn matches(&self, c: &Change) -> bool {
+        (self.collections.is_empty() || self.collections.iter().any(|n| *n == c.collection))
+            && (self.ops.is_empty() || self.ops.contains(&c.op))
+            && self
+                .key_prefix
+                .as_deref()
+                .is_none_or(|p| c.key.starts_with(p))
+            && self.fields.iter().all(|(path, want)| {
+                c.after
+                    .as_ref()
+                    .and_then(|d| crate::update::get_path(d, path))
+                    .is_some_and(|v| v == want)
+            })
+    }
+}
+
+/// A partial update: `$inc` and `$set` by dotted path, applied as an upsert.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Update {
+    /// Numeric increments (`$inc`); a missing field counts as 0.
+    pub inc: Vec<(String, Value)>,
+    /// Values to set (`$set`).
+    pub set: Vec<(String, Value)>,
+}
+
+impl Update {
+    /// An update that increments `field` by `delta`.
+    pub fn inc(field: impl Into<String>, delta: i64) -> Self {
+        Update::default().and_inc(field, delta)
+    }
+
+    /// Adds an increment.
+    pub fn and_inc(mut self, field: impl Into<String>, delta: i64) -> Self {
+        self.inc.push((field.into(), Value::from(delta)));
+        self
+    }
+
+    /// Adds a `$set`.
+    pub fn and_set(mut self, field: impl Into<String>, value: impl Into<Value>) -> Self {
+        self.set.push((field.into(), value.into()));
+        self
+    }
+}

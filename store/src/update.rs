@@ -1,0 +1,124 @@
+//! Applying `$inc` / `$set` updates to JSON documents, by dotted path.
+//!
+//! The embedded engine applies updates itself; the MongoDB engine sends them to the server.
+//! Both must agree, so the semantics follow MongoDB's: a missing field counts as 0 for `$inc`,
+//! integers stay integers unless a float is involved, and intermediate objects are created.
+
+use serde_json::{Number, Value};
+
+use crate::{Document, StoreError, Update};
+
+/// The value at a dotted path (`user.screen_name`), if any.
+pub fn get_path<'a>(doc: &'a Document, path: &str) -> Option<&'a Value> {
+    let mut parts = path.split('.');
+    let mut cur = doc.get(parts.next()?)?;
+    for part in parts {
+        cur = cur.as_object()?.get(part)?;
+    }
+    Some(cur)
+}
+
+/// The object holding the last segment of `path`, created on the way when absent.
+fn parent_mut<'a>(
+    doc: &'a mut Document,
+    path: &'a str,
+) -> Result<(&'a mut Document, &'a str), StoreError> {
+    let mut parts: Vec<&str> = path.split('.').collect();
+    let last = parts
+        .pop()
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| StoreError::Invalid(format!("empty field path {path:?}")))?;
+    let mut cur = doc;
+    for part in parts {
+        let entry = cur
+            .entry(part.to_string())
+            .or_insert_with(|| Value::Object(Document::new()));
+        cur = entry.as_object_mut().ok_or_else(|| {
+            StoreError::Invalid(format!("cannot update {path:?}: {part:?} is not an object"))
+        })?;
+    }
+    Ok((cur, last))
+}
+
+/// Adds two JSON numbers the way MongoDB's `$inc` does.
+fn add(a: &Number, b: &Number) -> Option<Number> {
+    if let (Some(x), Some(y)) = (a.as_i64(), b.as_i64()) {
+        return x.checked_add(y).map(Number::from);
+    }
+    Number::from_f64(a.as_f64()? + b.as_f64()?)
+}
+
+/// Applies `update` to `doc` in place.
+pub fn apply(doc: &mut Document, update: &Update) -> Result<(), StoreError> {
+    for (path, delta) in &update.inc {
+        let delta = delta.as_number().ok_or_else(|| {
+            StoreError::Invalid(format!("$inc of {path:?} by a non-number {delta}"))
+        })?;
+        let (parent, field) = parent_mut(doc, path)?;
+        let next = match parent.get(field) {
+            None | Some(Value::Null) => delta.clone(),
+            Some(Value::Number(cur)) => add(cur, delta)
+                .ok_or_else(|| StoreError::Invalid(format!("$inc of {path:?} overflows")))?,
+            Some(other) => {
+                return Err(StoreError::Invalid(format!(
+                    "cannot $inc {path:?}: it holds a non-number {other}"
+                )));
+            }
+        };
+        parent.insert(field.to_string(), Value::Number(next));
+    }
+    for (path, value) in &update.set {
+        let (parent, field) = parent_mut(doc, path)?;
+        parent.insert(field.to_string(), value.clone());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn doc(v: Value) -> Document {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn inc_creates_missing_fields_and_nested_objects() {
+        let mut d = Document::new();
+        apply(&mut d, &Update::inc("a.b", 2).and_inc("c", 1)).unwrap();
+        apply(&mut d, &Update::inc("a.b", 3)).unwrap();
+        assert_eq!(Value::Object(d), json!({"a": {"b": 5}, "c": 1}));
+    }
+
+    #[test]
+    fn inc_mixes_integers_and_floats_like_mongodb() {
+        let mut d = doc(json!({"n": 1}));
+        let u = Update {
+            inc: vec![("n".into(), json!(0.5))],
+            set: vec![],
+        };
+        apply(&mut d, &u).unwrap();
+        assert_eq!(d["n"], json!(1.5));
+    }
+
+    #[test]
+    fn inc_of_a_string_is_an_error_that_names_the_field() {
+        let mut d = doc(json!({"n": "x"}));
+        let err = apply(&mut d, &Update::inc("n", 1)).unwrap_err().to_string();
+        assert!(
+            err.contains("\"n\""),
+            "error should name the field, got {err}"
+        );
+    }
+
+    #[test]
+    fn set_overwrites_and_get_path_reads_nested() {
+        let mut d = doc(json!({"user": {"name": "a"}}));
+        apply(&mut d, &Update::default().and_set("user.name", "b")).unwrap();
+        assert_eq!(get_path(&d, "user.name"), Some(&json!("b")));
+        assert_eq!(get_path(&d, "user.missing"), None);
+        assert_eq!(get_path(&d, "user.name.deeper"), None);
+    }
+}

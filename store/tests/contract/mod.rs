@@ -1,0 +1,488 @@
+//! The store contract suite: written once, run against every engine.
+//!
+//! Each check takes a store and uses collection names of its own, so one store (for MongoDB,
+//! one database) can serve the whole suite. Every await is under a timeout: a broken engine
+//! fails a check, it never hangs the suite.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use store::{
+    Capped, CappedSpec, Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Document,
+    Durability, Position, RecordStream, Start, Store, StoreError, Update,
+};
+
+/// Long enough for any healthy engine on a loaded machine, short enough to fail fast.
+pub const WAIT: Duration = Duration::from_secs(10);
+/// How long "nothing arrives" is watched for.
+pub const QUIET: Duration = Duration::from_millis(200);
+
+pub fn doc(v: Value) -> Document {
+    v.as_object().cloned().expect("test documents are objects")
+}
+
+fn spec(max_docs: u64, max_bytes: u64) -> CappedSpec {
+    CappedSpec {
+        max_docs,
+        max_bytes,
+        indexes: vec!["user.screen_name".into(), "n".into()],
+    }
+}
+
+async fn capped(store: &dyn Store, name: &str, max_docs: u64, max_bytes: u64) -> Arc<dyn Capped> {
+    store
+        .capped(name, &spec(max_docs, max_bytes))
+        .await
+        .expect("open capped collection")
+}
+
+async fn next_record(tail: &mut RecordStream) -> store::Record {
+    tokio::time::timeout(WAIT, tail.next())
+        .await
+        .expect("tail should yield within the timeout")
+        .expect("tail should not end")
+        .expect("tail should not fail")
+}
+
+async fn next_change(s: &mut ChangeStream) -> Change {
+    tokio::time::timeout(WAIT, s.next())
+        .await
+        .expect("change stream should yield within the timeout")
+        .expect("change stream should not end")
+        .expect("change stream should not fail")
+}
+
+async fn append_n(c: &dyn Capped, from: u64, n: u64, d: Durability) -> Vec<Position> {
+    let docs = (from..from + n)
+        .map(|i| doc(json!({"n": i, "pad": "x".repeat(10)})))
+        .collect();
+    c.append(docs, d).await.expect("append")
+}
+
+/// Positions strictly increase across batches, and each one reads back its document.
+pub async fn append_positions_increase(store: &dyn Store) {
+    let c = capped(store, "c_positions", 1000, 1 << 20).await;
+    let mut all = Vec::new();
+    for b in 0..3 {
+        all.extend(append_n(&*c, b * 4, 4, Durability::Acknowledged).await);
+    }
+    assert_eq!(all.len(), 12, "every appended document gets a position");
+    assert!(
+        all.windows(2).all(|w| w[0] < w[1]),
+        "positions must strictly increase: {all:?}"
+    );
+    for (i, p) in all.iter().enumerate() {
+        let r = c
+            .get(*p)
+            .await
+            .unwrap()
+            .expect("get(position) finds the document");
+        assert_eq!(r.doc["n"], json!(i as u64), "document at {p}");
+    }
+}
+
+/// A tail from the oldest yields everything in insertion order, then waits for new documents
+/// (no item while quiet) and wakes on the next append.
+pub async fn tail_orders_then_awaits(store: &dyn Store) {
+    let c = capped(store, "c_tail", 1000, 1 << 20).await;
+    append_n(&*c, 0, 5, Durability::Acknowledged).await;
+    let mut tail = c.tail(Start::Oldest);
+    for i in 0..5 {
+        assert_eq!(
+            next_record(&mut tail).await.doc["n"],
+            json!(i),
+            "tail order"
+        );
+    }
+    assert!(
+        tokio::time::timeout(QUIET, tail.next()).await.is_err(),
+        "a caught-up tail must wait, not yield or end"
+    );
+    let c2 = c.clone();
+    let writer = tokio::spawn(async move { append_n(&*c2, 5, 1, Durability::Journaled).await });
+    let r = next_record(&mut tail).await;
+    assert_eq!(r.doc["n"], json!(5), "tail wakes on a later append");
+    writer.await.unwrap();
+}
+
+/// `Start::Now` skips existing documents; `Start::After(p)` yields exactly those after `p`.
+pub async fn tail_start_now_and_after(store: &dyn Store) {
+    let c = capped(store, "c_start", 1000, 1 << 20).await;
+    let p = append_n(&*c, 0, 5, Durability::Acknowledged).await;
+    let mut now = c.tail(Start::Now);
+    let mut after = c.tail(Start::After(p[2]));
+    assert_eq!(next_record(&mut after).await.position, p[3]);
+    assert_eq!(next_record(&mut after).await.position, p[4]);
+    append_n(&*c, 5, 1, Durability::Acknowledged).await;
+    assert_eq!(
+        next_record(&mut now).await.doc["n"],
+        json!(5),
+        "Now starts after the newest"
+    );
+    assert_eq!(next_record(&mut after).await.doc["n"], json!(5));
+}
+
+/// The count limit evicts the oldest documents first.
+pub async fn eviction_by_count(store: &dyn Store) {
+    let c = capped(store, "c_evict_count", 10, 1 << 20).await;
+    let p = append_n(&*c, 0, 25, Durability::Acknowledged).await;
+    let (count, _) = c.usage().await.unwrap();
+    assert_eq!(count, 10, "max_docs = 10 keeps 10 documents");
+    let (oldest, newest) = c.bounds().await.unwrap().unwrap();
+    assert_eq!(
+        (oldest, newest),
+        (p[15], p[24]),
+        "the oldest are evicted first"
+    );
+    assert!(
+        c.get(p[14]).await.unwrap().is_none(),
+        "an evicted document is gone"
+    );
+}
+
+/// The byte limit evicts the oldest documents first, keeping the total within the limit.
+pub async fn eviction_by_bytes(store: &dyn Store) {
+    let c = capped(store, "c_evict_bytes", 1_000_000, 4096).await;
+    let docs: Vec<Document> = (0..100)
+        .map(|i| doc(json!({"n": i, "pad": "y".repeat(200)})))
+        .collect();
+    let p = c.append(docs, Durability::Acknowledged).await.unwrap();
+    let (count, bytes) = c.usage().await.unwrap();
+    assert!(
+        bytes <= 4096,
+        "bytes kept ({bytes}) must be within max_bytes 4096"
+    );
+    assert!(
+        count >= 10 && count < 100,
+        "some but not all documents kept, got {count}"
+    );
+    let (oldest, newest) = c.bounds().await.unwrap().unwrap();
+    assert_eq!(newest, p[99], "the newest document is kept");
+    assert_eq!(
+        oldest,
+        p[100 - count as usize],
+        "the kept ones are the newest, contiguous"
+    );
+}
+
+/// A reader whose next document was evicted ends with `PositionLost`, naming the oldest kept.
+pub async fn position_lost(store: &dyn Store) {
+    let c = capped(store, "c_lost", 5, 1 << 20).await;
+    let p = append_n(&*c, 0, 20, Durability::Acknowledged).await;
+    let mut tail = c.tail(Start::After(p[1]));
+    let err = tokio::time::timeout(WAIT, tail.next())
+        .await
+        .expect("tail answers")
+        .expect("tail yields an error, not an end")
+        .expect_err("reading after an evicted position must fail");
+    match err {
+        StoreError::PositionLost { after, oldest, .. } => {
+            assert_eq!(after, p[1]);
+            assert_eq!(oldest, p[15], "oldest retained with max_docs = 5");
+        }
+        other => panic!("expected PositionLost, got {other}"),
+    }
+    // Restarting from the oldest works.
+    let mut again = c.tail(Start::Oldest);
+    assert_eq!(next_record(&mut again).await.position, p[15]);
+}
+
+/// `latest(field = value, limit)` returns the newest matches first; an unindexed field is refused.
+pub async fn latest_by_indexed_field(store: &dyn Store) {
+    let c = capped(store, "c_latest", 1000, 1 << 20).await;
+    let docs = (0..30)
+        .map(|i| doc(json!({"i": i, "user": {"screen_name": format!("u{}", i % 3)}})))
+        .collect();
+    c.append(docs, Durability::Acknowledged).await.unwrap();
+    let got = c.latest("user.screen_name", &json!("u1"), 4).await.unwrap();
+    let is: Vec<Value> = got.iter().map(|r| r.doc["i"].clone()).collect();
+    assert_eq!(
+        is,
+        vec![json!(28), json!(25), json!(22), json!(19)],
+        "newest first, limit 4"
+    );
+    let none = c
+        .latest("user.screen_name", &json!("nobody"), 4)
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+    let numeric = c.latest("n", &json!(7), 1).await.unwrap();
+    assert!(numeric.is_empty(), "no document has n");
+    let err = c
+        .latest("i", &json!(1), 1)
+        .await
+        .expect_err("i is not indexed");
+    assert!(matches!(err, StoreError::NotIndexed { .. }), "got {err}");
+}
+
+/// Insert, update, replace and delete are published in order with before/after images.
+pub async fn change_ops_with_images(store: &dyn Store) {
+    let k = store.keyed("k_ops").await.unwrap();
+    let mut s = k.changes(ChangeFilter::default(), ChangeStart::Now);
+    k.update(
+        vec![("a".into(), Update::inc("count", 1))],
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    k.update(
+        vec![("a".into(), Update::inc("count", 2).and_set("tag", "x"))],
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    k.set("a", doc(json!({"fresh": true})), Durability::Acknowledged)
+        .await
+        .unwrap();
+    assert!(
+        k.delete("a", Durability::Acknowledged).await.unwrap(),
+        "a existed"
+    );
+    assert!(
+        !k.delete("a", Durability::Acknowledged).await.unwrap(),
+        "a is gone"
+    );
+
+    let c = next_change(&mut s).await;
+    assert_eq!((c.op, c.key.as_str()), (ChangeOp::Insert, "a"));
+    assert!(c.before.is_none());
+    assert_eq!(c.after.as_ref().unwrap()["count"], json!(1));
+    let c = next_change(&mut s).await;
+    assert_eq!(c.op, ChangeOp::Update);
+    assert_eq!(c.before.as_ref().unwrap()["count"], json!(1), "pre-image");
+    assert_eq!(c.after.as_ref().unwrap()["count"], json!(3), "post-image");
+    assert_eq!(c.after.as_ref().unwrap()["tag"], json!("x"));
+    let c = next_change(&mut s).await;
+    assert_eq!(c.op, ChangeOp::Replace);
+    assert_eq!(c.after.as_ref().unwrap()["fresh"], json!(true));
+    assert!(
+        c.after.as_ref().unwrap().get("count").is_none(),
+        "replace drops old fields"
+    );
+    let c = next_change(&mut s).await;
+    assert_eq!(c.op, ChangeOp::Delete);
+    assert!(c.after.is_none());
+    assert!(
+        tokio::time::timeout(QUIET, s.next()).await.is_err(),
+        "deleting a missing key publishes nothing"
+    );
+    assert!(k.get("a").await.unwrap().is_none());
+}
+
+/// Resuming from a token yields exactly the later changes: no gap, no duplicate.
+pub async fn resume_from_token(store: &dyn Store) {
+    let k = store.keyed("k_resume").await.unwrap();
+    let mut s = k.changes(ChangeFilter::default(), ChangeStart::Now);
+    for i in 0..10 {
+        k.update(
+            vec![(format!("key{i}"), Update::inc("n", i))],
+            Durability::Acknowledged,
+        )
+        .await
+        .unwrap();
+    }
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        seen.push(next_change(&mut s).await);
+    }
+    drop(s);
+    let token = seen[3].token.clone();
+    let mut resumed = k.changes(ChangeFilter::default(), ChangeStart::After(token));
+    for i in 4..10 {
+        let c = next_change(&mut resumed).await;
+        assert_eq!(
+            c.key,
+            format!("key{i}"),
+            "resume must continue exactly after the token"
+        );
+    }
+    k.update(
+        vec![("late".into(), Update::inc("n", 1))],
+        Durability::Journaled,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        next_change(&mut resumed).await.key,
+        "late",
+        "then it follows live changes"
+    );
+    assert!(
+        tokio::time::timeout(QUIET, resumed.next()).await.is_err(),
+        "no duplicates after"
+    );
+}
+
+/// Filters by operation, key prefix and post-image field.
+pub async fn change_filters(store: &dyn Store) {
+    let k = store.keyed("k_filter").await.unwrap();
+    let filter = ChangeFilter {
+        collections: vec![],
+        ops: vec![ChangeOp::Update],
+        key_prefix: Some("source:".into()),
+        fields: vec![("kind".into(), json!("keep"))],
+    };
+    let mut s = k.changes(filter, ChangeStart::Now);
+    let up = |key: &str, kind: &str| {
+        (
+            key.to_string(),
+            Update::inc("n", 1).and_set("kind", kind.to_string()),
+        )
+    };
+    k.update(vec![up("source:a", "keep")], Durability::Acknowledged)
+        .await
+        .unwrap(); // insert: filtered out
+    k.update(vec![up("other:a", "keep")], Durability::Acknowledged)
+        .await
+        .unwrap(); // prefix: out
+    k.update(vec![up("other:a", "keep")], Durability::Acknowledged)
+        .await
+        .unwrap(); // prefix: out
+    k.update(vec![up("source:a", "drop")], Durability::Acknowledged)
+        .await
+        .unwrap(); // field: out
+    k.update(vec![up("source:a", "keep")], Durability::Acknowledged)
+        .await
+        .unwrap(); // in
+    let c = next_change(&mut s).await;
+    assert_eq!((c.op, c.key.as_str()), (ChangeOp::Update, "source:a"));
+    assert_eq!(
+        c.after.unwrap()["n"],
+        json!(3),
+        "only the third change of source:a passes"
+    );
+    assert!(tokio::time::timeout(QUIET, s.next()).await.is_err());
+}
+
+/// The op-log watcher sees changes of several collections in commit order.
+pub async fn oplog_across_collections(store: &dyn Store) {
+    let a = store.keyed("k_log_a").await.unwrap();
+    let b = store.keyed("k_log_b").await.unwrap();
+    let mut s = store.changes(
+        ChangeFilter::collections(["k_log_a", "k_log_b"]),
+        ChangeStart::Now,
+    );
+    a.update(
+        vec![("x".into(), Update::inc("n", 1))],
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    b.update(
+        vec![("y".into(), Update::inc("n", 1))],
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    a.update(
+        vec![("z".into(), Update::inc("n", 1))],
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    let got: Vec<(String, String)> = [
+        next_change(&mut s).await,
+        next_change(&mut s).await,
+        next_change(&mut s).await,
+    ]
+    .into_iter()
+    .map(|c| (c.collection, c.key))
+    .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("k_log_a".into(), "x".into()),
+            ("k_log_b".into(), "y".into()),
+            ("k_log_a".into(), "z".into())
+        ]
+    );
+}
+
+/// Every durability level stores the write; acknowledged levels return positions at once.
+pub async fn durability_levels(store: &dyn Store) {
+    let c = capped(store, "c_durability", 1000, 1 << 20).await;
+    let k = store.keyed("k_durability").await.unwrap();
+    let mut tail = c.tail(Start::Now);
+    for (i, d) in Durability::ALL.into_iter().enumerate() {
+        let p = c
+            .append(vec![doc(json!({"n": i, "d": d.as_str()}))], d)
+            .await
+            .unwrap();
+        k.update(vec![(d.as_str().to_string(), Update::inc("n", 1))], d)
+            .await
+            .unwrap();
+        if d.waits() {
+            assert_eq!(p.len(), 1, "{d} returns the position");
+            let r = c.get(p[0]).await.unwrap();
+            assert!(r.is_some(), "{d}: visible once acknowledged");
+            assert!(
+                k.get(d.as_str()).await.unwrap().is_some(),
+                "{d}: keyed write visible"
+            );
+        } else {
+            assert!(
+                p.is_empty(),
+                "unacknowledged returns before the commit: no positions"
+            );
+        }
+    }
+    // Even the unacknowledged write lands (the store stays up).
+    for d in Durability::ALL {
+        assert_eq!(next_record(&mut tail).await.doc["d"], json!(d.as_str()));
+    }
+}
+
+/// Checkpoints read back as written, and the newest write wins.
+pub async fn checkpoints_round_trip(store: &dyn Store) {
+    assert!(store.load_checkpoint("cp_none").await.unwrap().is_none());
+    store
+        .save_checkpoint("cp_feed", json!({"pos": 1}), Durability::Journaled)
+        .await
+        .unwrap();
+    store
+        .save_checkpoint(
+            "cp_feed",
+            json!({"pos": 2, "state": {"a": [1, 2]}}),
+            Durability::Journaled,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store.load_checkpoint("cp_feed").await.unwrap(),
+        Some(json!({"pos": 2, "state": {"a": [1, 2]}}))
+    );
+}
+
+/// Resuming from a token older than the retained history ends with `HistoryLost`; a fresh
+/// stream from the oldest still works. `history` is how many changes the engine retains.
+pub async fn history_lost(store: &dyn Store, history: u64) {
+    let k = store.keyed("k_history").await.unwrap();
+    let mut s = k.changes(ChangeFilter::default(), ChangeStart::Now);
+    k.update(
+        vec![("first".into(), Update::inc("n", 1))],
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    let first = next_change(&mut s).await.token;
+    drop(s);
+    for chunk in 0..(history / 100 + 2) {
+        let ups = (0..100)
+            .map(|i| (format!("k{chunk}_{i}"), Update::inc("n", 1)))
+            .collect();
+        k.update(ups, Durability::Acknowledged).await.unwrap();
+    }
+    let mut resumed = k.changes(ChangeFilter::default(), ChangeStart::After(first));
+    let err = tokio::time::timeout(WAIT, resumed.next())
+        .await
+        .expect("stream answers")
+        .expect("an error, not an end")
+        .expect_err("the token is older than the history");
+    assert!(err.is_history_lost(), "expected HistoryLost, got {err}");
+    let mut oldest = k.changes(ChangeFilter::default(), ChangeStart::Oldest);
+    next_change(&mut oldest).await;
+}
