@@ -40,8 +40,9 @@ pub trait Store: Send + Sync + 'static {
     /// The newest change's token, if any change was ever committed (for feed lag).
     async fn newest_change(&self) -> Result<Option<crate::ResumeToken>>;
 
-    /// How many changes lie after `token` up to the newest (a feed's lag in changes).
-    async fn changes_after(&self, token: &crate::ResumeToken) -> Result<u64>;
+    /// How many changes lie after `token` up to the newest (a feed's lag in changes), where the
+    /// engine can tell cheaply; `None` where it cannot.
+    async fn changes_after(&self, token: &crate::ResumeToken) -> Result<Option<u64>>;
 
     /// The commit time (µs since the epoch) of the oldest retained change: how far back a
     /// stopped feed can resume from.
