@@ -300,13 +300,10 @@ impl Store for EmbeddedStore {
         Ok((n > 0).then(|| ResumeToken(n.to_string())))
     }
 
-    async fn changes_after(&self, token: &ResumeToken) -> Result<u64> {
+    async fn changes_after(&self, token: &ResumeToken) -> Result<Option<u64>> {
         let after = read::parse_token(token)?;
-        Ok(self
-            .inner
-            .newest_op
-            .load(Ordering::Acquire)
-            .saturating_sub(after))
+        let newest = self.inner.newest_op.load(Ordering::Acquire);
+        Ok(Some(newest.saturating_sub(after)))
     }
 
     async fn oldest_change_at(&self) -> Result<Option<i64>> {
