@@ -1,15 +1,17 @@
 //! The store contract: what every engine provides. The contract test suite
 //! (`store/tests/contract/`) checks each engine against it.
 
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use async_trait::async_trait;
-use futures::stream::BoxStream;
+use futures::stream::{BoxStream, Stream, StreamExt};
 use serde_json::Value;
 
 use crate::{
     CappedSpec, Change, ChangeFilter, ChangeStart, Document, Durability, Position, Record, Result,
-    Start, StoreError, Update,
+    ResumeToken, Start, StoreError, Update,
 };
 
 /// A stream of capped-collection documents in insertion order. It never ends on its own while
@@ -19,7 +21,51 @@ pub type RecordStream = BoxStream<'static, Result<Record, StoreError>>;
 
 /// A stream of changes in commit order; waits for new ones like [`RecordStream`]. It ends with
 /// [`StoreError::HistoryLost`] when resumed from a token older than the retained history.
-pub type ChangeStream = BoxStream<'static, Result<Change, StoreError>>;
+///
+/// Besides the changes it yields, it tells how far it has *read*: [`ChangeStream::resume_token`]
+/// advances past entries its filter skipped (MongoDB: the post-batch resume token), so a
+/// consumer of a rare kind of change still checkpoints a fresh token and never wakes up with
+/// one that has fallen out of the history.
+pub struct ChangeStream {
+    inner: BoxStream<'static, Result<Change, StoreError>>,
+    read_up_to: Arc<Mutex<Option<ResumeToken>>>,
+}
+
+impl ChangeStream {
+    /// Wraps an engine's stream; the engine updates `read_up_to` as it reads past entries
+    /// (never ahead of a change the consumer has not yet received).
+    pub fn new(
+        inner: BoxStream<'static, Result<Change, StoreError>>,
+        read_up_to: Arc<Mutex<Option<ResumeToken>>>,
+    ) -> Self {
+        ChangeStream { inner, read_up_to }
+    }
+
+    /// A stream that fails at once (for errors found before the stream starts).
+    pub fn failed(e: StoreError) -> Self {
+        let inner = futures::stream::once(async move { Err(e) }).boxed();
+        ChangeStream::new(inner, Arc::default())
+    }
+
+    /// Resuming after this token continues exactly where this stream has read to, including
+    /// entries that did not pass the filter; `None` before it read anything.
+    pub fn resume_token(&self) -> Option<ResumeToken> {
+        self.read_up_to.lock().ok().and_then(|t| t.clone())
+    }
+
+    /// The shared cell behind [`ChangeStream::resume_token`].
+    pub fn resume_cell(&self) -> Arc<Mutex<Option<ResumeToken>>> {
+        self.read_up_to.clone()
+    }
+}
+
+impl Stream for ChangeStream {
+    type Item = Result<Change, StoreError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.poll_next_unpin(cx)
+    }
+}
 
 /// A storage engine: the factory of collections, the change log and the checkpoints.
 #[async_trait]
@@ -36,6 +82,12 @@ pub trait Store: Send + Sync + 'static {
     /// Every change of the changefeed-backed collections that passes `filter`, in commit order
     /// (the op-log watcher; a collection's `changes` is this with one collection).
     fn changes(&self, filter: ChangeFilter, start: ChangeStart) -> ChangeStream;
+
+    /// The same changes read at the log level (MongoDB: `local.oplog.rs` tailed directly, as
+    /// older tools do). Engines whose change streams already are their log use `changes`.
+    fn oplog(&self, filter: ChangeFilter, start: ChangeStart) -> ChangeStream {
+        self.changes(filter, start)
+    }
 
     /// The newest change's token, if any change was ever committed (for feed lag).
     async fn newest_change(&self) -> Result<Option<crate::ResumeToken>>;

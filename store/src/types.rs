@@ -229,7 +229,7 @@ impl ChangeFilter {
 
     /// Whether a change passes the filter.
     pub fn matches(&self, c: &Change) -> bool {
-        (self.collections.is_empty() || self.collections.iter().any(|n| *n == c.collection))
+        (self.collections.is_empty() || self.collections.contains(&c.collection))
             && (self.ops.is_empty() || self.ops.contains(&c.op))
             && self
                 .key_prefix

@@ -48,6 +48,7 @@ contract!(
     oplog_across_collections,
     durability_levels,
     checkpoints_round_trip,
+    resume_token_advances_past_filtered,
 );
 
 #[tokio::test]

@@ -1,8 +1,8 @@
 //! Reads of the embedded engine: point reads, index queries, and the tail / change streams
 //! that catch up from the tables and then follow the writer's in-memory commit broadcast.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, ToSql, params};
 use serde_json::Value;
@@ -286,15 +286,35 @@ pub(super) fn change_stream(
     start: ChangeStart,
 ) -> ChangeStream {
     // Eager for the same reason as `tail_stream`.
-    let subscribed = inner.subscribe();
-    let resolved = match &start {
-        ChangeStart::Oldest => Ok(None),
-        ChangeStart::After(t) => parse_token(t).map(Some),
-        ChangeStart::Now => Ok(Some(inner.newest_op.load(Ordering::Acquire))),
+    let subscribed = match inner.subscribe() {
+        Ok(s) => s,
+        Err(e) => return ChangeStream::failed(e),
     };
-    Box::pin(async_stream::try_stream! {
-        let mut live = subscribed?;
-        let mut last: Option<u64> = resolved?;
+    let resolved = match &start {
+        ChangeStart::Oldest => None,
+        ChangeStart::After(t) => match parse_token(t) {
+            Ok(seq) => Some(seq),
+            Err(e) => return ChangeStream::failed(e),
+        },
+        ChangeStart::Now => Some(inner.newest_op.load(Ordering::Acquire)),
+    };
+    let read_up_to: Arc<Mutex<Option<ResumeToken>>> = Arc::new(Mutex::new(
+        resolved
+            .filter(|s| *s > 0)
+            .map(|s| ResumeToken(s.to_string())),
+    ));
+    let cell = read_up_to.clone();
+    // Set just before a change is handed over (or when the filter skips it): the consumer
+    // reads the cell between polls, when every change it received is processed, so a
+    // checkpoint taken then may resume after it.
+    let advance = move |seq: u64| {
+        if let Ok(mut t) = cell.lock() {
+            *t = Some(ResumeToken(seq.to_string()));
+        }
+    };
+    let inner_stream = async_stream::try_stream! {
+        let mut live = subscribed;
+        let mut last: Option<u64> = resolved;
         loop {
             loop {
                 let batch = inner.read(move |conn| changes_after(conn, last)).await?;
@@ -302,7 +322,9 @@ pub(super) fn change_stream(
                     break;
                 }
                 for change in batch {
-                    last = Some(parse_token(&change.token)?);
+                    let seq = parse_token(&change.token)?;
+                    last = Some(seq);
+                    advance(seq);
                     if filter.matches(&change) {
                         yield change;
                     }
@@ -319,6 +341,7 @@ pub(super) fn change_stream(
                                 _ => {}
                             }
                             last = Some(seq);
+                            advance(seq);
                             if filter.matches(change) {
                                 yield change.clone();
                             }
@@ -329,5 +352,6 @@ pub(super) fn change_stream(
                 }
             }
         }
-    })
+    };
+    ChangeStream::new(Box::pin(inner_stream), read_up_to)
 }

@@ -1,0 +1,324 @@
+//! Events-per-second series with Bollinger bands over the per-second counts.
+//!
+//! Events are counted into whole-second buckets; each closed second becomes
+//! one point of the series, including seconds in which nothing happened, so
+//! a stalled feed shows up as a rate of 0 rather than as a missing point.
+
+use serde::{Deserialize, Serialize};
+
+use super::bollinger::{Bands, Bollinger};
+
+/// Microseconds per second, the bucket width.
+const US_PER_SEC: i64 = 1_000_000;
+
+/// What the rate series looks like after one call, for a snapshot.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
+pub struct RateUpdate {
+    /// Events counted in the most recently *closed* second; 0 before any
+    /// second has closed. The open second is excluded because its count is
+    /// still partial and would read as a drop.
+    pub rate: f64,
+    /// Events counted so far in the open second, for callers that want a
+    /// live (partial) figure.
+    pub current: u64,
+    /// Bands over the last `period` closed seconds, `None` until `period`
+    /// seconds have closed.
+    pub bands: Option<Bands>,
+}
+
+/// Turns event timestamps into a per-second rate series.
+///
+/// State is one open bucket plus the inner [`Bollinger`] window, so it stays
+/// O(period) however long the stream runs or however large a gap is.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct RateSeries {
+    bollinger: Bollinger,
+    /// Second (since the Unix epoch) of the open bucket; `None` until the
+    /// first event, since before that there is no known start of the stream.
+    current_sec: Option<i64>,
+    /// Events counted in the open bucket.
+    current: u64,
+    /// Events counted in the most recently closed second.
+    last_rate: u64,
+}
+
+impl RateSeries {
+    /// Creates a series whose bands span `period` seconds at `k` standard
+    /// deviations (parameters as for [`Bollinger::new`]).
+    pub fn new(period: usize, k: f64) -> Self {
+        Self {
+            bollinger: Bollinger::new(period, k),
+            current_sec: None,
+            current: 0,
+            last_rate: 0,
+        }
+    }
+
+    /// Counts one event at `t_us` (microseconds since the Unix epoch).
+    ///
+    /// An event in a later second closes the open second (and every empty
+    /// second in between, as zeros) before being counted. An event whose
+    /// second is earlier than the open one — clock skew, replay — is counted
+    /// into the open second: closed seconds are never reopened, because
+    /// their points are already in the bands and in earlier snapshots.
+    pub fn record(&mut self, t_us: i64) -> RateUpdate {
+        let sec = t_us.div_euclid(US_PER_SEC);
+        match self.current_sec {
+            Some(open) if sec > open => self.close_until(open, sec),
+            Some(_) => {}
+            None => self.current_sec = Some(sec),
+        }
+        self.current = self.current.saturating_add(1);
+        self.last()
+    }
+
+    /// Moves the clock to `t_us` without an event, closing every second
+    /// before it, so a quiet stream still drives the rate down to 0.
+    ///
+    /// Does nothing before the first event (there is no open second to
+    /// close, and inventing a start would add zeros the stream never had)
+    /// or when `t_us` is not past the open second.
+    pub fn advance_to(&mut self, t_us: i64) -> RateUpdate {
+        let sec = t_us.div_euclid(US_PER_SEC);
+        // A plain match rather than a let-chain: the workspace MSRV is 1.85.
+        match self.current_sec {
+            Some(open) if sec > open => self.close_until(open, sec),
+            _ => {}
+        }
+        self.last()
+    }
+
+    /// The current figures without changing anything, e.g. for a snapshot
+    /// after a restore.
+    pub fn last(&self) -> RateUpdate {
+        RateUpdate {
+            rate: self.last_rate as f64,
+            current: self.current,
+            bands: self.bollinger.bands(),
+        }
+    }
+
+    /// Closes the open second `open` and the empty seconds up to (not
+    /// including) `sec`, then opens `sec` with a count of 0.
+    fn close_until(&mut self, open: i64, sec: i64) {
+        // Counts far beyond 2^53 would lose precision as f64; irrelevant at
+        // realistic rates, and it cannot panic.
+        self.bollinger.push(self.current as f64);
+        self.last_rate = self.current;
+        // Saturating: the difference of two far-apart seconds cannot
+        // overflow the cap below anyway.
+        let empty = sec.saturating_sub(open).saturating_sub(1);
+        if empty > 0 {
+            // More than `period` zeros cannot change the window (it is then
+            // all zeros), so stop there to keep a long silence O(period).
+            let zeros = usize::try_from(empty)
+                .unwrap_or(usize::MAX)
+                .min(self.bollinger.period());
+            for _ in 0..zeros {
+                self.bollinger.push(0.0);
+            }
+            // The most recent closed second is an empty one.
+            self.last_rate = 0;
+        }
+        self.current_sec = Some(sec);
+        self.current = 0;
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const TOL: f64 = 1e-9;
+    const S: i64 = 1_000_000;
+
+    fn assert_close(what: &str, expected: f64, seen: f64) {
+        assert!(
+            (expected - seen).abs() <= TOL,
+            "{what}: expected {expected}, seen {seen}"
+        );
+    }
+
+    fn assert_update(what: &str, expected_rate: f64, expected_current: u64, seen: RateUpdate) {
+        assert_close(&format!("{what} rate"), expected_rate, seen.rate);
+        assert_eq!(
+            seen.current, expected_current,
+            "{what} current: expected {expected_current}, seen {}",
+            seen.current
+        );
+    }
+
+    #[test]
+    fn counts_per_closed_second() {
+        let mut r = RateSeries::new(3, 2.0);
+        // (timestamp, expected rate, expected current), counted by hand:
+        // second 0 gets 3 events, second 1 gets 2, second 2 gets 1.
+        let table = [
+            (100_000, 0.0, 1),
+            (500_000, 0.0, 2),
+            (999_999, 0.0, 3),
+            (S + 200_000, 3.0, 1),
+            (S + 300_000, 3.0, 2),
+            (2 * S, 2.0, 1),
+        ];
+        for (i, (t, rate, current)) in table.into_iter().enumerate() {
+            let u = r.record(t);
+            assert_update(&format!("step {i}"), rate, current, u);
+            assert_eq!(u.bands, None, "step {i}: fewer than 3 closed seconds");
+            assert_eq!(r.last(), u, "step {i}: last() vs returned update");
+        }
+    }
+
+    #[test]
+    fn bands_over_closed_seconds() {
+        let mut r = RateSeries::new(3, 2.0);
+        // Seconds 0,1,2 get 3,1,2 events; an event in second 3 closes them.
+        for t in [0, 1, 2, S, 2 * S, 2 * S + 1] {
+            r.record(t);
+        }
+        let u = r.record(3 * S);
+        // reference: python statistics.mean / statistics.pstdev([3, 1, 2]),
+        // upper/lower = mean ± 2*pstdev
+        let b = u.bands.unwrap();
+        assert_close("upper", 3.632993161855452, b.upper);
+        assert_close("middle", 2.0, b.middle);
+        assert_close("lower", 0.36700683814454793, b.lower);
+        assert_close("stddev", 0.816496580927726, b.stddev);
+        assert_update("after second 2", 2.0, 1, u);
+    }
+
+    #[test]
+    fn empty_seconds_become_zero_points() {
+        let mut r = RateSeries::new(4, 2.0);
+        for _ in 0..4 {
+            r.record(10 * S);
+        }
+        for _ in 0..2 {
+            r.record(11 * S + 5);
+        }
+        // Jump to second 13: closes 11 (2 events) and empty second 12.
+        let u = r.record(13 * S);
+        assert_update("after gap", 0.0, 1, u);
+        assert_eq!(u.bands, None, "3 closed seconds of 4");
+        // Second 14 closes 13 (1 event): window is [4, 2, 0, 1].
+        let u = r.record(14 * S);
+        assert_update("after second 13", 1.0, 1, u);
+        // reference: python statistics.mean / statistics.pstdev([4, 2, 0, 1]),
+        // upper/lower = mean ± 2*pstdev
+        let b = u.bands.unwrap();
+        assert_close("upper", 4.708039891549808, b.upper);
+        assert_close("middle", 1.75, b.middle);
+        assert_close("lower", -1.208039891549808, b.lower);
+        assert_close("stddev", 1.479019945774904, b.stddev);
+    }
+
+    #[test]
+    fn long_gap_is_capped_but_equivalent() {
+        let mut r = RateSeries::new(3, 2.0);
+        r.record(0);
+        let u = r.record(1_000_000 * S);
+        // Reference: the same points pushed without the cap.
+        let mut reference = Bollinger::new(3, 2.0);
+        reference.push(1.0);
+        for _ in 0..999_999 {
+            reference.push(0.0);
+        }
+        assert_eq!(u.bands, reference.bands(), "capped vs uncapped bands");
+        assert_eq!(r.bollinger, reference, "capped vs uncapped window");
+        assert_update("after long gap", 0.0, 1, u);
+        // Extreme timestamps must not overflow.
+        let mut r = RateSeries::new(3, 2.0);
+        r.record(i64::MIN);
+        let u = r.record(i64::MAX);
+        assert_update("i64 extremes", 0.0, 1, u);
+    }
+
+    #[test]
+    fn out_of_order_events_count_into_open_second() {
+        let mut r = RateSeries::new(3, 2.0);
+        r.record(5 * S);
+        r.record(5 * S + 1);
+        // Earlier second: counted into open second 5.
+        let u = r.record(3 * S);
+        assert_update("skewed event", 0.0, 3, u);
+        let u = r.record(6 * S);
+        assert_update("close 5", 3.0, 1, u);
+        // Second 5 is closed now; a late event for it goes to second 6.
+        let u = r.record(5 * S + 999_999);
+        assert_update("late event after close", 3.0, 2, u);
+        let u = r.record(7 * S);
+        assert_update("close 6", 2.0, 1, u);
+    }
+
+    #[test]
+    fn negative_timestamps_use_floor_seconds() {
+        let mut r = RateSeries::new(3, 2.0);
+        // -1 µs is in second -1 (floor), not second 0 (truncation).
+        r.record(-1);
+        let u = r.record(0);
+        assert_update("-1us then 0us", 1.0, 1, u);
+    }
+
+    #[test]
+    fn advance_to_on_quiet_stream() {
+        let mut r = RateSeries::new(2, 2.0);
+        let fresh = r.clone();
+        let u = r.advance_to(50 * S);
+        assert_update("before any event", 0.0, 0, u);
+        assert_eq!(
+            r, fresh,
+            "advance_to before any event must not change state"
+        );
+
+        for _ in 0..3 {
+            r.record(0);
+        }
+        let u = r.advance_to(S + 500_000);
+        assert_update("close second 0", 3.0, 0, u);
+        assert_eq!(u.bands, None, "1 of 2 closed seconds");
+        let u = r.advance_to(2 * S);
+        assert_update("close quiet second 1", 0.0, 0, u);
+        // reference: python statistics.mean / statistics.pstdev([3, 0]) = 1.5, 1.5
+        let b = u.bands.unwrap();
+        assert_close("middle", 1.5, b.middle);
+        assert_close("stddev", 1.5, b.stddev);
+        let before = r.clone();
+        let u = r.advance_to(S);
+        assert_eq!(r, before, "advance_to into the past must not change state");
+        assert_update("advance backwards", 0.0, 0, u);
+        let u = r.advance_to(100 * S);
+        let b = u.bands.unwrap();
+        assert_eq!(
+            (b.middle, b.stddev),
+            (0.0, 0.0),
+            "long quiet stream: expected flat zero bands, seen {b:?}"
+        );
+        // An event after the quiet period lands in the advanced second.
+        let u = r.record(100 * S + 1);
+        assert_update("event after advance", 0.0, 1, u);
+    }
+
+    #[test]
+    fn checkpoint_round_trip_matches_uninterrupted_run() {
+        // Irregular timestamps with bursts, skew and a 7-second silence
+        // every 40 events.
+        let times: Vec<i64> = (0..200_i64)
+            .map(|i| i * 370_000 + (i % 7) * 900_000 - (i % 5) * 1_100_000 + (i / 40) * 7 * S)
+            .collect();
+        let mut straight = RateSeries::new(5, 2.0);
+        let expected: Vec<RateUpdate> = times.iter().map(|&t| straight.record(t)).collect();
+        let expected_tail = straight.advance_to(300 * S);
+
+        let mut first = RateSeries::new(5, 2.0);
+        let mut seen: Vec<RateUpdate> = times[..100].iter().map(|&t| first.record(t)).collect();
+        let json = serde_json::to_string(&first).unwrap();
+        let mut restored: RateSeries = serde_json::from_str(&json).unwrap();
+        assert_eq!(restored, first, "restored state vs saved state");
+        assert_eq!(restored.last(), first.last(), "last() after restore");
+        seen.extend(times[100..].iter().map(|&t| restored.record(t)));
+        assert_eq!(seen, expected, "restored run vs uninterrupted run");
+        assert_eq!(restored.advance_to(300 * S), expected_tail, "advance_to");
+        assert_eq!(restored, straight, "final state");
+    }
+}

@@ -1,0 +1,134 @@
+//! The `tailrace` binary: parse the command line, load the config, install telemetry and
+//! signal handling, call the library, map errors to exit codes. Nothing else.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use futures::StreamExt;
+use ingest::config::Config;
+use tokio_util::sync::CancellationToken;
+
+/// tailrace — a realtime event ingestion pipeline: sources → capped + changefeed store →
+/// tailable and change feeds → rolling statistics → Prometheus.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Configuration file (TOML). Without it, built-in defaults; every key can also come from
+    /// TAILRACE_* variables (TAILRACE_STORE__ENGINE=mongodb).
+    #[arg(long, short, global = true, env = "TAILRACE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the pipeline (the default).
+    Run,
+    /// Print what a feed of a running pipeline holds, live, one JSON document per line.
+    Tail {
+        /// The feed's name (see the `feeds` line at startup, or /api/feeds).
+        feed: String,
+        /// The running pipeline's address (default: http.listen of the config).
+        #[arg(long)]
+        url: Option<String>,
+    },
+    /// Check the configuration and print it with defaults filled in (secrets redacted).
+    CheckConfig,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TAILRACE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+        .and_then(|rt| rt.block_on(run(cli)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    // A config error is one line naming the key and the fix; no backtrace noise.
+    let config = Config::load(cli.config.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    match cli.command.unwrap_or(Command::Run) {
+        Command::CheckConfig => {
+            let text = toml::to_string_pretty(&config.redacted()).context("printing the config")?;
+            println!("# configuration is valid\n{text}");
+            Ok(())
+        }
+        Command::Run => {
+            let engine = config.store.engine.as_str();
+            let metrics = ingest::telemetry::install(engine).map_err(anyhow::Error::msg)?;
+            let shutdown = CancellationToken::new();
+            tokio::spawn(signals(shutdown.clone()));
+            ingest::pipeline::run(config, metrics, Vec::new(), shutdown).await?;
+            Ok(())
+        }
+        Command::Tail { feed, url } => {
+            let base = url.unwrap_or_else(|| format!("http://{}", config.http.listen));
+            tail(&base, &feed).await
+        }
+    }
+}
+
+/// Cancels `token` on SIGINT or SIGTERM.
+async fn signals(token: CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("cannot install signal handlers");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    token.cancel();
+}
+
+/// Prints a running feed's events as they arrive (like RethinkDB's `changes()` in a shell).
+async fn tail(base: &str, feed: &str) -> anyhow::Result<()> {
+    use eventsource_stream::Eventsource;
+    let url = format!("{}/api/feeds/{feed}/stream", base.trim_end_matches('/'));
+    let resp = reqwest::get(&url).await.with_context(|| {
+        format!("connecting to {url}: is `tailrace run` running there? (--url sets the address)")
+    })?;
+    if !resp.status().is_success() {
+        let status = resp.status();
+        let body = resp.text().await.unwrap_or_default();
+        anyhow::bail!("{url}: {status}: {}", body.trim());
+    }
+    eprintln!("tailing feed {feed} at {base} (Ctrl-C to stop)");
+    let mut events = resp.bytes_stream().eventsource();
+    while let Some(ev) = events.next().await {
+        let ev = ev.with_context(|| format!("reading {url}"))?;
+        match ev.event.as_str() {
+            "lagged" => eprintln!("(too slow: {} events skipped)", ev.data),
+            _ => println!("{}", ev.data),
+        }
+    }
+    anyhow::bail!("the pipeline at {base} closed the stream (stopped?)")
+}

@@ -1,0 +1,370 @@
+//! The whole pipeline in one process: store → sources → ingester → feeds, plus the HTTP
+//! server and the status line; and the shutdown order that loses nothing:
+//! sources stop → the ingester flushes → feeds drain and checkpoint → the store closes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use feeds::sample::Fields;
+use feeds::stats::StatsConfig;
+use feeds::{Feed, FeedHandle, FeedKind, FeedSpec};
+use futures::StreamExt;
+use metrics::counter;
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::json;
+use store::embedded::{EmbeddedOptions, EmbeddedStore};
+use store::{CappedSpec, ChangeFilter, ChangeOp, Durability, Store, StoreError};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{self, Config, StoreEngine};
+use crate::http::{self, AppState};
+use crate::ingester::{Handed, IngestOptions, IngestStats, Ingester, STAMP_SOURCE};
+use crate::source::{self, Source};
+use crate::status;
+use crate::telemetry as t;
+
+/// What can stop the pipeline from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The store could not be opened or prepared.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// The HTTP port could not be bound.
+    #[error(
+        "http.listen = {addr}: cannot listen ({source}); is another tailrace running? choose another port with TAILRACE_HTTP__LISTEN"
+    )]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A source could not be built.
+    #[error("{0}")]
+    Source(#[from] source::SourceError),
+    /// A feed could not start.
+    #[error("{0}")]
+    Feed(#[from] feeds::FeedError),
+    /// The configured engine is not in this build.
+    #[error("store.engine = {0}: {1}")]
+    Engine(&'static str, String),
+}
+
+/// Converts the config's durability into the store's.
+pub fn durability(d: config::Durability) -> Durability {
+    match d {
+        config::Durability::Unacknowledged => Durability::Unacknowledged,
+        config::Durability::Acknowledged => Durability::Acknowledged,
+        config::Durability::Journaled => Durability::Journaled,
+        config::Durability::Majority => Durability::Majority,
+    }
+}
+
+/// Opens the configured engine.
+pub async fn open_store(c: &Config) -> Result<Arc<dyn Store>, RunError> {
+    match c.store.engine {
+        StoreEngine::Embedded => {
+            let opts = EmbeddedOptions {
+                oplog_max_entries: c.store.oplog_max_entries,
+                queue_capacity: c.ingest.queue_capacity,
+            };
+            Ok(Arc::new(EmbeddedStore::open(&c.store.path, opts)?))
+        }
+        StoreEngine::Mongodb => Err(RunError::Engine(
+            "mongodb",
+            "this build has no MongoDB engine; rebuild with `--features mongodb`".into(),
+        )),
+    }
+}
+
+fn events_spec(c: &Config) -> CappedSpec {
+    let mut indexes = c.store.events.indexes.clone();
+    if !indexes.iter().any(|i| i == STAMP_SOURCE) {
+        // Needed to recover each source's sequence number at startup.
+        indexes.push(STAMP_SOURCE.into());
+    }
+    CappedSpec {
+        max_docs: c.store.events.max_docs,
+        max_bytes: c.store.events.max_bytes,
+        indexes,
+    }
+}
+
+fn feed_spec(c: &Config, f: &config::FeedConfig) -> FeedSpec {
+    let kind = match f.kind {
+        config::FeedKind::Tailable => FeedKind::Tailable,
+        config::FeedKind::Changes => FeedKind::Changes,
+        config::FeedKind::Oplog => FeedKind::Oplog,
+    };
+    let filter = f.filter.as_ref();
+    FeedSpec {
+        name: f.name.clone(),
+        kind,
+        collection: f.collection.clone().unwrap_or_else(|| "events".into()),
+        filter: ChangeFilter {
+            collections: f.collections.clone(),
+            ops: filter
+                .map(|fl| {
+                    fl.ops
+                        .iter()
+                        .filter_map(|o| o.as_str().parse::<ChangeOp>().ok())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            key_prefix: filter.and_then(|fl| fl.key_prefix.clone()),
+            fields: Vec::new(),
+        },
+        stats: StatsConfig {
+            period: c.stats.period,
+            k: c.stats.k,
+            topk: c.stats.topk,
+            topk_window_secs: c.stats.topk_window_secs,
+        },
+        fields: Fields {
+            value: c.stats.value_field.clone(),
+            topk: c.stats.topk_field.clone(),
+        },
+        checkpoint_interval: Duration::from_millis(c.stats.checkpoint_interval_ms),
+    }
+}
+
+/// Runs the pipeline until `shutdown` is cancelled (or every source has ended), then stops it
+/// in order. `custom` sources run beside the configured ones.
+pub async fn run(
+    c: Config,
+    metrics: PrometheusHandle,
+    custom: Vec<Box<dyn Source>>,
+    shutdown: CancellationToken,
+) -> Result<(), RunError> {
+    let store = open_store(&c).await?;
+    let d = durability(c.store.durability);
+    let events = store.capped("events", &events_spec(&c)).await?;
+    let dead_spec = CappedSpec {
+        max_docs: c.store.dead_letters.max_docs,
+        max_bytes: c.store.dead_letters.max_bytes,
+        indexes: vec!["source".into(), "reason".into()],
+    };
+    let dead_letters = store.capped("dead_letters", &dead_spec).await?;
+    let rollups = store.keyed("rollups").await?;
+
+    let listener = tokio::net::TcpListener::bind(c.http.listen)
+        .await
+        .map_err(|source| RunError::Bind {
+            addr: c.http.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| RunError::Bind {
+        addr: c.http.listen,
+        source,
+    })?;
+
+    let mut sources = source::build(&c.sources)?;
+    sources.extend(custom);
+
+    let mut feeds = Vec::new();
+    let mut handles: Vec<FeedHandle> = Vec::new();
+    for f in &c.feeds {
+        let spec = feed_spec(&c, f);
+        let capped = match spec.kind {
+            FeedKind::Tailable if spec.collection == "dead_letters" => Some(dead_letters.clone()),
+            FeedKind::Tailable => Some(events.clone()),
+            _ => None,
+        };
+        let feed = Feed::new(spec, store.clone(), capped).await?;
+        handles.push(feed.handle());
+        feeds.push(feed);
+    }
+    let handles = Arc::new(handles);
+
+    let ingest_stats = Arc::new(IngestStats {
+        write_latency_us: std::sync::Mutex::new(
+            hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 2).ok(),
+        ),
+        ..IngestStats::default()
+    });
+    let ready = Arc::new(AtomicBool::new(false));
+    let info = json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "engine": store.engine(),
+        "durability": d.as_str(),
+        "data": data_location(&c),
+        "sources": sources.iter().map(|s| json!({"name": s.name(), "kind": s.kind()})).collect::<Vec<_>>(),
+        "feeds": handles.iter().map(|f| json!({"name": f.name, "kind": f.kind.as_str()})).collect::<Vec<_>>(),
+        "listen": addr.to_string(),
+    });
+    status::banner(&c, &info, addr, &sources, &handles);
+
+    // HTTP first, so /healthz answers while the rest starts.
+    let http_stop = CancellationToken::new();
+    let app = http::router(AppState {
+        metrics: metrics.clone(),
+        feeds: handles.clone(),
+        events: events.clone(),
+        rollups: rollups.clone(),
+        ingest: ingest_stats.clone(),
+        ready: ready.clone(),
+        info: Arc::new(info),
+    });
+    let http_task = {
+        let stop = http_stop.clone();
+        tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "http server failed");
+            }
+        })
+    };
+    let upkeep = {
+        let (m, stop) = (metrics.clone(), http_stop.clone());
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = every.tick() => m.run_upkeep(),
+                }
+            }
+        })
+    };
+
+    let feed_stop = CancellationToken::new();
+    let feed_tasks: Vec<(String, JoinHandle<()>)> = feeds
+        .into_iter()
+        .map(|f| {
+            let name = f.handle().name;
+            (name, tokio::spawn(f.run(feed_stop.clone())))
+        })
+        .collect();
+
+    let (tx, rx) = mpsc::channel::<Handed>(c.ingest.queue_capacity);
+    let ingester = Ingester {
+        events: events.clone(),
+        dead_letters,
+        rollups,
+        options: IngestOptions {
+            batch_max_events: c.ingest.batch_max_events,
+            batch_max_wait: Duration::from_millis(c.ingest.batch_max_wait_ms),
+            max_event_bytes: c.ingest.max_event_bytes as usize,
+            rollup_fields: c.ingest.rollup_fields.clone(),
+            value_field: c.stats.value_field.clone(),
+            topk_field: c.stats.topk_field.clone(),
+            durability: d,
+        },
+        engine: store.engine(),
+        stats: ingest_stats.clone(),
+    };
+    let ingest_task = tokio::spawn(ingester.run(rx));
+
+    let source_stop = CancellationToken::new();
+    let source_tasks: Vec<JoinHandle<()>> = sources
+        .into_iter()
+        .map(|s| spawn_source(s, tx.clone(), ingest_stats.clone(), source_stop.clone()))
+        .collect();
+    drop(tx);
+    ready.store(true, Ordering::Release);
+
+    let status_task = tokio::spawn(status::every(
+        Duration::from_secs(c.log.status_interval_secs),
+        handles.clone(),
+        ingest_stats.clone(),
+        http_stop.clone(),
+    ));
+
+    // Run until asked to stop, or until every source ended (the ingester then finishes).
+    let mut ingest_task = ingest_task;
+    let ingest_done = tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = &mut ingest_task => true,
+    };
+    if ingest_done {
+        tracing::info!("every source ended; stopping");
+    } else {
+        tracing::info!("stopping: sources first, then the writer flushes, then feeds checkpoint");
+    }
+    ready.store(false, Ordering::Release);
+    source_stop.cancel();
+    for t in source_tasks {
+        let _ = t.await;
+    }
+    if !ingest_done
+        && tokio::time::timeout(Duration::from_secs(10), &mut ingest_task)
+            .await
+            .is_err()
+    {
+        tracing::error!(
+            "ingester did not flush within 10 s; stopping without it (unacknowledged writes may be lost)"
+        );
+        ingest_task.abort();
+    }
+    feed_stop.cancel();
+    for (name, task) in feed_tasks {
+        if tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .is_err()
+        {
+            tracing::error!(feed = %name, "feed did not checkpoint within 5 s; stopping without it");
+        }
+    }
+    if let Err(e) = store.close().await {
+        tracing::error!(error = %e, "closing the store failed");
+    }
+    http_stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(2), http_task).await;
+    let _ = upkeep.await;
+    let _ = status_task.await;
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+/// Where the data lives, for humans.
+pub fn data_location(c: &Config) -> String {
+    match c.store.engine {
+        StoreEngine::Embedded => std::path::absolute(&c.store.path)
+            .unwrap_or_else(|_| c.store.path.clone())
+            .display()
+            .to_string(),
+        StoreEngine::Mongodb => {
+            format!("{} (database {})", c.redacted().store.uri, c.store.database)
+        }
+    }
+}
+
+fn spawn_source(
+    source: Box<dyn Source>,
+    tx: mpsc::Sender<Handed>,
+    stats: Arc<IngestStats>,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    let name: Arc<str> = Arc::from(source.name());
+    let read = counter!(t::SOURCE_EVENTS, "source" => name.to_string());
+    tokio::spawn(async move {
+        let mut records = source.records();
+        loop {
+            let raw = tokio::select! {
+                _ = stop.cancelled() => break,
+                r = records.next() => match r {
+                    Some(raw) => raw,
+                    None => {
+                        tracing::info!(source = %name, "source ended");
+                        break;
+                    }
+                },
+            };
+            read.increment(1);
+            let handed = Handed {
+                source: name.clone(),
+                raw,
+                received_us: source::synthetic::now_us(),
+            };
+            stats.queue_depth.fetch_add(1, Ordering::Relaxed);
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                sent = tx.send(handed) => if sent.is_err() { break },
+            }
+        }
+    })
+}

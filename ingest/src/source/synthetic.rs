@@ -1,0 +1,343 @@
+//! A synthetic tweet-like stream: Poisson arrivals at a mean rate, occasional bursts, seeded
+//! for reproducibility. The default source, so `cargo run` shows a live pipeline at once.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::stream::{BoxStream, StreamExt};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::{Raw, Source};
+use crate::config::SourceConfig;
+
+const LANGS: [(&str, u32); 8] = [
+    ("en", 50),
+    ("ja", 15),
+    ("es", 10),
+    ("pt", 7),
+    ("ar", 5),
+    ("ko", 4),
+    ("fr", 4),
+    ("und", 5),
+];
+const HASHTAGS: [&str; 24] = [
+    "rust",
+    "mongodb",
+    "realtime",
+    "news",
+    "music",
+    "sports",
+    "tech",
+    "ai",
+    "data",
+    "weather",
+    "travel",
+    "food",
+    "gaming",
+    "science",
+    "art",
+    "health",
+    "movies",
+    "crypto",
+    "books",
+    "photography",
+    "nature",
+    "fashion",
+    "football",
+    "space",
+];
+const WORDS: [&str; 32] = [
+    "the", "stream", "is", "live", "now", "what", "a", "day", "for", "data", "events", "fast",
+    "store", "every", "one", "moment", "watch", "this", "new", "update", "just", "saw", "great",
+    "match", "love", "today", "check", "out", "big", "news", "here", "wow",
+];
+const USERS: u64 = 5000;
+
+/// Settings of the synthetic source.
+#[derive(Clone, Debug)]
+pub struct SyntheticOptions {
+    /// Mean events per second outside bursts.
+    pub rate_per_sec: f64,
+    /// Random seed; `None` draws one.
+    pub seed: Option<u64>,
+    /// Chance per second that a burst starts.
+    pub burst_probability: f64,
+    /// Rate multiplier during a burst.
+    pub burst_multiplier: f64,
+    /// Burst length in seconds.
+    pub burst_secs: u64,
+}
+
+/// The synthetic source.
+pub struct Synthetic {
+    name: String,
+    options: SyntheticOptions,
+}
+
+impl Synthetic {
+    /// A synthetic source with these options.
+    pub fn new(name: impl Into<String>, options: SyntheticOptions) -> Self {
+        Synthetic {
+            name: name.into(),
+            options,
+        }
+    }
+
+    /// Built from its configuration table.
+    pub fn from_config(c: &SourceConfig) -> Self {
+        Synthetic::new(
+            c.name.clone(),
+            SyntheticOptions {
+                rate_per_sec: c.rate_per_sec.unwrap_or(70.0),
+                seed: c.seed,
+                burst_probability: c.burst_probability,
+                burst_multiplier: c.burst_multiplier,
+                burst_secs: c.burst_secs,
+            },
+        )
+    }
+}
+
+impl Source for Synthetic {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &str {
+        "synthetic"
+    }
+
+    fn records(self: Box<Self>) -> BoxStream<'static, Raw> {
+        let o = self.options;
+        let seed = o.seed.unwrap_or_else(rand::random);
+        let generator = Generator::new(seed);
+        let state = (generator, Instant::now(), Pacer::new(o));
+        futures::stream::unfold(state, |(mut generator, mut next, mut pacer)| async move {
+            // Poisson arrivals: exponential gaps. When behind schedule (a slow consumer, a
+            // high rate), events go out without sleeping until the schedule is met again.
+            next += pacer.gap(&mut generator.rng, next);
+            if next > Instant::now() {
+                tokio::time::sleep_until(next).await;
+            }
+            let event = generator.event();
+            Some((Raw::Json(event), (generator, next, pacer)))
+        })
+        .boxed()
+    }
+}
+
+/// Arrival times: exponential gaps at the current rate, with bursts.
+struct Pacer {
+    o: SyntheticOptions,
+    second: Option<Instant>,
+    burst_until: Option<Instant>,
+}
+
+impl Pacer {
+    fn new(o: SyntheticOptions) -> Self {
+        Pacer {
+            o,
+            second: None,
+            burst_until: None,
+        }
+    }
+
+    fn gap(&mut self, rng: &mut StdRng, now: Instant) -> Duration {
+        // Roll for a burst once per second of schedule time.
+        if self
+            .second
+            .is_none_or(|s| now >= s + Duration::from_secs(1))
+        {
+            self.second = Some(now);
+            if self.burst_until.is_none_or(|b| now >= b)
+                && rng.random::<f64>() < self.o.burst_probability
+            {
+                self.burst_until = Some(now + Duration::from_secs(self.o.burst_secs));
+            }
+        }
+        let bursting = self.burst_until.is_some_and(|b| now < b);
+        let rate = self.o.rate_per_sec
+            * if bursting {
+                self.o.burst_multiplier
+            } else {
+                1.0
+            };
+        let u: f64 = rng.random::<f64>();
+        // 1 - u is in (0, 1], so the logarithm is finite.
+        Duration::from_secs_f64((-(1.0 - u).ln() / rate).min(60.0))
+    }
+}
+
+/// Tweet-like documents from a seeded generator.
+pub struct Generator {
+    rng: StdRng,
+    next_id: u64,
+}
+
+impl Generator {
+    /// A generator whose output depends only on `seed`.
+    pub fn new(seed: u64) -> Self {
+        Generator {
+            rng: StdRng::seed_from_u64(seed),
+            next_id: 1_700_000_000_000_000_000 + seed % 1_000_000,
+        }
+    }
+
+    fn weighted<'a>(&mut self, items: &'a [(&'a str, u32)]) -> &'a str {
+        let total: u32 = items.iter().map(|(_, w)| w).sum();
+        let mut pick = self.rng.random_range(0..total);
+        for (item, w) in items {
+            if pick < *w {
+                return item;
+            }
+            pick -= w;
+        }
+        items[0].0
+    }
+
+    /// The next document.
+    pub fn event(&mut self) -> Value {
+        self.next_id += self.rng.random_range(1..1000);
+        let id = self.next_id;
+        // Zipf-like: a few users and hashtags are far more active than the rest.
+        let user = (USERS as f64 * self.rng.random::<f64>().powi(3)) as u64 + 1;
+        let followers = (10f64.powf(1.0 + 5.0 * (1.0 - user as f64 / USERS as f64).powi(4))) as u64
+            + self.rng.random_range(0..100);
+        let n_tags = [0, 0, 1, 1, 1, 2, 2, 3][self.rng.random_range(0..8usize)];
+        let tags: Vec<&str> = (0..n_tags)
+            .map(|_| HASHTAGS[(HASHTAGS.len() as f64 * self.rng.random::<f64>().powi(2)) as usize])
+            .collect();
+        let n_words = self.rng.random_range(4..16);
+        let mut text: Vec<String> = (0..n_words)
+            .map(|_| WORDS[self.rng.random_range(0..WORDS.len())].to_string())
+            .collect();
+        text.extend(tags.iter().map(|t| format!("#{t}")));
+        let lang = self.weighted(&LANGS);
+        let retweets = (self.rng.random::<f64>().powi(4) * 500.0) as u64;
+        let created = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+        let mut doc = json!({
+            "id": id,
+            "id_str": id.to_string(),
+            "created_at": created,
+            "user": {
+                "id": user,
+                "screen_name": format!("user{user}"),
+                "followers_count": followers,
+            },
+            "lang": lang,
+            "text": text.join(" "),
+            "hashtags": tags,
+            "retweet_count": retweets,
+        });
+        if self.rng.random::<f64>() < 0.05 {
+            let lon = self.rng.random_range(-180.0..180.0f64);
+            let lat = self.rng.random_range(-80.0..80.0f64);
+            doc["coordinates"] = json!({"type": "Point", "coordinates": [lon, lat]});
+        }
+        doc
+    }
+}
+
+/// Microseconds since the Unix epoch.
+pub fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_same_documents_apart_from_the_clock() {
+        let strip = |mut v: Value| {
+            v.as_object_mut().unwrap().remove("created_at");
+            v
+        };
+        let (mut a, mut b) = (Generator::new(7), Generator::new(7));
+        for _ in 0..50 {
+            assert_eq!(strip(a.event()), strip(b.event()));
+        }
+        let mut c = Generator::new(8);
+        assert_ne!(
+            strip(Generator::new(7).event()),
+            strip(c.event()),
+            "another seed, another stream"
+        );
+    }
+
+    #[test]
+    fn documents_have_the_tweet_fields() {
+        let mut g = Generator::new(1);
+        let mut with_coordinates = 0;
+        let mut prev = 0;
+        for _ in 0..2000 {
+            let e = g.event();
+            let id = e["id"].as_u64().unwrap();
+            assert!(id > prev, "ids increase");
+            prev = id;
+            assert!(
+                e["user"]["screen_name"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("user")
+            );
+            assert!(e["user"]["followers_count"].as_u64().is_some());
+            assert!(e["hashtags"].as_array().unwrap().len() <= 3);
+            assert!(e["lang"].is_string() && e["text"].is_string() && e["retweet_count"].is_u64());
+            assert!(e["created_at"].as_str().unwrap().ends_with('Z'));
+            with_coordinates += e.get("coordinates").is_some() as u32;
+        }
+        assert!(
+            (40..=160).contains(&with_coordinates),
+            "about 5% carry coordinates: {with_coordinates}"
+        );
+    }
+
+    #[test]
+    fn gaps_average_to_the_configured_rate() {
+        let o = SyntheticOptions {
+            rate_per_sec: 70.0,
+            seed: None,
+            burst_probability: 0.0,
+            burst_multiplier: 1.0,
+            burst_secs: 1,
+        };
+        let mut p = Pacer::new(o);
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut t = Instant::now();
+        let n = 20_000;
+        let start = t;
+        for _ in 0..n {
+            t += p.gap(&mut rng, t);
+        }
+        let rate = n as f64 / (t - start).as_secs_f64();
+        // 20,000 exponential gaps: the mean is within ~2% (5 sigma ≈ 3.5%) of 1/70 s.
+        assert!((rate - 70.0).abs() < 70.0 * 0.035, "measured rate {rate}");
+    }
+
+    #[test]
+    fn bursts_raise_the_rate() {
+        let o = SyntheticOptions {
+            rate_per_sec: 70.0,
+            seed: None,
+            burst_probability: 1.0,
+            burst_multiplier: 5.0,
+            burst_secs: 3600,
+        };
+        let mut p = Pacer::new(o);
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut t = Instant::now();
+        let start = t;
+        for _ in 0..20_000 {
+            t += p.gap(&mut rng, t);
+        }
+        let rate = 20_000.0 / (t - start).as_secs_f64();
+        assert!((rate - 350.0).abs() < 350.0 * 0.035, "burst rate {rate}");
+    }
+}
