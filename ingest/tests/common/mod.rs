@@ -1,0 +1,346 @@
+//! Test harness: runs the real `tailrace` binary and reads its real HTTP endpoints.
+//!
+//! Every wait is bounded; a failure message carries the command, the data directory and the
+//! child's stderr, so a CI log alone explains it.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long the binary may take to start (a debug build on a loaded 2-core machine).
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running `tailrace run`.
+pub struct Tailrace {
+    child: Option<Child>,
+    /// The bound HTTP address (parsed from the startup banner).
+    pub addr: SocketAddr,
+    /// The data directory.
+    pub data: PathBuf,
+    stderr: Arc<Mutex<Vec<String>>>,
+    command: String,
+}
+
+/// The environment every test run gets: its own data directory, a free port, a fast status line.
+pub fn base_env(data: &Path) -> Vec<(String, String)> {
+    vec![
+        ("TAILRACE_STORE__PATH".into(), data.display().to_string()),
+        ("TAILRACE_HTTP__LISTEN".into(), "127.0.0.1:0".into()),
+        ("TAILRACE_LOG__STATUS_INTERVAL_SECS".into(), "1".into()),
+        ("TAILRACE_LOG".into(), "info".into()),
+    ]
+}
+
+impl Tailrace {
+    /// Starts the binary with `base_env(data)` plus `extra` (later entries win), and waits
+    /// until `/readyz` answers 200.
+    pub async fn start(data: &Path, extra: &[(&str, &str)]) -> Tailrace {
+        Self::start_with(data, extra, &["run"]).await
+    }
+
+    /// Like [`Tailrace::start`] with explicit arguments.
+    pub async fn start_with(data: &Path, extra: &[(&str, &str)], args: &[&str]) -> Tailrace {
+        let bin = env!("CARGO_BIN_EXE_tailrace");
+        let mut env = base_env(data);
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let mut cmd = Command::new(bin);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        // A developer's own TAILRACE_* settings must not leak into tests.
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("TAILRACE_")) {
+            cmd.env_remove(k);
+        }
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
+        let command = format!(
+            "{} {} {}",
+            env.iter()
+                .map(|(k, v)| format!("{k}={v:?}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            bin,
+            args.join(" ")
+        );
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {command}: {e}"));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
+        {
+            let pipe = child.stderr.take().unwrap();
+            let lines = stderr.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    if let Some(rest) = line.trim().strip_prefix("metrics     http://")
+                        && let Some(addr) = rest.strip_suffix("/metrics")
+                        && let Ok(addr) = addr.parse()
+                    {
+                        let _ = tx.send(addr);
+                    }
+                    lines.lock().unwrap().push(line);
+                }
+            });
+        }
+        let mut run = Tailrace {
+            child: Some(child),
+            addr: "127.0.0.1:1".parse().unwrap(),
+            data: data.into(),
+            stderr,
+            command,
+        };
+        let addr = tokio::task::spawn_blocking(move || rx.recv_timeout(START_TIMEOUT))
+            .await
+            .unwrap();
+        match addr {
+            Ok(a) => run.addr = a,
+            Err(_) => panic!(
+                "no startup banner within {START_TIMEOUT:?}\n{}",
+                run.report()
+            ),
+        }
+        run.wait_until("/readyz answers 200", START_TIMEOUT, async |t| {
+            t.get("/readyz").await.0 == 200
+        })
+        .await;
+        run
+    }
+
+    /// The command, data directory and stderr so far, for failure messages.
+    pub fn report(&self) -> String {
+        format!(
+            "command: {}\ndata: {}\n--- stderr ---\n{}\n--------------",
+            self.command,
+            self.data.display(),
+            self.stderr.lock().unwrap().join("\n")
+        )
+    }
+
+    /// The child's stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().join("\n")
+    }
+
+    /// GET `path`; (status, body). Status 0 when the request failed.
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let url = format!("http://{}{}", self.addr, path);
+        let req = reqwest::Client::new()
+            .get(&url)
+            .timeout(Duration::from_secs(10))
+            .send();
+        match req.await {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                (status, r.text().await.unwrap_or_default())
+            }
+            Err(_) => (0, String::new()),
+        }
+    }
+
+    /// GET a JSON document (panics with the report on failure).
+    pub async fn json(&self, path: &str) -> serde_json::Value {
+        let (status, body) = self.get(path).await;
+        assert_eq!(
+            status,
+            200,
+            "GET {path} -> {status} {body}\n{}",
+            self.report()
+        );
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: not JSON ({e}): {body}"))
+    }
+
+    /// Scrapes `/metrics`.
+    pub async fn metrics(&self) -> Metrics {
+        let (status, body) = self.get("/metrics").await;
+        assert_eq!(status, 200, "GET /metrics -> {status}\n{}", self.report());
+        Metrics::parse(&body)
+    }
+
+    /// Polls `check` (every 100 ms) until it holds or `timeout` passes (then panics with the report).
+    pub async fn wait_until<F>(&self, what: &str, timeout: Duration, mut check: F)
+    where
+        F: AsyncFnMut(&Tailrace) -> bool,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if check(self).await {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {timeout:?} waiting until {what}\n{}",
+                self.report()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Sends a signal by name (`TERM`, `INT`, `KILL`).
+    pub fn signal(&self, name: &str) {
+        let pid = self.child.as_ref().unwrap().id().to_string();
+        let ok = Command::new("kill")
+            .args([&format!("-{name}"), &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{name} {pid} failed");
+    }
+
+    /// Waits for the process to exit (panics with the report after `timeout`).
+    pub async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                // Let the reader thread collect the last lines.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "process did not exit within {timeout:?}\n{}",
+                self.report()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGTERM, then waits for a clean exit (status 0).
+    pub async fn stop(&mut self) {
+        self.signal("TERM");
+        let status = self.wait_exit(Duration::from_secs(15)).await;
+        assert!(
+            status.success(),
+            "SIGTERM should exit 0, got {status}\n{}",
+            self.report()
+        );
+    }
+}
+
+impl Drop for Tailrace {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take()
+            && c.try_wait().ok().flatten().is_none()
+        {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A parsed Prometheus text exposition.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// (name, labels, value) in exposition order.
+    pub samples: Vec<(String, BTreeMap<String, String>, f64)>,
+    /// `# HELP` texts by metric family.
+    pub help: BTreeMap<String, String>,
+    /// `# TYPE` by metric family.
+    pub types: BTreeMap<String, String>,
+}
+
+impl Metrics {
+    /// Parses the text format (the subset the exporter writes).
+    pub fn parse(text: &str) -> Metrics {
+        let mut m = Metrics::default();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+                m.help.insert(name.into(), help.into());
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, ty) = rest.split_once(' ').unwrap_or((rest, ""));
+                m.types.insert(name.into(), ty.into());
+                continue;
+            }
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            let value: f64 = match value {
+                "+Inf" => f64::INFINITY,
+                "-Inf" => f64::NEG_INFINITY,
+                v => v.parse().unwrap_or(f64::NAN),
+            };
+            let (name, labels) = match series.split_once('{') {
+                Some((n, l)) => (n, parse_labels(l.trim_end_matches('}'))),
+                None => (series, BTreeMap::new()),
+            };
+            m.samples.push((name.into(), labels, value));
+        }
+        m
+    }
+
+    /// Samples of `name` whose labels include every `(key, value)` of `want`.
+    pub fn find(&self, name: &str, want: &[(&str, &str)]) -> Vec<f64> {
+        self.samples
+            .iter()
+            .filter(|(n, l, _)| {
+                n == name
+                    && want
+                        .iter()
+                        .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+            })
+            .map(|(_, _, v)| *v)
+            .collect()
+    }
+
+    /// The sum of matching samples (0 when none).
+    pub fn sum(&self, name: &str, want: &[(&str, &str)]) -> f64 {
+        self.find(name, want).iter().sum()
+    }
+
+    /// The single matching sample, if exactly one.
+    pub fn one(&self, name: &str, want: &[(&str, &str)]) -> Option<f64> {
+        let found = self.find(name, want);
+        (found.len() == 1).then(|| found[0])
+    }
+}
+
+fn parse_labels(s: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut rest = s;
+    while let Some((key, after)) = rest.split_once("=\"") {
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = after.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some((_, n)) = chars.next() {
+                        value.push(match n {
+                            'n' => '\n',
+                            other => other,
+                        });
+                    }
+                }
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        out.insert(key.trim_start_matches(',').trim().to_string(), value);
+        rest = &after[end..];
+    }
+    out
+}
+
+#[test]
+fn parses_the_exposition_format() {
+    let m = Metrics::parse(
+        "# HELP a_total Things.\n# TYPE a_total counter\na_total{x=\"1\",y=\"q\\\"uote\"} 3\nb 2.5\nc_bucket{le=\"+Inf\"} 4\n",
+    );
+    assert_eq!(m.one("a_total", &[("x", "1")]), Some(3.0));
+    assert_eq!(m.find("a_total", &[("y", "q\"uote")]), vec![3.0]);
+    assert_eq!(m.one("b", &[]), Some(2.5));
+    assert_eq!(m.one("c_bucket", &[("le", "+Inf")]), Some(4.0));
+    assert_eq!(m.types["a_total"], "counter");
+}
