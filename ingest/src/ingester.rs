@@ -265,19 +265,70 @@ pub struct Ingester {
 impl Ingester {
     /// The next sequence number of `source`: one after the newest stored, so sequences continue
     /// across restarts (and crashes: only acknowledged writes are found).
-    async fn recover_seq(&self, source: &str) -> Result<u64, StoreError> {
-        let from_events = self
+    ///
+    /// Also repairs the `source:<name>` rollup when a crash came between the events commit and
+    /// the rollups commit (events are always submitted first, so the rollup can only be
+    /// behind): the missing rollup updates are applied from the stored events, so change feeds
+    /// see every sequence number too.
+    async fn recover_source(&self, source: &str) -> Result<u64, StoreError> {
+        let newest_event = self
             .events
             .latest(STAMP_SOURCE, &json!(source), 1)
             .await?
             .first()
             .and_then(|r| feeds::sample::stamp(&r.doc).seq);
-        let from_rollup = self
+        let rollup_seq = self
             .rollups
             .get(&format!("source:{source}"))
             .await?
             .and_then(|d| feeds::sample::stamp(&d).seq);
-        Ok(from_events.max(from_rollup).map_or(1, |s| s + 1))
+        if let Some(event_seq) = newest_event {
+            let behind = event_seq.saturating_sub(rollup_seq.unwrap_or(0));
+            if behind > 0 {
+                self.repair_rollups(source, rollup_seq.unwrap_or(0), behind)
+                    .await?;
+            }
+        }
+        Ok(newest_event.max(rollup_seq).map_or(1, |s| s + 1))
+    }
+
+    async fn repair_rollups(
+        &self,
+        source: &str,
+        after_seq: u64,
+        behind: u64,
+    ) -> Result<(), StoreError> {
+        const MAX_REPAIR: u64 = 100_000;
+        if behind > MAX_REPAIR {
+            tracing::warn!(
+                source,
+                behind,
+                "rollups are too far behind the events to repair; change feeds will count the difference as missing"
+            );
+            return Ok(());
+        }
+        let newest_first = self
+            .events
+            .latest(STAMP_SOURCE, &json!(source), behind as usize)
+            .await?;
+        let mut updates = Vec::new();
+        let mut repaired = 0;
+        for record in newest_first.iter().rev() {
+            if feeds::sample::stamp(&record.doc)
+                .seq
+                .is_some_and(|s| s > after_seq)
+            {
+                rollups(&record.doc, source, &self.options, &mut updates);
+                repaired += 1;
+            }
+        }
+        self.rollups.update(updates, Durability::Journaled).await?;
+        tracing::info!(
+            source,
+            repaired,
+            "rollups caught up with events written just before a crash"
+        );
+        Ok(())
     }
 
     /// Runs until every sender of `rx` is gone and the last batch is written.
@@ -327,7 +378,7 @@ impl Ingester {
                         Some(s) => s,
                         None => {
                             let start = loop {
-                                match self.recover_seq(&h.source).await {
+                                match self.recover_source(&h.source).await {
                                     Ok(s) => break s,
                                     Err(e) => {
                                         tracing::error!(source = %h.source, error = %e, "cannot read the last sequence number; retrying");
