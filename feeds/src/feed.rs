@@ -564,7 +564,9 @@ impl Feed {
     }
 
     async fn on_tick(&mut self, dirty: bool, restarts: u64) {
-        let dirty = self.advance_read_position() || dirty;
+        // A moved read position needs a checkpoint, not a stats document: stats documents are
+        // changes themselves, and a change feed reading past its own writes must not loop.
+        let moved = self.advance_read_position();
         let now = now_us();
         let lag = self.lag().await;
         if lag == Some(0) && now - self.last_event_us > 1_000_000 {
@@ -583,6 +585,9 @@ impl Feed {
             self.meters.headroom.set(h);
         }
         self.publish_topk(&snap);
+        if moved && !dirty {
+            self.save_checkpoint(now).await;
+        }
         if dirty {
             self.save_checkpoint(now).await;
             let doc = json!({
