@@ -193,6 +193,12 @@ struct Meters {
 impl Meters {
     fn new(engine: &'static str, feed: &str) -> Self {
         let f = feed.to_string();
+        // Registered at zero so dashboards and alerts see a series before the first incident.
+        for reason in ["position_lost", "history_lost", "cursor_died", "error"] {
+            counter!(t::FEED_RESTARTS, "feed" => f.clone(), "reason" => reason).absolute(0);
+        }
+        counter!(t::FEED_GAPS, "feed" => f.clone()).absolute(0);
+        counter!(t::FEED_GAP_EVENTS, "feed" => f.clone()).absolute(0);
         let band = |series: &'static str, band: &'static str| gauge!(t::BOLLINGER, "feed" => f.clone(), "series" => series, "band" => band);
         Meters {
             notification: histogram!(t::NOTIFICATION_LATENCY, "engine" => engine, "feed" => f.clone()),

@@ -31,7 +31,8 @@ use crate::{
 use writer::{Commit, Job, Op, Reply, Writer};
 
 /// How many commits a live reader may fall behind before it switches to reading the tables.
-const HUB_CAPACITY: usize = 4096;
+/// A commit is released once every live reader has it, so this bounds only a lagging reader.
+const HUB_CAPACITY: usize = 1024;
 /// How many idle reader connections are kept.
 const READER_POOL: usize = 8;
 
