@@ -222,10 +222,14 @@ pub async fn run(
         let (m, stop) = (metrics.clone(), http_stop.clone());
         tokio::spawn(async move {
             let mut every = tokio::time::interval(Duration::from_secs(5));
+            let mut process = t::Process::new();
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => break,
-                    _ = every.tick() => m.run_upkeep(),
+                    _ = every.tick() => {
+                        m.run_upkeep();
+                        process.collect();
+                    }
                 }
             }
         })
