@@ -284,20 +284,50 @@ pub struct SourceConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<HttpFormat>,
     /// Http only: extra request headers (e.g. authorization); redacted when printed.
+    /// `${NAME}` in a value is replaced by the environment variable NAME when the source
+    /// starts (`"Bearer ${API_TOKEN}"`); `$$` is a literal `$`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
+    /// Http only: give up a connection attempt after this long (ms); default 10000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout_ms: Option<u64>,
+    /// Http only: a connection that delivers no byte for this long (ms), heartbeats
+    /// included, is stalled: it is dropped and reopened. Also bounds the wait for the response
+    /// headers. Default 90000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
+    /// Http and command: the longest wait between reconnects / restarts (ms); waits double
+    /// from 100 ms up to this, with jitter. Default 30000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconnect_max_ms: Option<u64>,
     /// File only (required): the newline-delimited JSON file to replay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     /// File only: replay speed, fast (the default), rate or timestamps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pace: Option<Pace>,
+    /// File with pace = "timestamps": the field (dotted path) holding each event's time, an
+    /// RFC 3339 string or a number of seconds (milliseconds when above 10^11) since the
+    /// epoch; default "created_at". Events without it are not delayed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp_field: Option<String>,
+    /// File with pace = "timestamps": replay this many times faster than recorded; default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed: Option<f64>,
+    /// File only: at the end, wait for appended lines like `tail -f` (the source never ends;
+    /// a truncated or replaced file is read again from its start). Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow: Option<bool>,
     /// Command only (required): the program to run (looked up in PATH).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub program: Option<String>,
     /// Command only: the program's arguments.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
+    /// Command only: start the program again (with backoff) when it exits; default true.
+    /// With false, the source ends when the program exits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart: Option<bool>,
 }
 
 /// How a feed reads the store.
@@ -361,6 +391,15 @@ pub struct ChangeFilterConfig {
 // ---------------------------------------------------------------------------------------
 // Defaults
 // ---------------------------------------------------------------------------------------
+
+/// An http source's `connect_timeout_ms` when not given.
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 10_000;
+/// An http source's `idle_timeout_ms` when not given.
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 90_000;
+/// An http or command source's `reconnect_max_ms` when not given.
+pub const DEFAULT_RECONNECT_MAX_MS: u64 = 30_000;
+/// A file source's `timestamp_field` (pace = "timestamps") when not given.
+pub const DEFAULT_TIMESTAMP_FIELD: &str = "created_at";
 
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9750))
@@ -586,10 +625,17 @@ impl SourceConfig {
             url: None,
             format: None,
             headers: BTreeMap::new(),
+            connect_timeout_ms: None,
+            idle_timeout_ms: None,
+            reconnect_max_ms: None,
             path: None,
             pace: None,
+            timestamp_field: None,
+            speed: None,
+            follow: None,
             program: None,
             args: Vec::new(),
+            restart: None,
         }
     }
 }
@@ -1037,10 +1083,34 @@ impl Config {
     fn fill_kind_defaults(&mut self) {
         for source in &mut self.sources {
             match source.kind {
-                SourceKind::Http if source.format.is_none() => {
-                    source.format = Some(HttpFormat::Ndjson);
+                SourceKind::Http => {
+                    source.format.get_or_insert(HttpFormat::Ndjson);
+                    source
+                        .connect_timeout_ms
+                        .get_or_insert(DEFAULT_CONNECT_TIMEOUT_MS);
+                    source
+                        .idle_timeout_ms
+                        .get_or_insert(DEFAULT_IDLE_TIMEOUT_MS);
+                    source
+                        .reconnect_max_ms
+                        .get_or_insert(DEFAULT_RECONNECT_MAX_MS);
                 }
-                SourceKind::File if source.pace.is_none() => source.pace = Some(Pace::Fast),
+                SourceKind::File => {
+                    let pace = *source.pace.get_or_insert(Pace::Fast);
+                    source.follow.get_or_insert(false);
+                    if pace == Pace::Timestamps {
+                        source
+                            .timestamp_field
+                            .get_or_insert_with(|| DEFAULT_TIMESTAMP_FIELD.to_owned());
+                        source.speed.get_or_insert(1.0);
+                    }
+                }
+                SourceKind::Command => {
+                    source.restart.get_or_insert(true);
+                    source
+                        .reconnect_max_ms
+                        .get_or_insert(DEFAULT_RECONNECT_MAX_MS);
+                }
                 _ => {}
             }
         }
@@ -1389,11 +1459,43 @@ fn validate_source(p: &mut Problems, i: usize, s: &SourceConfig, names: &mut BTr
                     "must not contain line breaks",
                 );
             }
+            if let Err(e) = check_env_refs(value) {
+                p.push(format!("{}.{name}", key("headers")), e);
+            }
+        }
+        for (field, value) in [
+            ("connect_timeout_ms", s.connect_timeout_ms),
+            ("idle_timeout_ms", s.idle_timeout_ms),
+        ] {
+            if let Some(v) = value {
+                p.at_least(&key(field), v, 1);
+            }
         }
     } else {
         p.forbidden(&key("url"), s.url.is_some(), "kind = \"http\"");
         p.forbidden(&key("format"), s.format.is_some(), "kind = \"http\"");
         p.forbidden(&key("headers"), !s.headers.is_empty(), "kind = \"http\"");
+        p.forbidden(
+            &key("connect_timeout_ms"),
+            s.connect_timeout_ms.is_some(),
+            "kind = \"http\"",
+        );
+        p.forbidden(
+            &key("idle_timeout_ms"),
+            s.idle_timeout_ms.is_some(),
+            "kind = \"http\"",
+        );
+    }
+    if http || command {
+        if let Some(v) = s.reconnect_max_ms {
+            p.at_least(&key("reconnect_max_ms"), v, 100);
+        }
+    } else {
+        p.forbidden(
+            &key("reconnect_max_ms"),
+            s.reconnect_max_ms.is_some(),
+            "kind = \"http\" or \"command\"",
+        );
     }
 
     if file {
@@ -1404,9 +1506,36 @@ fn validate_source(p: &mut Problems, i: usize, s: &SourceConfig, names: &mut BTr
         {
             p.push(key("path"), "must not be empty");
         }
+        let gz = s
+            .path
+            .as_ref()
+            .is_some_and(|path| path.extension().is_some_and(|e| e == "gz"));
+        if gz && s.follow == Some(true) {
+            p.push(
+                key("follow"),
+                "a .gz file cannot be followed (it is compressed as a whole); set follow = false",
+            );
+        }
     } else {
         p.forbidden(&key("path"), s.path.is_some(), "kind = \"file\"");
         p.forbidden(&key("pace"), s.pace.is_some(), "kind = \"file\"");
+        p.forbidden(&key("follow"), s.follow.is_some(), "kind = \"file\"");
+    }
+    let timestamps = "kind = \"file\" with pace = \"timestamps\"";
+    if file && s.pace == Some(Pace::Timestamps) {
+        if let Some(field) = &s.timestamp_field {
+            p.field_path(&key("timestamp_field"), field);
+        }
+        if let Some(speed) = s.speed.filter(|v| !(v.is_finite() && *v > 0.0)) {
+            p.push(key("speed"), format!("must be > 0 (got {speed})"));
+        }
+    } else {
+        p.forbidden(
+            &key("timestamp_field"),
+            s.timestamp_field.is_some(),
+            timestamps,
+        );
+        p.forbidden(&key("speed"), s.speed.is_some(), timestamps);
     }
 
     if command {
@@ -1420,7 +1549,54 @@ fn validate_source(p: &mut Problems, i: usize, s: &SourceConfig, names: &mut BTr
     } else {
         p.forbidden(&key("program"), s.program.is_some(), "kind = \"command\"");
         p.forbidden(&key("args"), !s.args.is_empty(), "kind = \"command\"");
+        p.forbidden(&key("restart"), s.restart.is_some(), "kind = \"command\"");
     }
+}
+
+/// Replaces `${NAME}` in `value` with what `lookup(NAME)` gives and `$$` with `$`; any other
+/// `$` is kept as it is. An unset variable or an unclosed `${` is an error naming it.
+pub fn interpolate_env(
+    value: &str,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<String, String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(inner) = after.strip_prefix('{') {
+            let Some(end) = inner.find('}') else {
+                return Err("has an unclosed ${ (write ${NAME}, or $$ for a literal $)".into());
+            };
+            let name = &inner[..end];
+            let valid =
+                !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !valid {
+                return Err(format!(
+                    "${{{name}}} is not a variable reference (letters, digits and _)"
+                ));
+            }
+            match lookup(name) {
+                Some(v) => out.push_str(&v),
+                None => return Err(format!("environment variable {name} is not set")),
+            }
+            rest = &inner[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Checks the `${NAME}` references of a header value (syntax only: the variables are read
+/// when the source starts, so `check-config` does not need the secrets).
+fn check_env_refs(value: &str) -> Result<(), String> {
+    interpolate_env(value, |_| Some(String::new())).map(|_| ())
 }
 
 fn validate_feed(p: &mut Problems, i: usize, f: &FeedConfig, names: &mut BTreeSet<String>) {
@@ -1944,6 +2120,85 @@ mod tests {
             );
             Ok(())
         });
+    }
+
+    #[test]
+    fn header_values_interpolate_environment_variables() {
+        let env = |name: &str| (name == "TOKEN").then(|| "s3cret".to_owned());
+        assert_eq!(
+            interpolate_env("Bearer ${TOKEN}", env).as_deref(),
+            Ok("Bearer s3cret")
+        );
+        assert_eq!(interpolate_env("a$$b $x", env).as_deref(), Ok("a$b $x"));
+        assert_eq!(
+            interpolate_env("${MISSING}", env),
+            Err("environment variable MISSING is not set".to_owned())
+        );
+        assert!(
+            interpolate_env("${TOKEN", env)
+                .unwrap_err()
+                .contains("unclosed")
+        );
+        assert!(
+            interpolate_env("${A-B}", env)
+                .unwrap_err()
+                .contains("not a variable")
+        );
+    }
+
+    #[test]
+    fn source_kinds_get_their_defaults_and_only_their_keys() {
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file(
+                "t.toml",
+                "[[sources]]\nname = \"w\"\nkind = \"http\"\nurl = \"http://127.0.0.1:1/\"\n\
+                 [[sources]]\nname = \"f\"\nkind = \"file\"\npath = \"e.ndjson\"\npace = \"timestamps\"\n\
+                 [[sources]]\nname = \"c\"\nkind = \"command\"\nprogram = \"x\"\n",
+            )?;
+            let c = Config::load(Some(Path::new("t.toml"))).unwrap_or_else(|e| panic!("{e}"));
+            let (w, f, cmd) = (&c.sources[0], &c.sources[1], &c.sources[2]);
+            assert_eq!(w.format, Some(HttpFormat::Ndjson));
+            assert_eq!(w.connect_timeout_ms, Some(DEFAULT_CONNECT_TIMEOUT_MS));
+            assert_eq!(w.idle_timeout_ms, Some(DEFAULT_IDLE_TIMEOUT_MS));
+            assert_eq!(w.reconnect_max_ms, Some(DEFAULT_RECONNECT_MAX_MS));
+            assert_eq!(f.timestamp_field.as_deref(), Some(DEFAULT_TIMESTAMP_FIELD));
+            assert_eq!((f.speed, f.follow), (Some(1.0), Some(false)));
+            assert_eq!(cmd.restart, Some(true));
+            Ok(())
+        });
+        let mut s = source(SourceKind::Stdin);
+        s.follow = Some(true);
+        s.speed = Some(2.0);
+        s.restart = Some(false);
+        s.idle_timeout_ms = Some(5);
+        let p = problems(&config_with_source(s));
+        assert_problem(&p, "sources[0].follow: only for kind = \"file\"");
+        assert_problem(
+            &p,
+            "sources[0].speed: only for kind = \"file\" with pace = \"timestamps\"",
+        );
+        assert_problem(&p, "sources[0].restart: only for kind = \"command\"");
+        assert_problem(&p, "sources[0].idle_timeout_ms: only for kind = \"http\"");
+        let mut s = source(SourceKind::File);
+        s.path = Some("e.ndjson.gz".into());
+        s.follow = Some(true);
+        let p = problems(&config_with_source(s));
+        assert!(
+            p.iter()
+                .any(|m| m.starts_with("sources[0].follow: a .gz file")),
+            "{p:?}"
+        );
+        let mut s = source(SourceKind::Http);
+        s.url = Some("http://x/".into());
+        s.headers
+            .insert("Authorization".into(), "Bearer ${TOKEN".into());
+        let p = problems(&config_with_source(s));
+        assert!(
+            p.iter()
+                .any(|m| m.starts_with("sources[0].headers.Authorization: has an unclosed ${")),
+            "{p:?}"
+        );
     }
 
     #[test]

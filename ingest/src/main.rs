@@ -113,7 +113,10 @@ async fn signals(token: CancellationToken) {
 async fn tail(base: &str, feed: &str) -> anyhow::Result<()> {
     use eventsource_stream::Eventsource;
     let url = format!("{}/api/feeds/{feed}/stream", base.trim_end_matches('/'));
-    let resp = reqwest::get(&url).await.with_context(|| {
+    let client = ingest::source::http::client()
+        .build()
+        .context("building the HTTP client")?;
+    let resp = client.get(&url).send().await.with_context(|| {
         format!("connecting to {url}: is `tailrace run` running there? (--url sets the address)")
     })?;
     if !resp.status().is_success() {

@@ -162,7 +162,7 @@ pub async fn run(
         source,
     })?;
 
-    let mut sources = source::build(&c.sources)?;
+    let mut sources = source::build(&c.sources, c.ingest.max_event_bytes as usize)?;
     sources.extend(custom);
 
     let mut feeds = Vec::new();

@@ -130,7 +130,10 @@ impl Tailrace {
     /// GET `path`; (status, body). Status 0 when the request failed.
     pub async fn get(&self, path: &str) -> (u16, String) {
         let url = format!("http://{}{}", self.addr, path);
-        let req = reqwest::Client::new()
+        // Through `ingest`'s builder: reqwest is built without a default TLS provider.
+        let req = ingest::source::http::client()
+            .build()
+            .unwrap()
             .get(&url)
             .timeout(Duration::from_secs(10))
             .send();

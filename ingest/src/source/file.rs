@@ -1,0 +1,442 @@
+//! The `file` source: an NDJSON file (`.gz` decoded on the fly, multi-member like `zcat`)
+//! replayed as fast as the pipeline accepts it, at a fixed rate, or at the pace of the events'
+//! own timestamps scaled by a speed factor; with `follow`, lines appended later are read too,
+//! like `tail -F`.
+//!
+//! Without `follow` the source ends at the end of the file (and the pipeline stops once every
+//! source has ended). A file that cannot be opened is logged and ends the source; with
+//! `follow` it is waited for.
+//!
+//! Following wakes on the file system's change notifications (inotify via `notify`), not a
+//! sleep loop; a 5 s re-check remains as a safety net for file systems that send none (NFS).
+//! An unterminated last line is held back while following (more may come); a file that
+//! shrinks (truncated) or is replaced (rotated) is read again from its start.
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::time::{Duration, UNIX_EPOCH};
+
+use async_compression::tokio::bufread::GzipDecoder;
+use bytes::BytesMut;
+use futures::stream::{BoxStream, Stream, StreamExt};
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::codec::Decoder;
+
+use super::framing::{self, LineFramer};
+use super::{Raw, Source};
+
+/// How fast events are replayed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Pacing {
+    /// As fast as the pipeline accepts them.
+    Fast,
+    /// At this many events per second.
+    Rate(f64),
+    /// Keeping the gaps between the events' times (at `field`), divided by `speed`.
+    Timestamps {
+        /// Dotted path of the time field.
+        field: String,
+        /// Replay speed factor (2 = twice as fast as recorded).
+        speed: f64,
+    },
+}
+
+/// Settings of a file source.
+#[derive(Clone, Debug)]
+pub struct FileOptions {
+    /// The NDJSON file (`.gz`: gzip-compressed).
+    pub path: PathBuf,
+    /// Replay pace.
+    pub pacing: Pacing,
+    /// Keep reading appended lines.
+    pub follow: bool,
+    /// Longest line in bytes.
+    pub max_line: usize,
+}
+
+/// The file source.
+pub struct FileSource {
+    name: String,
+    options: FileOptions,
+}
+
+impl FileSource {
+    /// A file source.
+    pub fn new(name: impl Into<String>, options: FileOptions) -> Self {
+        FileSource {
+            name: name.into(),
+            options,
+        }
+    }
+}
+
+impl Source for FileSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &str {
+        "file"
+    }
+
+    fn records(self: Box<Self>) -> BoxStream<'static, Raw> {
+        let FileSource { name, options } = *self;
+        let pacing = options.pacing.clone();
+        let lines = if options.follow {
+            follow(name.clone(), options).boxed()
+        } else {
+            once(name.clone(), options).boxed()
+        };
+        paced(lines, pacing).boxed()
+    }
+}
+
+fn is_gz(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "gz")
+}
+
+/// The whole file once.
+fn once(name: String, o: FileOptions) -> impl Stream<Item = Raw> + Send + 'static {
+    async_stream::stream! {
+        let file = match tokio::fs::File::open(&o.path).await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!(source = %name, path = %o.path.display(), error = %e, "cannot open the file; the source ends");
+                return;
+            }
+        };
+        tracing::info!(source = %name, path = %o.path.display(), "replaying");
+        let reader: Pin<Box<dyn AsyncRead + Send>> = if is_gz(&o.path) {
+            let mut gz = GzipDecoder::new(BufReader::new(file));
+            gz.multiple_members(true);
+            Box::pin(gz)
+        } else {
+            Box::pin(file)
+        };
+        let mut records = std::pin::pin!(framing::ndjson_records(reader, o.max_line, name.clone()));
+        let mut n: u64 = 0;
+        while let Some(raw) = records.next().await {
+            n += 1;
+            yield raw;
+        }
+        tracing::info!(source = %name, path = %o.path.display(), records = n, "end of file");
+    }
+}
+
+/// Identity of the file behind a path (to notice rotation).
+#[cfg(unix)]
+fn identity(m: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (m.dev(), m.ino())
+}
+
+#[cfg(not(unix))]
+fn identity(_: &std::fs::Metadata) -> (u64, u64) {
+    (0, 0)
+}
+
+/// A watcher that sends `()` on any change in the file's directory; `None` when the platform
+/// offers none (then the safety-net re-check alone drives reading).
+fn watch(name: &str, path: &Path) -> (Option<notify::RecommendedWatcher>, mpsc::Receiver<()>) {
+    use notify::Watcher;
+    let (tx, rx) = mpsc::channel(1);
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let watcher = notify::recommended_watcher(move |_event: notify::Result<notify::Event>| {
+        // A full channel already holds a wake-up: nothing is lost.
+        let _ = tx.try_send(());
+    })
+    .and_then(|mut w| {
+        w.watch(&dir, notify::RecursiveMode::NonRecursive)?;
+        Ok(w)
+    });
+    match watcher {
+        Ok(w) => (Some(w), rx),
+        Err(e) => {
+            tracing::warn!(source = %name, error = %e, "no file change notifications; re-checking every 5 s");
+            (None, rx)
+        }
+    }
+}
+
+/// Reads lines as they are appended, forever.
+fn follow(name: String, o: FileOptions) -> impl Stream<Item = Raw> + Send + 'static {
+    const SAFETY_NET: Duration = Duration::from_secs(5);
+    async_stream::stream! {
+        let (_watcher, mut changed) = watch(&name, &o.path);
+        let mut waiting_logged = false;
+        loop {
+            // Open (or wait for) the file.
+            let (mut file, id) = match tokio::fs::File::open(&o.path).await {
+                Ok(f) => {
+                    let id = f.metadata().await.map(|m| identity(&m)).ok();
+                    (f, id)
+                }
+                Err(e) => {
+                    if !waiting_logged {
+                        tracing::warn!(source = %name, path = %o.path.display(), error = %e, "cannot open the file yet; waiting for it");
+                        waiting_logged = true;
+                    }
+                    let _ = tokio::time::timeout(SAFETY_NET, changed.recv()).await;
+                    continue;
+                }
+            };
+            waiting_logged = false;
+            tracing::info!(source = %name, path = %o.path.display(), "following");
+            let mut framer = LineFramer::new(o.max_line);
+            let mut buf = BytesMut::with_capacity(64 * 1024);
+            let mut offset: u64 = 0;
+            'read: loop {
+                match file.read_buf(&mut buf).await {
+                    Ok(0) => {
+                        // At the end for now: was the file truncated or replaced?
+                        let now = tokio::fs::metadata(&o.path).await;
+                        let reopen = match &now {
+                            Ok(m) => m.len() < offset || Some(identity(m)) != id,
+                            Err(_) => false, // removed: keep reading the old one until a new one appears
+                        };
+                        if reopen {
+                            // Whatever the old file left unterminated is cut off.
+                            while let Ok(Some(f)) = framer.decode_eof(&mut buf) {
+                                if let Some(raw) = framing::ndjson(f) {
+                                    yield raw;
+                                }
+                            }
+                            tracing::info!(source = %name, path = %o.path.display(), "file truncated or replaced; reading it from the start");
+                            break 'read;
+                        }
+                        let _ = tokio::time::timeout(SAFETY_NET, changed.recv()).await;
+                    }
+                    Ok(n) => {
+                        offset += n as u64;
+                        while let Ok(Some(f)) = framer.decode(&mut buf) {
+                            if let Some(raw) = framing::ndjson(f) {
+                                yield raw;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(source = %name, path = %o.path.display(), error = %e, "read failed; reopening");
+                        let _ = tokio::time::timeout(SAFETY_NET, changed.recv()).await;
+                        break 'read;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Applies `pacing` to a stream of records.
+fn paced(
+    records: impl Stream<Item = Raw> + Send + 'static,
+    pacing: Pacing,
+) -> impl Stream<Item = Raw> + Send + 'static {
+    async_stream::stream! {
+        let mut records = std::pin::pin!(records);
+        let start = Instant::now();
+        let mut n: u64 = 0;
+        // (first event time in seconds, when it was handed over)
+        let mut origin: Option<(f64, Instant)> = None;
+        while let Some(raw) = records.next().await {
+            match &pacing {
+                Pacing::Fast => {}
+                Pacing::Rate(rate) => {
+                    let due = start + Duration::from_secs_f64(n as f64 / rate);
+                    n += 1;
+                    tokio::time::sleep_until(due).await;
+                }
+                Pacing::Timestamps { field, speed } => {
+                    if let Some(at) = event_time(&raw, field) {
+                        match origin {
+                            None => origin = Some((at, Instant::now())),
+                            Some((t0, w0)) => {
+                                let offset = ((at - t0) / speed).clamp(0.0, 1e9);
+                                tokio::time::sleep_until(w0 + Duration::from_secs_f64(offset)).await;
+                            }
+                        }
+                    }
+                }
+            }
+            yield raw;
+        }
+    }
+}
+
+/// The time of an event, in seconds since the epoch: an RFC 3339 string, or a number of
+/// seconds (milliseconds when above 10^11).
+pub fn event_time(raw: &Raw, field: &str) -> Option<f64> {
+    let parsed;
+    let doc = match raw {
+        Raw::Json(v) => v,
+        Raw::Bytes(b) => {
+            parsed = serde_json::from_slice::<Value>(b).ok()?;
+            &parsed
+        }
+        Raw::Invalid { .. } => return None,
+    };
+    let mut v = doc;
+    for part in field.split('.') {
+        v = v.get(part)?;
+    }
+    match v {
+        Value::Number(n) => {
+            let x = n.as_f64()?;
+            Some(if x.abs() > 1e11 { x / 1000.0 } else { x })
+        }
+        Value::String(s) => {
+            let t = humantime::parse_rfc3339_weak(s).ok()?;
+            let d = t.duration_since(UNIX_EPOCH).ok()?;
+            Some(d.as_secs_f64())
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const T: Duration = Duration::from_secs(10);
+
+    fn source(path: PathBuf, pacing: Pacing, follow: bool) -> BoxStream<'static, Raw> {
+        Box::new(FileSource::new(
+            "f",
+            FileOptions {
+                path,
+                pacing,
+                follow,
+                max_line: 1000,
+            },
+        ))
+        .records()
+    }
+
+    #[test]
+    fn event_times() {
+        let raw = |s: &str| Raw::Bytes(s.as_bytes().to_vec());
+        assert_eq!(event_time(&raw(r#"{"t": 12.5}"#), "t"), Some(12.5));
+        assert_eq!(
+            event_time(&raw(r#"{"a": {"t": 1700000000123}}"#), "a.t"),
+            Some(1_700_000_000.123)
+        );
+        assert_eq!(
+            event_time(&raw(r#"{"t": "2024-01-01T00:00:01Z"}"#), "t"),
+            Some(1_704_067_201.0)
+        );
+        assert_eq!(event_time(&raw(r#"{"t": "yesterday"}"#), "t"), None);
+        assert_eq!(event_time(&raw("not json"), "t"), None);
+    }
+
+    #[tokio::test]
+    async fn reads_plain_and_gzip_files_to_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = b"{\"a\":1}\nbad\n{\"a\":2}";
+        let plain = dir.path().join("e.ndjson");
+        std::fs::write(&plain, text).unwrap();
+        let gz = dir.path().join("e.ndjson.gz");
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(&text[..8]).unwrap();
+        let mut bytes = enc.finish().unwrap();
+        // A second gzip member, as `cat a.gz b.gz` makes.
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(&text[8..]).unwrap();
+        bytes.extend(enc.finish().unwrap());
+        std::fs::write(&gz, bytes).unwrap();
+        for path in [plain, gz] {
+            let got: Vec<Raw> =
+                tokio::time::timeout(T, source(path.clone(), Pacing::Fast, false).collect())
+                    .await
+                    .unwrap();
+            assert_eq!(
+                got,
+                vec![
+                    Raw::Bytes(b"{\"a\":1}".to_vec()),
+                    Raw::Bytes(b"bad".to_vec()),
+                    Raw::Bytes(b"{\"a\":2}".to_vec())
+                ],
+                "{}",
+                path.display()
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_file_ends_the_source() {
+        let got: Vec<Raw> = tokio::time::timeout(
+            T,
+            source("/nonexistent/x.ndjson".into(), Pacing::Fast, false).collect(),
+        )
+        .await
+        .unwrap();
+        assert!(got.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_pacing_spaces_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.ndjson");
+        std::fs::write(&path, "{}\n".repeat(11)).unwrap();
+        let start = Instant::now();
+        let got: Vec<Raw> = source(path, Pacing::Rate(10.0), false).collect().await;
+        assert_eq!(got.len(), 11);
+        let took = start.elapsed();
+        assert!(
+            (Duration::from_millis(999)..Duration::from_millis(1100)).contains(&took),
+            "11 events at 10/s take 1 s of (paused) time, took {took:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timestamp_pacing_follows_the_recorded_gaps_scaled_by_speed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.ndjson");
+        std::fs::write(&path, "{\"t\":100}\n{\"t\":104}\n{\"x\":1}\n{\"t\":110}\n").unwrap();
+        let start = Instant::now();
+        let pacing = Pacing::Timestamps {
+            field: "t".into(),
+            speed: 2.0,
+        };
+        let got: Vec<Raw> = source(path, pacing, false).collect().await;
+        assert_eq!(
+            got.len(),
+            4,
+            "an event without a time is not delayed or dropped"
+        );
+        let took = start.elapsed();
+        assert!(
+            (Duration::from_millis(4999)..Duration::from_millis(5100)).contains(&took),
+            "10 s of recorded time at speed 2 take 5 s, took {took:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn follow_reads_appended_lines_and_survives_truncation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("live.ndjson");
+        std::fs::write(&path, "{\"n\":1}\n{\"n\":").unwrap();
+        let mut s = source(path.clone(), Pacing::Fast, true);
+        let next = async |s: &mut BoxStream<'static, Raw>| {
+            tokio::time::timeout(T, s.next()).await.unwrap().unwrap()
+        };
+        assert_eq!(next(&mut s).await, Raw::Bytes(b"{\"n\":1}".to_vec()));
+        // The unterminated line waits for the rest.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(b"2}\n{\"n\":3}\n").unwrap();
+        assert_eq!(next(&mut s).await, Raw::Bytes(b"{\"n\":2}".to_vec()));
+        assert_eq!(next(&mut s).await, Raw::Bytes(b"{\"n\":3}".to_vec()));
+        // Truncated and rewritten: read from the start again.
+        std::fs::write(&path, "{\"n\":9}\n").unwrap();
+        assert_eq!(next(&mut s).await, Raw::Bytes(b"{\"n\":9}".to_vec()));
+    }
+}

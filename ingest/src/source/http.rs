@@ -1,0 +1,412 @@
+//! The `http` source: a long-lived streaming response, framed as NDJSON or server-sent events.
+//!
+//! One connection at a time. Whatever goes wrong — no connection, an HTTP error status, a
+//! stalled stream, the server closing — is logged in one line (status and a short body excerpt
+//! for HTTP errors; never the header values, never the URL's query or password), counted in
+//! `tailrace_source_reconnects_total{source,reason}`, and followed by a reconnect after an
+//! exponential backoff with jitter (100 ms doubling up to `reconnect_max_ms`; a `Retry-After`
+//! of a 429/503 answer, or an SSE `retry:`, takes precedence). The stream of records never
+//! ends and never fails: a bad record is a [`Raw`] value for the dead letters.
+//!
+//! - NDJSON: [`framing`](super::framing) rules; a line cut off by a dropped connection is
+//!   `truncated`.
+//! - SSE: [`sse`](super::sse) rules; the last event id is sent back as `Last-Event-ID` on
+//!   every reconnect, so the server can resume.
+//! - Timeouts: `connect_timeout_ms` bounds the TCP/TLS connect; `idle_timeout_ms` bounds the
+//!   wait for the response headers and for each chunk of the body (heartbeats count).
+//! - gzip: `Accept-Encoding: gzip` is sent and a gzip body is decoded (reqwest's `gzip`).
+//! - TLS: rustls with ring as the process's crypto provider, installed by [`client`]; every
+//!   reqwest client in this crate must be built through it.
+
+use std::sync::Once;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::stream::{BoxStream, Stream, StreamExt};
+use metrics::{counter, gauge};
+use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
+use tokio_util::codec::FramedRead;
+use tokio_util::io::StreamReader;
+
+use super::framing::{self, Frame, LineFramer};
+use super::sse::SseAssembler;
+use super::{Backoff, Raw, Source};
+use crate::config::HttpFormat;
+use crate::telemetry as t;
+
+/// Bytes of an error response's body shown in the log.
+const EXCERPT_BYTES: usize = 300;
+/// The longest `Retry-After` honoured (a larger one is clamped, and logged as such).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+/// A reqwest client builder whose TLS uses ring (installed once as the process's rustls
+/// provider). Build every reqwest client of the process through this: with the
+/// `rustls-no-provider` feature, a client built before a provider is installed panics.
+pub fn client() -> reqwest::ClientBuilder {
+    static PROVIDER: Once = Once::new();
+    PROVIDER.call_once(|| {
+        // Err means another provider was installed first (by the embedding program): keep it.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+    reqwest::Client::builder()
+}
+
+/// Settings of an http source.
+#[derive(Clone, Debug)]
+pub struct HttpOptions {
+    /// The streaming endpoint.
+    pub url: String,
+    /// NDJSON or SSE.
+    pub format: HttpFormat,
+    /// Extra request headers, values already resolved (marked sensitive: never printed).
+    pub headers: Vec<(String, String)>,
+    /// Bound on the TCP/TLS connect.
+    pub connect_timeout: Duration,
+    /// Bound on the wait for response headers and for each body chunk.
+    pub idle_timeout: Duration,
+    /// First wait before a reconnect (doubles on each failure).
+    pub reconnect_min: Duration,
+    /// Longest wait before a reconnect.
+    pub reconnect_max: Duration,
+    /// Longest line (NDJSON) or event data (SSE), in bytes.
+    pub max_line: usize,
+}
+
+impl HttpOptions {
+    /// Options with the defaults of `config`: 10 s connect, 90 s idle, 100 ms .. 30 s backoff.
+    pub fn new(url: impl Into<String>, format: HttpFormat, max_line: usize) -> Self {
+        HttpOptions {
+            url: url.into(),
+            format,
+            headers: Vec::new(),
+            connect_timeout: Duration::from_millis(crate::config::DEFAULT_CONNECT_TIMEOUT_MS),
+            idle_timeout: Duration::from_millis(crate::config::DEFAULT_IDLE_TIMEOUT_MS),
+            reconnect_min: Duration::from_millis(100),
+            reconnect_max: Duration::from_millis(crate::config::DEFAULT_RECONNECT_MAX_MS),
+            max_line,
+        }
+    }
+}
+
+/// The http source.
+pub struct HttpSource {
+    name: String,
+    options: HttpOptions,
+}
+
+impl HttpSource {
+    /// An http source.
+    pub fn new(name: impl Into<String>, options: HttpOptions) -> Self {
+        HttpSource {
+            name: name.into(),
+            options,
+        }
+    }
+}
+
+impl Source for HttpSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &str {
+        "http"
+    }
+
+    fn records(self: Box<Self>) -> BoxStream<'static, Raw> {
+        run(self.name, self.options).boxed()
+    }
+}
+
+/// The URL without query, fragment or password: safe to log.
+pub fn url_for_logs(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) => {
+            u.set_query(None);
+            u.set_fragment(None);
+            if u.password().is_some() {
+                let _ = u.set_password(Some(crate::config::REDACTED));
+            }
+            u.to_string()
+        }
+        Err(_) => "<invalid url>".to_owned(),
+    }
+}
+
+/// An error and its causes on one line, without the URL (logged separately, redacted).
+fn chain(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        let s = c.to_string();
+        if !text.contains(&s) {
+            text.push_str(": ");
+            text.push_str(&s);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+/// Parses `Retry-After`: delay-seconds or an HTTP-date.
+pub fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// Why a connection ended (the `reason` label of reconnects).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    ConnectError,
+    HttpStatus,
+    IdleTimeout,
+    ReadError,
+    Closed,
+}
+
+impl Ended {
+    fn as_str(self) -> &'static str {
+        match self {
+            Ended::ConnectError => "connect_error",
+            Ended::HttpStatus => "http_status",
+            Ended::IdleTimeout => "idle_timeout",
+            Ended::ReadError => "read_error",
+            Ended::Closed => "closed",
+        }
+    }
+}
+
+/// The body as a byte stream whose every chunk must come within `idle`; a stall is an
+/// `io::ErrorKind::TimedOut` error.
+fn idle_bounded(
+    body: impl Stream<Item = reqwest::Result<Bytes>> + Send + Unpin + 'static,
+    idle: Duration,
+) -> impl Stream<Item = std::io::Result<Bytes>> + Send + 'static {
+    futures::stream::unfold(Some(body), move |body| async move {
+        let mut body = body?;
+        match tokio::time::timeout(idle, body.next()).await {
+            Ok(Some(Ok(chunk))) => Some((Ok(chunk), Some(body))),
+            Ok(Some(Err(e))) => Some((Err(std::io::Error::other(chain(e))), None)),
+            Ok(None) => None,
+            Err(_) => Some((
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no data for {} ms", idle.as_millis()),
+                )),
+                None,
+            )),
+        }
+    })
+}
+
+fn header_map(headers: &[(String, String)]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        // Validated by the config; an invalid one is skipped (its value is never echoed).
+        if let (Ok(n), Ok(mut v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            v.set_sensitive(true);
+            map.insert(n, v);
+        } else {
+            tracing::error!(header = %name, "invalid header name or value; not sent");
+        }
+    }
+    map
+}
+
+/// A short, single-line excerpt of an error body (bounded read).
+async fn excerpt(resp: &mut reqwest::Response, idle: Duration) -> String {
+    let mut body = Vec::new();
+    let read = async {
+        while body.len() < EXCERPT_BYTES {
+            match resp.chunk().await {
+                Ok(Some(c)) => body.extend_from_slice(&c),
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(idle.min(Duration::from_secs(5)), read).await;
+    let cut = body.len() > EXCERPT_BYTES;
+    body.truncate(EXCERPT_BYTES);
+    let text: String = String::from_utf8_lossy(&body)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    if cut { format!("{text}…") } else { text }
+}
+
+fn run(name: String, o: HttpOptions) -> impl Stream<Item = Raw> + Send + 'static {
+    async_stream::stream! {
+        let shown_url = url_for_logs(&o.url);
+        let client = match client()
+            .connect_timeout(o.connect_timeout)
+            .build()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(source = %name, error = %chain(e), "cannot build the HTTP client; the source stops");
+                return;
+            }
+        };
+        let headers = header_map(&o.headers);
+        let connected = gauge!(t::SOURCE_CONNECTED, "source" => name.clone());
+        let mut backoff = Backoff::new(o.reconnect_min, o.reconnect_max);
+        let mut sse = SseAssembler::new(o.max_line, None);
+        let mut ever_connected = false;
+        loop {
+            let mut req = client.get(&o.url).headers(headers.clone());
+            match o.format {
+                HttpFormat::Sse => {
+                    req = req.header(header::ACCEPT, "text/event-stream").header(header::CACHE_CONTROL, "no-cache");
+                    if let Some(id) = sse.last_event_id()
+                        && let Ok(v) = HeaderValue::from_str(id)
+                    {
+                        req = req.header("last-event-id", v);
+                    }
+                }
+                HttpFormat::Ndjson => {
+                    req = req.header(header::ACCEPT, "application/x-ndjson, application/jsonl, application/json;q=0.9, */*;q=0.5");
+                }
+            }
+            let (ended, wait): (Ended, Option<Duration>) = match tokio::time::timeout(o.idle_timeout, req.send()).await {
+                Err(_) => {
+                    tracing::warn!(source = %name, url = %shown_url, "no response headers within {} ms", o.idle_timeout.as_millis());
+                    (Ended::ConnectError, None)
+                }
+                Ok(Err(e)) => {
+                    let first = if ever_connected { "" } else { " (never connected yet: check the url and that the server is up)" };
+                    tracing::warn!(source = %name, url = %shown_url, error = %chain(e), "cannot connect{first}");
+                    (Ended::ConnectError, None)
+                }
+                Ok(Ok(mut resp)) if !resp.status().is_success() => {
+                    let status = resp.status();
+                    let hint = resp
+                        .headers()
+                        .get(header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| retry_after(v, SystemTime::now()))
+                        .map(|d| d.min(MAX_RETRY_AFTER));
+                    let body = excerpt(&mut resp, o.idle_timeout).await;
+                    tracing::warn!(source = %name, url = %shown_url, status = %status, body = %body, retry_after = ?hint, "the server answered with an error");
+                    (Ended::HttpStatus, hint)
+                }
+                Ok(Ok(resp)) => {
+                    ever_connected = true;
+                    connected.set(1.0);
+                    tracing::info!(source = %name, url = %shown_url, format = %o.format, "connected");
+                    let body = idle_bounded(resp.bytes_stream(), o.idle_timeout);
+                    let mut frames = FramedRead::new(StreamReader::new(body.boxed()), LineFramer::new(o.max_line));
+                    let mut got_any = false;
+                    let ended = loop {
+                        match frames.next().await {
+                            Some(Ok(frame)) => {
+                                if let Some(raw) = to_raw(o.format, &mut sse, frame) {
+                                    if !got_any {
+                                        got_any = true;
+                                        backoff.reset();
+                                    }
+                                    yield raw;
+                                }
+                            }
+                            Some(Err(e)) => {
+                                // What was buffered of a cut-off line is still reported.
+                                let (decoder, buf) = (frames.decoder().clone(), frames.read_buffer_mut());
+                                let mut decoder = decoder;
+                                let mut rest = Vec::new();
+                                while let Ok(Some(f)) = tokio_util::codec::Decoder::decode_eof(&mut decoder, buf) {
+                                    rest.push(f);
+                                }
+                                for f in rest {
+                                    if let Some(raw) = to_raw(o.format, &mut sse, f) {
+                                        yield raw;
+                                    }
+                                }
+                                if let Some(raw) = sse_finish(o.format, &mut sse) {
+                                    yield raw;
+                                }
+                                if e.kind() == std::io::ErrorKind::TimedOut {
+                                    tracing::warn!(source = %name, url = %shown_url, "stream stalled: {e}; reconnecting");
+                                    break Ended::IdleTimeout;
+                                }
+                                tracing::warn!(source = %name, url = %shown_url, error = %e, "stream broke; reconnecting");
+                                break Ended::ReadError;
+                            }
+                            None => {
+                                if let Some(raw) = sse_finish(o.format, &mut sse) {
+                                    yield raw;
+                                }
+                                tracing::warn!(source = %name, url = %shown_url, "the server closed the stream; reconnecting");
+                                break Ended::Closed;
+                            }
+                        }
+                    };
+                    connected.set(0.0);
+                    (ended, None)
+                }
+            };
+            counter!(t::SOURCE_RECONNECTS, "source" => name.clone(), "reason" => ended.as_str()).increment(1);
+            let delay = match (wait, sse.retry()) {
+                (Some(server_says), _) => server_says,
+                (None, Some(retry)) => backoff.next_from(retry),
+                (None, None) => backoff.next_wait(),
+            };
+            tracing::info!(source = %name, reason = ended.as_str(), "reconnecting in {:.1} s", delay.as_secs_f64());
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
+fn to_raw(format: HttpFormat, sse: &mut SseAssembler, frame: Frame) -> Option<Raw> {
+    match format {
+        HttpFormat::Ndjson => framing::ndjson(frame),
+        HttpFormat::Sse => sse.push(frame),
+    }
+}
+
+fn sse_finish(format: HttpFormat, sse: &mut SseAssembler) -> Option<Raw> {
+    match format {
+        HttpFormat::Ndjson => None,
+        HttpFormat::Sse => sse.finish(),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_takes_seconds_or_a_date() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(retry_after("7", now), Some(Duration::from_secs(7)));
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(retry_after(&later, now), Some(Duration::from_secs(30)));
+        let earlier = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        assert_eq!(retry_after(&earlier, now), Some(Duration::ZERO));
+        assert_eq!(retry_after("soon", now), None);
+    }
+
+    #[test]
+    fn logged_urls_hide_query_and_password() {
+        assert_eq!(
+            url_for_logs("https://u:secret@example.com/s?token=abc#x"),
+            "https://u:***@example.com/s"
+        );
+        assert_eq!(url_for_logs("nope"), "<invalid url>");
+    }
+
+    #[test]
+    fn header_values_are_sensitive() {
+        let map = header_map(&[("authorization".into(), "Bearer s3cret".into())]);
+        let v = map.get("authorization").unwrap();
+        assert!(v.is_sensitive());
+        assert!(!format!("{map:?}").contains("s3cret"));
+    }
+}
