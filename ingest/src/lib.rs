@@ -11,6 +11,7 @@
 //! What it is not: the storage engine (`store`) or the consumers (`feeds`).
 
 pub mod config;
+pub mod dead_letters;
 pub mod http;
 pub mod ingester;
 pub mod pipeline;

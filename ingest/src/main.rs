@@ -37,6 +37,32 @@ enum Command {
     },
     /// Check the configuration and print it with defaults filled in (secrets redacted).
     CheckConfig,
+    /// List the dead letters (rejected records) by source and reason; `replay` submits them
+    /// again once the cause is fixed. Run it while the pipeline is stopped.
+    DeadLetters {
+        #[command(subcommand)]
+        action: Option<DeadLettersAction>,
+        /// Only the dead letters of this source.
+        #[arg(long, global = true)]
+        source: Option<String>,
+        /// Only those rejected for this reason (malformed_json, too_large, invalid_utf8, ...).
+        #[arg(long, global = true)]
+        reason: Option<String>,
+        /// How many of the newest to show.
+        #[arg(long, default_value_t = 10)]
+        limit: usize,
+    },
+}
+
+#[derive(Subcommand)]
+enum DeadLettersAction {
+    /// Submit them again through the same validation: those that pass become events and leave
+    /// the list; the others stay.
+    Replay {
+        /// Only report what would happen; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -74,8 +100,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let engine = config.store.engine.as_str();
             let metrics = ingest::telemetry::install(engine).map_err(anyhow::Error::msg)?;
             let shutdown = CancellationToken::new();
-            tokio::spawn(signals(shutdown.clone()));
+            tokio::spawn(ingest::pipeline::cancel_on_signal(shutdown.clone()));
             ingest::pipeline::run(config, metrics, Vec::new(), shutdown).await?;
+            Ok(())
+        }
+        Command::DeadLetters {
+            action,
+            source,
+            reason,
+            limit,
+        } => {
+            let filter = ingest::dead_letters::Filter { source, reason };
+            match action {
+                None => print!(
+                    "{}",
+                    ingest::dead_letters::list(&config, &filter, limit).await?
+                ),
+                Some(DeadLettersAction::Replay { dry_run }) => print!(
+                    "{}",
+                    ingest::dead_letters::replay(&config, &filter, dry_run).await?
+                ),
+            }
             Ok(())
         }
         Command::Tail { feed, url } => {
@@ -83,30 +128,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tail(&base, &feed).await
         }
     }
-}
-
-/// Cancels `token` on SIGINT or SIGTERM.
-async fn signals(token: CancellationToken) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::error!("cannot install signal handlers");
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM received"),
-            _ = int.recv() => tracing::info!("SIGINT received"),
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-    token.cancel();
 }
 
 /// Prints a running feed's events as they arrive (like RethinkDB's `changes()` in a shell).

@@ -49,6 +49,9 @@ pub enum RunError {
     /// A feed could not start.
     #[error("{0}")]
     Feed(#[from] feeds::FeedError),
+    /// The metrics recorder could not be installed (one per process).
+    #[error("metrics: {0}")]
+    Telemetry(String),
     /// The configured engine is not in this build.
     #[error("store.engine = {0}: {1}")]
     Engine(&'static str, String),
@@ -81,7 +84,17 @@ pub async fn open_store(c: &Config) -> Result<Arc<dyn Store>, RunError> {
     }
 }
 
-fn events_spec(c: &Config) -> CappedSpec {
+/// The capped `dead_letters` collection as configured (indexed by source and reason).
+pub fn dead_letters_spec(c: &Config) -> CappedSpec {
+    CappedSpec {
+        max_docs: c.store.dead_letters.max_docs,
+        max_bytes: c.store.dead_letters.max_bytes,
+        indexes: vec!["source".into(), "reason".into()],
+    }
+}
+
+/// The capped `events` collection as configured (bounds and indexes).
+pub fn events_spec(c: &Config) -> CappedSpec {
     let mut indexes = c.store.events.indexes.clone();
     if !indexes.iter().any(|i| i == STAMP_SOURCE) {
         // Needed to recover each source's sequence number at startup.
@@ -143,11 +156,7 @@ pub async fn run(
     let store = open_store(&c).await?;
     let d = durability(c.store.durability);
     let events = store.capped("events", &events_spec(&c)).await?;
-    let dead_spec = CappedSpec {
-        max_docs: c.store.dead_letters.max_docs,
-        max_bytes: c.store.dead_letters.max_bytes,
-        indexes: vec!["source".into(), "reason".into()],
-    };
+    let dead_spec = dead_letters_spec(&c);
     let dead_letters = store.capped("dead_letters", &dead_spec).await?;
     let rollups = store.keyed("rollups").await?;
 
@@ -322,6 +331,47 @@ pub async fn run(
     let _ = status_task.await;
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// What `tailrace run` does, for a program of your own: installs the metrics recorder (once per
+/// process), runs the pipeline with `custom` sources beside the configured ones, and stops it
+/// in order on Ctrl-C / SIGTERM, or when every source has ended.
+///
+/// ```no_run
+/// # async fn demo(my_source: Box<dyn ingest::source::Source>) -> Result<(), ingest::pipeline::RunError> {
+/// let config = ingest::config::Config::load(None).map_err(|e| ingest::pipeline::RunError::Telemetry(e.to_string()))?;
+/// ingest::pipeline::run_with_sources(config, vec![my_source]).await
+/// # }
+/// ```
+pub async fn run_with_sources(c: Config, custom: Vec<Box<dyn Source>>) -> Result<(), RunError> {
+    let metrics = t::install(c.store.engine.as_str()).map_err(RunError::Telemetry)?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    run(c, metrics, custom, shutdown).await
+}
+
+/// Cancels `token` on SIGINT or SIGTERM (Ctrl-C elsewhere).
+pub async fn cancel_on_signal(token: CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("cannot install signal handlers");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    token.cancel();
 }
 
 /// Where the data lives, for humans.
