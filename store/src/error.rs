@@ -99,5 +99,15 @@ impl From<rusqlite::Error> for StoreError {
     }
 }
 
+#[cfg(feature = "mongodb")]
+impl From<mongodb::error::Error> for StoreError {
+    /// Maps by meaning (see `mongo::convert`): `ChangeStreamHistoryLost` becomes
+    /// `HistoryLost`, bad requests `Invalid`, a shut-down client `Closed`, the rest `Engine`.
+    /// `CappedPositionLost` needs the reader's position, so the tail maps that one itself.
+    fn from(e: mongodb::error::Error) -> Self {
+        crate::mongo::map_error(e)
+    }
+}
+
 /// Shorthand for store results.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -10,7 +10,8 @@
 //!   ([`Keyed::changes`], [`Store::changes`] for the op log across collections), resumable from
 //!   a [`ResumeToken`].
 //!
-//! Engines: [`embedded::EmbeddedStore`] (SQLite in WAL mode; the default, no server). The
+//! Engines: [`embedded::EmbeddedStore`] (SQLite in WAL mode; the default, no server), and
+//! `mongo::MongoStore` (MongoDB through the official driver; cargo feature `mongodb`). The
 //! contract test suite in `tests/contract/` runs against every engine.
 //!
 //! What it is not: a general database. There are no ad-hoc queries beyond `latest` on an
@@ -34,6 +35,8 @@
 mod contract;
 pub mod embedded;
 mod error;
+#[cfg(feature = "mongodb")]
+pub mod mongo;
 mod types;
 pub mod update;
 

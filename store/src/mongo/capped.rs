@@ -1,0 +1,1033 @@
+//! Capped collections on MongoDB: creation and the compatibility check, the single writer task
+//! that assigns positions, the ring of acknowledgment times, and the tailable-await tail.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use mongodb::bson::{Bson, Document as BsonDoc, doc};
+use mongodb::error::ErrorKind;
+use mongodb::options::{CursorType, IndexOptions};
+use mongodb::{Collection, Database, IndexModel};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use super::convert::{
+    Class, bson_as_i64, bson_doc_to_json, classify, doc_to_bson, engine_err, error_code,
+    json_to_bson, map_error, now_us, position_filter, write_concern,
+};
+use super::{BACKOFF_MAX, BACKOFF_MIN, Inner, lock_err, sleep_unless_closed};
+use crate::embedded::schema::check_field;
+use crate::{
+    Capped, CappedSpec, Document, Durability, Position, Record, RecordStream, Result, Start,
+    StoreError,
+};
+
+/// At most this many documents go into one `insert_many` (the driver splits further by the
+/// server's batch limits; this bounds one group's latency).
+const MAX_GROUP_DOCS: usize = 10_000;
+/// How long a tail waits for this process's writer to learn a document's acknowledgment time
+/// before yielding it with `committed_at_us: None`.
+const ACK_WAIT: Duration = Duration::from_secs(2);
+/// The server's error code for "namespace already exists" (a concurrent creator won).
+const NAMESPACE_EXISTS: i32 = 48;
+
+// ---------------------------------------------------------------------------------------------
+// Acknowledgment times
+// ---------------------------------------------------------------------------------------------
+
+/// Positions `first..=last` were acknowledged at `at_us`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct AckRange {
+    first: u64,
+    last: u64,
+    at_us: i64,
+}
+
+/// The bounded memory of when this process's writes were acknowledged, shared by the writer
+/// and the tails, so [`Record::committed_at_us`] is the real acknowledgment time of the
+/// documents this process wrote (and `None` for others'). One entry per `insert_many`, not per
+/// document; the oldest entries are forgotten first.
+pub(crate) struct AckRing {
+    ranges: Mutex<VecDeque<AckRange>>,
+    capacity: usize,
+    /// The highest position handed to an insert (what `Start::Now` starts after).
+    allocated: AtomicU64,
+    /// The highest position whose insert has finished, acknowledged or failed: a tail that
+    /// reads a document before its writer heard the acknowledgment waits on this.
+    resolved: watch::Sender<u64>,
+}
+
+impl AckRing {
+    /// A ring for a collection whose newest position is `newest`.
+    pub(crate) fn new(capacity: usize, newest: u64) -> Self {
+        AckRing {
+            ranges: Mutex::new(VecDeque::new()),
+            capacity: capacity.max(1),
+            allocated: AtomicU64::new(newest),
+            resolved: watch::Sender::new(newest),
+        }
+    }
+
+    /// The highest position handed out so far.
+    pub(crate) fn allocated(&self) -> u64 {
+        self.allocated.load(Ordering::Acquire)
+    }
+
+    /// Hands out `n` consecutive positions. Only the collection's writer task calls this.
+    pub(crate) fn allocate(&self, n: u64) -> (u64, u64) {
+        let first = self.allocated.fetch_add(n, Ordering::AcqRel) + 1;
+        (first, first + n - 1)
+    }
+
+    /// After a failed insert: continue after what the server really holds, so a failed group
+    /// leaves no gap (a gap right after a reader's position would look like eviction).
+    pub(crate) fn resync(&self, newest_on_server: u64) {
+        self.allocated.store(newest_on_server, Ordering::Release);
+    }
+
+    /// Records an acknowledged range and wakes tails waiting for it.
+    pub(crate) fn acked(&self, first: u64, last: u64, at_us: i64) {
+        if let Ok(mut ranges) = self.ranges.lock() {
+            ranges.push_back(AckRange { first, last, at_us });
+            while ranges.len() > self.capacity {
+                ranges.pop_front();
+            }
+        }
+        self.resolve(last);
+    }
+
+    /// Marks positions up to `last` as finished (acknowledged or failed).
+    pub(crate) fn resolve(&self, last: u64) {
+        self.resolved.send_modify(|r| *r = (*r).max(last));
+    }
+
+    /// The acknowledgment time of `position`, if this process wrote it and still remembers.
+    pub(crate) fn lookup(&self, position: u64) -> Option<i64> {
+        let ranges = self.ranges.lock().ok()?;
+        // Ranges are appended in position order (a resync never goes below an acknowledged
+        // position: acknowledged documents are the newest on the server), so bisect.
+        let i = ranges.partition_point(|r| r.last < position);
+        ranges
+            .get(i)
+            .filter(|r| r.first <= position)
+            .map(|r| r.at_us)
+    }
+
+    /// Like [`AckRing::lookup`], but when `position` is in flight in this process, waits (at
+    /// most `wait`) for its insert to finish: a tail can see a document before its writer has
+    /// heard the acknowledgment.
+    pub(crate) async fn committed_at(&self, position: u64, wait: Duration) -> Option<i64> {
+        if position <= *self.resolved.borrow() || position > self.allocated() {
+            return self.lookup(position);
+        }
+        let mut rx = self.resolved.subscribe();
+        let _ = tokio::time::timeout(wait, rx.wait_for(|r| *r >= position)).await;
+        self.lookup(position)
+    }
+
+    /// A receiver that changes whenever an insert finishes (tails use it to retry at once
+    /// when their cursor died on an empty collection and this process then wrote to it).
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.resolved.subscribe()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared per-collection state and the writer task
+// ---------------------------------------------------------------------------------------------
+
+/// One queued `append`.
+pub(crate) struct AppendJob {
+    /// The documents, converted, without `_id` (the writer sets it).
+    docs: Vec<BsonDoc>,
+    durability: Durability,
+    /// `None` for unacknowledged appends: failures are logged.
+    reply: Option<oneshot::Sender<Result<Vec<Position>>>>,
+}
+
+/// What every handle of one capped collection in this process shares: one writer per
+/// collection, so `_id`s are assigned in one order and inserted in that order.
+pub(crate) struct CappedShared {
+    pub(crate) name: String,
+    pub(crate) coll: Collection<BsonDoc>,
+    pub(crate) acks: AckRing,
+    /// `None` once the store is closed.
+    jobs: Mutex<Option<mpsc::Sender<AppendJob>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl CappedShared {
+    /// Opens the shared state of `name`: reads the newest `_id` and starts the writer task.
+    pub(crate) async fn start(inner: &Arc<Inner>, name: &str) -> Result<Arc<Self>> {
+        let coll = inner.db.collection::<BsonDoc>(name);
+        let newest = newest_id(&coll, name).await?.unwrap_or(0);
+        let (tx, rx) = mpsc::channel(inner.options.queue_capacity.max(1));
+        let shared = Arc::new(CappedShared {
+            name: name.to_string(),
+            coll,
+            acks: AckRing::new(inner.options.ack_ring_capacity, newest),
+            jobs: Mutex::new(Some(tx)),
+            writer: Mutex::new(None),
+        });
+        let handle = tokio::spawn(run_writer(shared.clone(), rx, inner.options.write_timeout));
+        *shared.writer.lock().map_err(lock_err)? = Some(handle);
+        Ok(shared)
+    }
+
+    /// Stops accepting appends and waits until every queued one is written.
+    pub(crate) async fn close(&self) -> Result<()> {
+        self.jobs.lock().map_err(lock_err)?.take();
+        let handle = self.writer.lock().map_err(lock_err)?.take();
+        if let Some(handle) = handle {
+            handle
+                .await
+                .map_err(|e| engine_err(format!("capped writer of {}: {e}", self.name)))?;
+        }
+        Ok(())
+    }
+
+    fn sender(&self) -> Result<mpsc::Sender<AppendJob>> {
+        self.jobs
+            .lock()
+            .map_err(lock_err)?
+            .clone()
+            .ok_or(StoreError::Closed)
+    }
+}
+
+/// Unacknowledged and acknowledged appends both go out as `w: 1`, so they may share a group.
+fn group_level(d: Durability) -> Durability {
+    match d {
+        Durability::Unacknowledged => Durability::Acknowledged,
+        other => other,
+    }
+}
+
+/// The writer: takes queued appends in order, groups consecutive ones of the same write
+/// concern into one ordered `insert_many` (group commit: one journal flush for many appends),
+/// assigns `_id`s, and answers each caller with its positions.
+async fn run_writer(
+    shared: Arc<CappedShared>,
+    mut rx: mpsc::Receiver<AppendJob>,
+    write_timeout: Duration,
+) {
+    let mut carry: Option<AppendJob> = None;
+    loop {
+        let first = match carry.take() {
+            Some(job) => job,
+            None => match rx.recv().await {
+                Some(job) => job,
+                None => break,
+            },
+        };
+        let level = group_level(first.durability);
+        let mut n = first.docs.len();
+        let mut group = VecDeque::from([first]);
+        while n < MAX_GROUP_DOCS {
+            match rx.try_recv() {
+                Ok(job) if group_level(job.durability) == level => {
+                    n += job.docs.len();
+                    group.push_back(job);
+                }
+                Ok(job) => {
+                    carry = Some(job);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        write_group(&shared, group, level, write_timeout).await;
+    }
+}
+
+/// Inserts one group. On a write error at document `k` (ordered inserts stop there), the jobs
+/// wholly before `k` succeeded, the job holding `k` fails, and the jobs after it are retried
+/// with fresh positions: one bad document fails only its own caller.
+async fn write_group(
+    shared: &CappedShared,
+    mut group: VecDeque<AppendJob>,
+    level: Durability,
+    write_timeout: Duration,
+) {
+    let wc = write_concern(level, write_timeout);
+    while !group.is_empty() {
+        let total: usize = group.iter().map(|j| j.docs.len()).sum();
+        let (first, last) = shared.acks.allocate(total as u64);
+        let mut next = first;
+        for job in group.iter_mut() {
+            for d in job.docs.iter_mut() {
+                if d.contains_key("_id") {
+                    // A retry after a failed group: replaced in place (it is already first).
+                    d.insert("_id", next as i64);
+                } else {
+                    let mut with_id = doc! {"_id": next as i64};
+                    with_id.extend(std::mem::take(d));
+                    *d = with_id;
+                }
+                next += 1;
+            }
+        }
+        // Ordered: `_id` order must equal insertion (natural) order, which is what a tailable
+        // cursor follows; an unordered insert could also apply documents out of order.
+        let result = shared
+            .coll
+            .insert_many(group.iter().flat_map(|j| j.docs.iter()))
+            .ordered(true)
+            .write_concern(wc.clone())
+            .await;
+        match result {
+            Ok(_) => {
+                shared.acks.acked(first, last, now_us());
+                let mut p = first;
+                for job in group.drain(..) {
+                    let positions: Vec<Position> =
+                        (p..p + job.docs.len() as u64).map(Position).collect();
+                    p += job.docs.len() as u64;
+                    if let Some(reply) = job.reply {
+                        let _ = reply.send(Ok(positions));
+                    }
+                }
+            }
+            Err(e) => {
+                // Which document failed, when the server said (a write error, not a lost
+                // connection or an unmet write concern, after which nothing is known).
+                let failed_at = match &*e.kind {
+                    ErrorKind::InsertMany(m) if m.write_concern_error.is_none() => m
+                        .write_errors
+                        .as_ref()
+                        .and_then(|w| w.iter().map(|w| w.index).min()),
+                    _ => None,
+                };
+                match newest_id(&shared.coll, &shared.name).await {
+                    Ok(newest) => shared.acks.resync(newest.unwrap_or(0)),
+                    Err(re) => tracing::warn!(
+                        collection = %shared.name, error = %re,
+                        "could not re-read the newest position after a failed insert; a gap in positions may follow"
+                    ),
+                }
+                let Some(k) = failed_at else {
+                    shared.acks.resolve(last);
+                    for job in group.drain(..) {
+                        fail_job(shared, job, map_error(e.clone()));
+                    }
+                    return;
+                };
+                if k > 0 {
+                    shared.acks.acked(first, first + k as u64 - 1, now_us());
+                }
+                shared.acks.resolve(last);
+                let mut start = 0usize;
+                let mut p = first;
+                while let Some(job) = group.pop_front() {
+                    let len = job.docs.len();
+                    if start + len <= k {
+                        let positions = (p..p + len as u64).map(Position).collect();
+                        if let Some(reply) = job.reply {
+                            let _ = reply.send(Ok(positions));
+                        }
+                    } else {
+                        fail_job(shared, job, map_error(e.clone()));
+                        break;
+                    }
+                    start += len;
+                    p += len as u64;
+                }
+                // The rest never reached the server: retried in the next round.
+            }
+        }
+    }
+}
+
+fn fail_job(shared: &CappedShared, job: AppendJob, error: StoreError) {
+    match job.reply {
+        Some(reply) => {
+            let _ = reply.send(Err(error));
+        }
+        None => tracing::error!(
+            collection = %shared.name, documents = job.docs.len(), error = %error,
+            "unacknowledged append to MongoDB failed; the documents are lost"
+        ),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Creation and reads
+// ---------------------------------------------------------------------------------------------
+
+/// The `listCollections` entry of `name`, if it exists.
+pub(crate) async fn collection_info(db: &Database, name: &str) -> Result<Option<BsonDoc>> {
+    let reply = db
+        .run_command(doc! {"listCollections": 1, "filter": {"name": name}})
+        .await?;
+    let first = reply
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get_array("firstBatch").ok())
+        .and_then(|b| b.first())
+        .and_then(Bson::as_document)
+        .cloned();
+    Ok(first)
+}
+
+/// The options of a capped collection, for creating one and for checking an existing one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CappedOptions {
+    /// `size`: the byte limit (the server rounds it up to a multiple of 256, minimum 4096).
+    pub size: u64,
+    /// `max`: the document limit.
+    pub max: u64,
+}
+
+impl CappedOptions {
+    /// What a spec asks MongoDB for.
+    pub(crate) fn from_spec(spec: &CappedSpec) -> Self {
+        CappedOptions {
+            size: spec.max_bytes,
+            max: spec.max_docs,
+        }
+    }
+}
+
+/// Checks an existing collection's `listCollections` entry against the spec: it must be a
+/// capped collection at least as large as configured. `Ok(Some(warning))` when it is larger.
+pub(crate) fn check_existing_capped(
+    name: &str,
+    info: &BsonDoc,
+    want: CappedOptions,
+) -> Result<Option<String>> {
+    let incompatible = |problem: String| StoreError::Incompatible {
+        collection: name.to_string(),
+        problem,
+    };
+    let kind = info.get_str("type").unwrap_or("collection");
+    if kind != "collection" {
+        return Err(incompatible(format!(
+            "exists as a MongoDB {kind}, not a capped collection; drop it or choose another name"
+        )));
+    }
+    let empty = BsonDoc::new();
+    let options = info.get_document("options").unwrap_or(&empty);
+    if !options.get_bool("capped").unwrap_or(false) {
+        return Err(incompatible(format!(
+            "exists and is not capped, so it cannot be tailed or bounded; drop it \
+             (db.{name}.drop()), rename it, or configure another collection name"
+        )));
+    }
+    let size = options
+        .get("size")
+        .and_then(bson_as_i64)
+        .unwrap_or(0)
+        .max(0) as u64;
+    let max = options.get("max").and_then(bson_as_i64).unwrap_or(0).max(0) as u64;
+    if size < want.size {
+        return Err(incompatible(format!(
+            "is capped at {size} bytes, smaller than the configured max_bytes {}; enlarge it with \
+             db.runCommand({{collMod: \"{name}\", cappedSize: {}}}) (MongoDB 6.0+), or drop it, \
+             or lower max_bytes",
+            want.size, want.size
+        )));
+    }
+    if max > 0 && max < want.max {
+        return Err(incompatible(format!(
+            "is capped at {max} documents, fewer than the configured max_docs {}; enlarge it with \
+             db.runCommand({{collMod: \"{name}\", cappedMax: {}}}) (MongoDB 6.0+), or drop it, \
+             or lower max_docs",
+            want.max, want.max
+        )));
+    }
+    // The server rounds `size` up to a multiple of 256 bytes, at least 4096: not "larger".
+    let rounded = want.size.div_ceil(256).saturating_mul(256).max(4096);
+    if size > rounded || max == 0 || max > want.max {
+        let max_text = if max == 0 {
+            "no document limit".to_string()
+        } else {
+            format!("{max} documents")
+        };
+        return Ok(Some(format!(
+            "existing capped collection {name} is larger than configured ({size} bytes, \
+             {max_text}; configured {} bytes, {} documents): it keeps more",
+            want.size, want.max
+        )));
+    }
+    Ok(None)
+}
+
+/// The name of the index that serves `latest(field, ..)`.
+pub(crate) fn latest_index_name(field: &str) -> String {
+    format!("tailrace_latest_{field}")
+}
+
+/// The key of that index: the field, then `_id`, so "newest N with field = value" is an index
+/// range read backwards, with no in-memory sort.
+pub(crate) fn latest_index_keys(field: &str) -> BsonDoc {
+    doc! {field: 1, "_id": 1}
+}
+
+/// Creates the capped collection when absent, refuses an incompatible existing one, and
+/// creates the indexes `latest` uses.
+pub(crate) async fn ensure_capped(db: &Database, name: &str, spec: &CappedSpec) -> Result<()> {
+    let want = CappedOptions::from_spec(spec);
+    for field in &spec.indexes {
+        check_field(field)?;
+    }
+    let mut created = false;
+    loop {
+        match collection_info(db, name).await? {
+            Some(info) => {
+                if let Some(warning) = check_existing_capped(name, &info, want)? {
+                    tracing::warn!("{warning}");
+                }
+                break;
+            }
+            None if created => {
+                return Err(engine_err(format!(
+                    "capped collection {name} was created but is not listed"
+                )));
+            }
+            None => {
+                let res = db
+                    .create_collection(name)
+                    .capped(true)
+                    .size(want.size)
+                    .max(want.max)
+                    .await;
+                match res {
+                    Ok(()) => {}
+                    // Another process created it meanwhile: check what it created.
+                    Err(e) if error_code(&e) == Some(NAMESPACE_EXISTS) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                created = true;
+            }
+        }
+    }
+    if !spec.indexes.is_empty() {
+        let coll = db.collection::<BsonDoc>(name);
+        let models = spec.indexes.iter().map(|field| {
+            IndexModel::builder()
+                .keys(latest_index_keys(field))
+                .options(
+                    IndexOptions::builder()
+                        .name(latest_index_name(field))
+                        .build(),
+                )
+                .build()
+        });
+        coll.create_indexes(models).await?;
+    }
+    Ok(())
+}
+
+/// A stored document's position.
+fn position_of(name: &str, doc: &BsonDoc) -> Result<u64> {
+    doc.get("_id")
+        .and_then(bson_as_i64)
+        .filter(|i| *i >= 0)
+        .map(|i| i as u64)
+        .ok_or_else(|| StoreError::Incompatible {
+            collection: name.to_string(),
+            problem: format!(
+                "holds a document whose _id is not a tailrace position ({:?}); only tailrace may \
+                 write to its capped collections",
+                doc.get("_id")
+            ),
+        })
+}
+
+/// The `_id` at one end of the collection (`order` 1: oldest, -1: newest).
+async fn end_id(coll: &Collection<BsonDoc>, name: &str, order: i32) -> Result<Option<u64>> {
+    let doc = coll
+        .find_one(doc! {})
+        .sort(doc! {"_id": order})
+        .projection(doc! {"_id": 1})
+        .await?;
+    doc.map(|d| position_of(name, &d)).transpose()
+}
+
+/// The newest position stored.
+pub(crate) async fn newest_id(coll: &Collection<BsonDoc>, name: &str) -> Result<Option<u64>> {
+    end_id(coll, name, -1).await
+}
+
+/// The oldest position stored.
+pub(crate) async fn oldest_id(coll: &Collection<BsonDoc>, name: &str) -> Result<Option<u64>> {
+    end_id(coll, name, 1).await
+}
+
+/// A stored document as a [`Record`] (its `_id` becomes the position).
+fn to_record(name: &str, mut doc: BsonDoc, committed_at_us: Option<i64>) -> Result<Record> {
+    let position = Position(position_of(name, &doc)?);
+    doc.remove("_id");
+    Ok(Record {
+        position,
+        doc: bson_doc_to_json(doc),
+        committed_at_us,
+    })
+}
+
+/// Converts appended documents; the `_id` field is the engine's (the position), so a document
+/// carrying its own is refused rather than silently overwritten.
+pub(crate) fn convert_append(name: &str, docs: &[Document]) -> Result<Vec<BsonDoc>> {
+    docs.iter()
+        .map(|d| {
+            if d.contains_key("_id") {
+                return Err(StoreError::Invalid(format!(
+                    "a document appended to capped collection {name} has an _id field; MongoDB \
+                     uses _id for the position: rename the field"
+                )));
+            }
+            Ok(doc_to_bson(d))
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The collection handle
+// ---------------------------------------------------------------------------------------------
+
+/// A capped collection of the MongoDB engine.
+pub(crate) struct MongoCapped {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) shared: Arc<CappedShared>,
+    /// Fields `latest` may query (this handle's spec).
+    pub(crate) indexes: Vec<String>,
+}
+
+#[async_trait]
+impl Capped for MongoCapped {
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    async fn append(&self, docs: Vec<Document>, durability: Durability) -> Result<Vec<Position>> {
+        if docs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let docs = convert_append(&self.shared.name, &docs)?;
+        let sender = self.shared.sender()?;
+        if !durability.waits() {
+            // The driver refuses w:0, so the write goes out as w:1 from the writer task and
+            // nobody waits for it; the queue keeps it in order with the other appends.
+            sender
+                .send(AppendJob {
+                    docs,
+                    durability,
+                    reply: None,
+                })
+                .await
+                .map_err(|_| StoreError::Closed)?;
+            return Ok(Vec::new());
+        }
+        let (tx, rx) = oneshot::channel();
+        sender
+            .send(AppendJob {
+                docs,
+                durability,
+                reply: Some(tx),
+            })
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    fn tail(&self, start: Start) -> RecordStream {
+        tail_stream(self.inner.clone(), self.shared.clone(), start)
+    }
+
+    async fn get(&self, position: Position) -> Result<Option<Record>> {
+        let doc = self
+            .shared
+            .coll
+            .find_one(position_filter(position.0))
+            .await?;
+        doc.map(|d| to_record(&self.shared.name, d, self.shared.acks.lookup(position.0)))
+            .transpose()
+    }
+
+    async fn latest(&self, field: &str, value: &Value, limit: usize) -> Result<Vec<Record>> {
+        if !self.indexes.iter().any(|f| f == field) {
+            return Err(StoreError::NotIndexed {
+                collection: self.shared.name.clone(),
+                field: field.to_string(),
+            });
+        }
+        if matches!(value, Value::Array(_) | Value::Object(_)) {
+            // Same rule as the embedded engine (and MongoDB would match array elements).
+            return Err(StoreError::Invalid(format!(
+                "latest() compares scalars only, not {value}"
+            )));
+        }
+        if limit == 0 {
+            // MongoDB reads `limit(0)` as "no limit".
+            return Ok(Vec::new());
+        }
+        let mut cursor = self
+            .shared
+            .coll
+            .find(doc! {field: json_to_bson(value)})
+            .sort(doc! {"_id": -1})
+            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+            .await?;
+        let mut out = Vec::new();
+        while let Some(doc) = cursor.next().await {
+            let doc = doc?;
+            let position = position_of(&self.shared.name, &doc)?;
+            out.push(to_record(
+                &self.shared.name,
+                doc,
+                self.shared.acks.lookup(position),
+            )?);
+        }
+        Ok(out)
+    }
+
+    async fn bounds(&self) -> Result<Option<(Position, Position)>> {
+        let oldest = oldest_id(&self.shared.coll, &self.shared.name).await?;
+        let newest = newest_id(&self.shared.coll, &self.shared.name).await?;
+        Ok(oldest.zip(newest).map(|(o, n)| (Position(o), Position(n))))
+    }
+
+    async fn usage(&self) -> Result<(u64, u64)> {
+        // `$collStats.storageStats`: `count` and `size` (uncompressed BSON bytes, the measure
+        // the capped `size` limit applies to), without scanning the collection.
+        let mut cursor = self
+            .shared
+            .coll
+            .aggregate([doc! {"$collStats": {"storageStats": {}}}])
+            .await?;
+        let Some(stats) = cursor.next().await.transpose()? else {
+            return Ok((0, 0));
+        };
+        let storage = stats.get_document("storageStats").map_err(|_| {
+            engine_err(format!(
+                "$collStats of {} has no storageStats",
+                self.shared.name
+            ))
+        })?;
+        let num = |k: &str| storage.get(k).and_then(bson_as_i64).unwrap_or(0).max(0) as u64;
+        Ok((num("count"), num("size")))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tailing
+// ---------------------------------------------------------------------------------------------
+
+/// What one step of a tail produced.
+enum Step {
+    Doc(BsonDoc),
+    /// The cursor is dead (the driver's stream ended).
+    Dead,
+    Failed(mongodb::error::Error),
+    Closed,
+}
+
+/// A tail: a tailable-await cursor on `{_id: {$gt: last}}` in natural order, re-opened after
+/// the last seen position whenever it dies. It never polls at steady state: the server blocks
+/// each `getMore` for up to `max_await_time`. The one exception is an **empty** collection:
+/// the server does not keep a tailable cursor on an empty capped collection, so the tail
+/// re-opens with backoff (up to [`BACKOFF_MAX`]) — and at once when this process appends.
+fn tail_stream(inner: Arc<Inner>, shared: Arc<CappedShared>, start: Start) -> RecordStream {
+    // Resolved here, not on the first poll, so `Now` means when `tail` was called.
+    let mut last: Option<u64> = match start {
+        Start::Oldest => None,
+        Start::After(p) => Some(p.0),
+        Start::Now => Some(shared.acks.allocated()),
+    };
+    let mut closed = inner.closed.subscribe();
+    let mut written = shared.acks.subscribe();
+    Box::pin(async_stream::try_stream! {
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            if *closed.borrow() {
+                Err(StoreError::Closed)?;
+            }
+            // Marked before opening: an insert finishing after this point wakes a tail whose
+            // cursor died on an empty collection.
+            written.borrow_and_update();
+            let filter = match last {
+                Some(l) => doc! {"_id": {"$gt": l as i64}},
+                None => doc! {},
+            };
+            let opened = shared
+                .coll
+                .find(filter)
+                .cursor_type(CursorType::TailableAwait)
+                .max_await_time(inner.options.max_await_time)
+                .await;
+            let mut cursor = match opened {
+                Ok(c) => c,
+                Err(e) if classify(&e) == Class::Transient => {
+                    tracing::warn!(collection = %shared.name, error = %e, "tail: cannot open the cursor; retrying");
+                    if !sleep_unless_closed(&mut closed, backoff).await {
+                        Err(StoreError::Closed)?;
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    continue;
+                }
+                Err(e) => Err(map_error(e))?,
+            };
+            let mut first = true;
+            let mut yielded = false;
+            loop {
+                let step = tokio::select! {
+                    biased;
+                    _ = closed.wait_for(|c| *c) => Step::Closed,
+                    item = cursor.next() => match item {
+                        Some(Ok(d)) => Step::Doc(d),
+                        Some(Err(e)) => Step::Failed(e),
+                        None => Step::Dead,
+                    },
+                };
+                match step {
+                    Step::Closed => Err(StoreError::Closed)?,
+                    Step::Doc(d) => {
+                        let position = position_of(&shared.name, &d)?;
+                        if first {
+                            first = false;
+                            // The first document after a (re-)open must be the next one; if it
+                            // is further on, check whether the next one was evicted (it may
+                            // also be a hole left by a failed insert, which is no loss).
+                            // (Nested, not a let chain: the macro expands in an older edition.)
+                            if let Some(l) = last.filter(|l| position > l + 1) {
+                                let oldest = oldest_id(&shared.coll, &shared.name).await?;
+                                if let Some(o) = oldest.filter(|o| *o > l + 1) {
+                                    Err(StoreError::PositionLost {
+                                        collection: shared.name.clone(),
+                                        after: Position(l),
+                                        oldest: Position(o),
+                                    })?;
+                                }
+                            }
+                        }
+                        if last.is_some_and(|l| position <= l) {
+                            continue;
+                        }
+                        last = Some(position);
+                        yielded = true;
+                        backoff = BACKOFF_MIN;
+                        let at = shared.acks.committed_at(position, ACK_WAIT).await;
+                        yield to_record(&shared.name, d, at)?;
+                    }
+                    Step::Failed(e) => match classify(&e) {
+                        // The cursor's own position was evicted: re-open after `last`; the
+                        // first-document check above decides whether anything was lost.
+                        Class::PositionLost => break,
+                        Class::Transient => {
+                            tracing::warn!(collection = %shared.name, error = %e, "tail: cursor failed; re-opening");
+                            if !sleep_unless_closed(&mut closed, backoff).await {
+                                Err(StoreError::Closed)?;
+                            }
+                            backoff = (backoff * 2).min(BACKOFF_MAX);
+                            break;
+                        }
+                        _ => Err(map_error(e))?,
+                    },
+                    Step::Dead => {
+                        if !yielded {
+                            // Dead at once: the collection is empty. Wait, but wake as soon as
+                            // this process writes.
+                            let woke = tokio::select! {
+                                biased;
+                                _ = closed.wait_for(|c| *c) => false,
+                                _ = written.changed() => true,
+                                _ = tokio::time::sleep(backoff) => true,
+                            };
+                            if !woke {
+                                Err(StoreError::Closed)?;
+                            }
+                            backoff = (backoff * 2).min(BACKOFF_MAX);
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_finds_ack_times_by_range_and_forgets_the_oldest() {
+        let ring = AckRing::new(2, 10);
+        assert_eq!(ring.allocate(3), (11, 13));
+        ring.acked(11, 13, 1000);
+        assert_eq!(ring.allocate(2), (14, 15));
+        ring.acked(14, 15, 2000);
+        assert_eq!(ring.lookup(10), None, "written before this process");
+        assert_eq!(ring.lookup(11), Some(1000));
+        assert_eq!(ring.lookup(13), Some(1000));
+        assert_eq!(ring.lookup(14), Some(2000));
+        assert_eq!(ring.lookup(16), None, "not written yet");
+        assert_eq!(ring.allocate(1), (16, 16));
+        ring.acked(16, 16, 3000);
+        assert_eq!(
+            ring.lookup(11),
+            None,
+            "capacity 2: the oldest range is forgotten"
+        );
+        assert_eq!(ring.lookup(16), Some(3000));
+        assert_eq!(ring.allocated(), 16);
+    }
+
+    #[test]
+    fn ring_resync_continues_after_the_server_newest() {
+        let ring = AckRing::new(8, 0);
+        assert_eq!(ring.allocate(5), (1, 5));
+        // The insert failed after two documents: the server holds 1..=2.
+        ring.acked(1, 2, 7);
+        ring.resolve(5);
+        ring.resync(2);
+        assert_eq!(ring.allocate(3), (3, 5), "no gap after a failed insert");
+        ring.acked(3, 5, 9);
+        assert_eq!(ring.lookup(2), Some(7));
+        assert_eq!(ring.lookup(4), Some(9));
+    }
+
+    #[tokio::test]
+    async fn a_tail_waits_for_the_ack_of_an_in_flight_position() {
+        let ring = Arc::new(AckRing::new(8, 0));
+        let (first, last) = ring.allocate(2);
+        let r = ring.clone();
+        let waiter = tokio::spawn(async move { r.committed_at(2, Duration::from_secs(5)).await });
+        tokio::task::yield_now().await;
+        ring.acked(first, last, 42);
+        assert_eq!(waiter.await.unwrap(), Some(42));
+        // Not in flight (beyond what was handed out): no wait, no time.
+        let start = std::time::Instant::now();
+        assert_eq!(ring.committed_at(99, Duration::from_secs(5)).await, None);
+        assert!(start.elapsed() < Duration::from_secs(1));
+        // In flight but failed: resolves to None without waiting out the timeout.
+        let (_, last) = ring.allocate(1);
+        let r = ring.clone();
+        let waiter = tokio::spawn(async move { r.committed_at(3, Duration::from_secs(5)).await });
+        tokio::task::yield_now().await;
+        ring.resolve(last);
+        assert_eq!(waiter.await.unwrap(), None);
+    }
+
+    fn info(options: BsonDoc) -> BsonDoc {
+        doc! {"name": "events", "type": "collection", "options": options}
+    }
+
+    #[test]
+    fn capped_options_come_from_the_spec() {
+        let spec = CappedSpec {
+            max_docs: 100_000,
+            max_bytes: 64 << 20,
+            indexes: vec!["user.id".into()],
+        };
+        assert_eq!(
+            CappedOptions::from_spec(&spec),
+            CappedOptions {
+                size: 64 << 20,
+                max: 100_000
+            }
+        );
+        assert_eq!(latest_index_keys("user.id"), doc! {"user.id": 1, "_id": 1});
+        assert_eq!(latest_index_name("user.id"), "tailrace_latest_user.id");
+    }
+
+    #[test]
+    fn existing_collections_are_checked_not_silently_used() {
+        let want = CappedOptions {
+            size: 4096,
+            max: 10,
+        };
+        let not_capped = check_existing_capped("events", &info(doc! {}), want).unwrap_err();
+        assert!(
+            matches!(&not_capped, StoreError::Incompatible { collection, problem }
+                if collection == "events" && problem.contains("not capped") && problem.contains("drop")),
+            "got {not_capped}"
+        );
+        let small = check_existing_capped(
+            "events",
+            &info(doc! {"capped": true, "size": 1024_i32, "max": 10_i64}),
+            want,
+        )
+        .unwrap_err();
+        assert!(
+            small.to_string().contains("collMod"),
+            "names the fix: {small}"
+        );
+        let few = check_existing_capped(
+            "events",
+            &info(doc! {"capped": true, "size": 4096.0, "max": 5_i32}),
+            want,
+        )
+        .unwrap_err();
+        assert!(few.to_string().contains("max_docs"), "got {few}");
+        let view = check_existing_capped(
+            "events",
+            &doc! {"name": "events", "type": "view", "options": {}},
+            want,
+        )
+        .unwrap_err();
+        assert!(view.to_string().contains("view"), "got {view}");
+        assert_eq!(
+            check_existing_capped(
+                "events",
+                &info(doc! {"capped": true, "size": 4096_i64, "max": 10_i64}),
+                want
+            )
+            .unwrap(),
+            None,
+            "exactly as configured"
+        );
+        let larger = check_existing_capped(
+            "events",
+            &info(doc! {"capped": true, "size": 8192_i64}),
+            want,
+        )
+        .unwrap();
+        assert!(larger.is_some(), "a larger one is used, with a warning");
+        let rounded = check_existing_capped(
+            "events",
+            &info(doc! {"capped": true, "size": 5120_i64, "max": 10_i64}),
+            CappedOptions {
+                size: 5000,
+                max: 10,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            rounded, None,
+            "the server's rounding up is not a larger collection"
+        );
+    }
+
+    #[test]
+    fn appended_documents_must_not_carry_an_id() {
+        let ok = convert_append("events", &[crate::Document::new()]).unwrap();
+        assert_eq!(ok.len(), 1);
+        let mut d = crate::Document::new();
+        d.insert("_id".into(), Value::from(1));
+        let err = convert_append("events", &[d]).unwrap_err();
+        assert!(matches!(err, StoreError::Invalid(_)), "got {err}");
+    }
+
+    #[test]
+    fn records_take_their_position_from_the_id() {
+        let r = to_record("events", doc! {"_id": 7_i64, "n": 1_i64}, Some(5)).unwrap();
+        assert_eq!(r.position, Position(7));
+        assert!(
+            !r.doc.contains_key("_id"),
+            "the position is not part of the document"
+        );
+        assert_eq!(r.doc["n"], Value::from(1));
+        let foreign = to_record("events", doc! {"_id": "abc"}, None).unwrap_err();
+        assert!(
+            matches!(foreign, StoreError::Incompatible { .. }),
+            "got {foreign}"
+        );
+    }
+}

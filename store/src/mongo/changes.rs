@@ -1,0 +1,649 @@
+//! Change streams: the `$match` pipeline built from a [`ChangeFilter`], change events mapped to
+//! [`Change`], and the stream that follows them (re-opening after network trouble, ending with
+//! `HistoryLost` when the resume point left the oplog).
+
+use std::sync::{Arc, Mutex};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use mongodb::bson::{Bson, Document as BsonDoc, Timestamp, doc};
+use mongodb::change_stream::ChangeStream as DriverStream;
+use mongodb::change_stream::event::{
+    ChangeStreamEvent, OperationType, ResumeToken as DriverToken, UpdateDescription,
+};
+use mongodb::options::{FullDocumentBeforeChangeType, FullDocumentType};
+use tokio::sync::{oneshot, watch};
+
+/// The contract's "read up to" cell of a [`ChangeStream`].
+pub(crate) type TokenCell = Arc<Mutex<Option<ResumeToken>>>;
+
+use super::convert::{
+    Class, OplogPos, Token, bson_doc_to_json, bson_to_json, classify, decode_token, encode_token,
+    engine_err, json_to_bson, key_string, map_error, now_us, regex_escape,
+};
+use super::oplog::oldest_entry;
+use super::{BACKOFF_MAX, BACKOFF_MIN, CHECKPOINTS, Inner, WIRE_VERSION_6_0, sleep_unless_closed};
+use crate::{
+    Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Document, Result, ResumeToken,
+    StoreError, Update,
+};
+
+/// How often `ChangeStart::Oldest` retries when the oplog was truncated between reading its
+/// oldest entry and opening the stream there.
+const OLDEST_ATTEMPTS: usize = 3;
+
+type Events = DriverStream<ChangeStreamEvent<BsonDoc>>;
+
+/// The `operationType` of a [`ChangeOp`].
+pub(crate) fn op_name(op: ChangeOp) -> &'static str {
+    match op {
+        ChangeOp::Insert => "insert",
+        ChangeOp::Update => "update",
+        ChangeOp::Replace => "replace",
+        ChangeOp::Delete => "delete",
+    }
+}
+
+/// Checks a dotted path used in a field predicate, so it cannot turn into an operator.
+pub(crate) fn check_filter_path(path: &str) -> Result<()> {
+    let ok = !path.is_empty()
+        && path
+            .split('.')
+            .all(|p| !p.is_empty() && !p.starts_with('$') && !p.contains('\0'));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "change filter field {path:?}: use a dotted path whose parts are not empty and do \
+             not start with $"
+        )))
+    }
+}
+
+/// The `$match` stage of a filter. It pre-filters on the server (the stream then filters
+/// again with [`ChangeFilter::matches`], so both engines mean exactly the same):
+/// - only insert/update/replace/delete events (restricted to `ops` when given);
+/// - `ns.coll` in `collections`, or, when empty, every collection but `checkpoints`;
+/// - string keys only (`documentKey._id` of type string): capped collections, whose `_id` is
+///   an integer position, are never changefeed-backed collections;
+/// - the key prefix as an anchored, escaped regex on `documentKey._id`;
+/// - field predicates as `$expr: {$eq: ["$fullDocument.<path>", {$literal: value}]}`: exact
+///   equality like the embedded engine's (a plain `{path: value}` query would also match
+///   array elements), and `$literal` keeps a string value starting with `$` a string.
+pub(crate) fn match_stage(filter: &ChangeFilter) -> Result<BsonDoc> {
+    let ops: Vec<Bson> = if filter.ops.is_empty() {
+        [
+            ChangeOp::Insert,
+            ChangeOp::Update,
+            ChangeOp::Replace,
+            ChangeOp::Delete,
+        ]
+        .into_iter()
+        .map(|o| Bson::from(op_name(o)))
+        .collect()
+    } else {
+        filter.ops.iter().map(|o| Bson::from(op_name(*o))).collect()
+    };
+    let mut m = doc! {"operationType": {"$in": ops}};
+    if filter.collections.is_empty() {
+        m.insert("ns.coll", doc! {"$ne": CHECKPOINTS});
+    } else {
+        let colls: Vec<Bson> = filter
+            .collections
+            .iter()
+            .map(|c| Bson::from(c.as_str()))
+            .collect();
+        m.insert("ns.coll", doc! {"$in": colls});
+    }
+    let mut key = doc! {"$type": "string"};
+    if let Some(prefix) = filter.key_prefix.as_deref().filter(|p| !p.is_empty()) {
+        key.insert("$regex", format!("^{}", regex_escape(prefix)));
+    }
+    m.insert("documentKey._id", key);
+    if !filter.fields.is_empty() {
+        let mut conds = Vec::with_capacity(filter.fields.len());
+        for (path, value) in &filter.fields {
+            check_filter_path(path)?;
+            conds.push(Bson::Document(doc! {
+                "$eq": [format!("$fullDocument.{path}"), {"$literal": json_to_bson(value)}]
+            }));
+        }
+        m.insert("$expr", doc! {"$and": conds});
+    }
+    Ok(doc! {"$match": m})
+}
+
+/// Removes a dotted path from a document; `None` when a part on the way is not an object.
+fn remove_path(doc: &mut Document, path: &str) -> Option<()> {
+    let mut parts: Vec<&str> = path.split('.').collect();
+    let last = parts.pop()?;
+    let mut cur = doc;
+    for part in parts {
+        match cur.get_mut(part) {
+            Some(v) => cur = v.as_object_mut()?,
+            None => return Some(()),
+        }
+    }
+    cur.remove(last);
+    Some(())
+}
+
+/// An update's after image rebuilt from its before image and the event's update description,
+/// for when the server has no post-image (collection without `changeStreamPreAndPostImages`,
+/// or an expired one). `None` when it cannot be rebuilt exactly (truncated arrays, paths
+/// through arrays).
+pub(crate) fn rebuild_after(before: &Document, desc: &UpdateDescription) -> Option<Document> {
+    if desc
+        .truncated_arrays
+        .as_ref()
+        .is_some_and(|t| !t.is_empty())
+    {
+        return None;
+    }
+    let mut after = before.clone();
+    let set = Update {
+        inc: vec![],
+        set: desc
+            .updated_fields
+            .iter()
+            .map(|(k, v)| (k.clone(), bson_to_json(v.clone())))
+            .collect(),
+    };
+    crate::update::apply(&mut after, &set).ok()?;
+    for path in &desc.removed_fields {
+        remove_path(&mut after, path)?;
+    }
+    Some(after)
+}
+
+/// Maps one change event. `Ok(None)` for events that are not changes of documents (drop,
+/// rename, create, ...); an `invalidate` event ends the stream with an error.
+pub(crate) fn to_change(event: ChangeStreamEvent<BsonDoc>) -> Result<Option<Change>> {
+    let op = match event.operation_type {
+        OperationType::Insert => ChangeOp::Insert,
+        OperationType::Update => ChangeOp::Update,
+        OperationType::Replace => ChangeOp::Replace,
+        OperationType::Delete => ChangeOp::Delete,
+        OperationType::Invalidate => {
+            return Err(engine_err(
+                "the change stream was invalidated (its database was dropped or renamed); \
+                 open a new one",
+            ));
+        }
+        _ => return Ok(None),
+    };
+    let collection = event
+        .ns
+        .as_ref()
+        .and_then(|ns| ns.coll.clone())
+        .unwrap_or_default();
+    let key = event
+        .document_key
+        .as_ref()
+        .and_then(|k| k.get("_id"))
+        .map(key_string)
+        .ok_or_else(|| engine_err(format!("a {} event without documentKey._id", op.as_str())))?;
+    let before = event.full_document_before_change.map(bson_doc_to_json);
+    let after = match op {
+        ChangeOp::Delete => None,
+        ChangeOp::Update => match event.full_document {
+            Some(d) => Some(bson_doc_to_json(d)),
+            None => before
+                .as_ref()
+                .zip(event.update_description.as_ref())
+                .and_then(|(b, desc)| rebuild_after(b, desc)),
+        },
+        ChangeOp::Insert | ChangeOp::Replace => event.full_document.map(bson_doc_to_json),
+    };
+    let committed_at_us = event
+        .wall_time
+        .map(|w| w.timestamp_millis().saturating_mul(1000))
+        .or_else(|| {
+            event
+                .cluster_time
+                .map(|t| i64::from(t.time).saturating_mul(1_000_000))
+        })
+        .unwrap_or_else(now_us);
+    Ok(Some(Change {
+        op,
+        collection,
+        key,
+        before,
+        after,
+        token: encode_token(&Token::Stream(event.id))?,
+        committed_at_us,
+    }))
+}
+
+/// Where a change stream (re)opens.
+#[derive(Clone, Debug)]
+enum StartAt {
+    /// No start option: the server's present.
+    Now,
+    /// `startAtOperationTime`.
+    OpTime(Timestamp),
+    /// `startAfter` (not `resumeAfter`: it also passes an `invalidate`).
+    After(DriverToken),
+}
+
+async fn open(
+    inner: &Inner,
+    pipeline: &[BsonDoc],
+    from: &StartAt,
+) -> mongodb::error::Result<Events> {
+    let images = inner.wire_version >= WIRE_VERSION_6_0;
+    // With pre- and post-images (MongoDB 6.0+) an update's `fullDocument` is its exact
+    // post-image; `UpdateLookup` would read the document when the event is read, which can
+    // be a later version or gone (the contract needs the document right after the change).
+    let mut watch = inner
+        .db
+        .watch()
+        .pipeline(pipeline.iter().cloned())
+        .full_document(if images {
+            FullDocumentType::WhenAvailable
+        } else {
+            FullDocumentType::UpdateLookup
+        })
+        .max_await_time(inner.options.max_await_time);
+    if images {
+        watch = watch.full_document_before_change(FullDocumentBeforeChangeType::WhenAvailable);
+    }
+    match from {
+        StartAt::Now => watch.await,
+        StartAt::OpTime(ts) => watch.start_at_operation_time(*ts).await,
+        StartAt::After(t) => watch.start_after(t.clone()).await,
+    }
+}
+
+/// Where a [`ChangeStart`] begins, resolved against the server.
+async fn resolve(inner: &Inner, start: &ChangeStart) -> Result<StartAt> {
+    Ok(match start {
+        ChangeStart::Now => StartAt::Now,
+        ChangeStart::Oldest => {
+            let oldest = oldest_entry(inner).await?.ok_or_else(|| {
+                engine_err(
+                    "ChangeStart::Oldest needs the oplog (local.oplog.rs), which this server \
+                     does not have or this user cannot read",
+                )
+            })?;
+            StartAt::OpTime(oldest.ts)
+        }
+        ChangeStart::After(t) => match decode_token(t)? {
+            Token::Stream(t) => StartAt::After(t),
+            Token::Oplog(p) => StartAt::OpTime(p.resume_operation_time()),
+        },
+    })
+}
+
+/// `HistoryLost` for a resume point, naming the oldest retained oplog entry (as a token that
+/// resumes right before it) when the oplog is readable.
+pub(crate) async fn history_lost(inner: &Inner, token: ResumeToken) -> StoreError {
+    let oldest = match oldest_entry(inner).await {
+        Ok(Some(e)) => encode_token(&Token::Oplog(OplogPos::before(e.ts)))
+            .unwrap_or_else(|_| ResumeToken("(unknown)".into())),
+        _ => ResumeToken("(unknown)".into()),
+    };
+    StoreError::HistoryLost { token, oldest }
+}
+
+fn encode_driver(token: Option<DriverToken>) -> Option<ResumeToken> {
+    token.and_then(|t| encode_token(&Token::Stream(t)).ok())
+}
+
+/// The first open: resolves the start and opens the stream.
+async fn open_first(
+    inner: &Inner,
+    pipeline: &[BsonDoc],
+    start: &ChangeStart,
+) -> Result<(Events, StartAt)> {
+    let given = match start {
+        ChangeStart::After(t) => Some(t.clone()),
+        _ => None,
+    };
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let from = resolve(inner, start).await?;
+        match open(inner, pipeline, &from).await {
+            Ok(events) => return Ok((events, from)),
+            Err(e) if classify(&e) == Class::HistoryLost => {
+                // `Oldest` raced the oplog's truncation: read the new oldest and try again.
+                if matches!(start, ChangeStart::Oldest) && attempt < OLDEST_ATTEMPTS {
+                    continue;
+                }
+                let token = given.unwrap_or_else(|| ResumeToken("(oldest)".into()));
+                return Err(history_lost(inner, token).await);
+            }
+            Err(e) => return Err(map_error(e)),
+        }
+    }
+}
+
+/// A change stream on the database. Opening starts at once (in a task) when called inside a
+/// Tokio runtime, and keyed writes issued after this call wait until it is open: so
+/// `ChangeStart::Now` means "when `changes` was called", as with the embedded engine.
+/// Outside a runtime the stream opens on its first poll.
+///
+/// The stream's resume token (the contract's read-up-to cell) is the token of the change
+/// being handed over, or, after a server batch that held nothing for this filter, MongoDB's
+/// post-batch token: so it advances past filtered-out changes and on a quiet stream.
+pub(crate) fn change_stream(
+    inner: Arc<Inner>,
+    filter: ChangeFilter,
+    start: ChangeStart,
+) -> ChangeStream {
+    let pipeline = match match_stage(&filter) {
+        Ok(stage) => vec![stage],
+        Err(e) => return ChangeStream::failed(e),
+    };
+    let given = match &start {
+        ChangeStart::After(t) => Some(t.clone()),
+        _ => None,
+    };
+    let cell: TokenCell = Arc::new(Mutex::new(given.clone()));
+    let opened: BoxFuture<'static, Result<(Events, StartAt)>> =
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let guard = inner.begin_opening();
+                let (tx, rx) = oneshot::channel();
+                let (i, p, s, c) = (inner.clone(), pipeline.clone(), start.clone(), cell.clone());
+                handle.spawn(async move {
+                    let opened = open_first(&i, &p, &s).await;
+                    if let Ok((events, _)) = &opened {
+                        // `Now`: the position the stream opened at is already a valid
+                        // checkpoint, before any change arrives.
+                        publish_if_unset(&c, encode_driver(events.resume_token()));
+                    }
+                    // The stream may be gone already: then the opened one is dropped (killed).
+                    let _ = tx.send(opened);
+                    drop(guard);
+                });
+                async move { rx.await.map_err(|_| StoreError::Closed)? }.boxed()
+            }
+            Err(_) => {
+                let (i, p, s) = (inner.clone(), pipeline.clone(), start.clone());
+                async move { open_first(&i, &p, &s).await }.boxed()
+            }
+        };
+    let tokens = cell.clone();
+    let stream = async_stream::try_stream! {
+        let mut closed = inner.closed.subscribe();
+        let (mut events, first_from) = opened.await?;
+        publish_if_unset(&tokens, encode_driver(events.resume_token()));
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            // `next_if_any` makes at most one getMore (which the server holds for up to
+            // `max_await_time`), so the post-batch token is seen even on a quiet stream.
+            let step = tokio::select! {
+                biased;
+                _ = closed.wait_for(|c| *c) => None,
+                r = events.next_if_any() => Some(r),
+            };
+            let Some(step) = step else {
+                Err(StoreError::Closed)?;
+                break;
+            };
+            match step {
+                Ok(Some(event)) => {
+                    backoff = BACKOFF_MIN;
+                    let change = to_change(event)?;
+                    // The event's own token (the driver's token is the current event's while
+                    // its batch lasts): set before the hand-over, read by the consumer after.
+                    publish(&tokens, encode_driver(events.resume_token()));
+                    if let Some(change) = change.filter(|c| filter.matches(c)) {
+                        yield change;
+                    }
+                }
+                Ok(None) => {
+                    // An empty batch: the post-batch token covers everything the server
+                    // scanned, including changes the `$match` dropped.
+                    publish(&tokens, encode_driver(events.resume_token()));
+                    if !events.is_alive() {
+                        Err(engine_err(
+                            "the server closed the change stream (invalidated: its database \
+                             was dropped or renamed)",
+                        ))?;
+                    }
+                }
+                Err(e) => match classify(&e) {
+                    // Not resumable: never re-watch with the same token (that loops forever).
+                    Class::HistoryLost => {
+                        let token = given
+                            .clone()
+                            .or_else(|| encode_driver(events.resume_token()))
+                            .unwrap_or_else(|| ResumeToken("(unknown)".into()));
+                        Err(history_lost(&inner, token).await)?;
+                    }
+                    // The driver already resumed once on resumable errors; this is an outage
+                    // that outlasted it. Re-open after the newest token, with backoff.
+                    Class::Transient => {
+                        tracing::warn!(error = %e, "change stream failed; re-opening");
+                        let from = match events.resume_token() {
+                            Some(t) => StartAt::After(t),
+                            None => first_from.clone(),
+                        };
+                        events = reopen(&inner, &pipeline, &from, &mut closed, &mut backoff).await?;
+                    }
+                    _ => Err(map_error(e))?,
+                },
+            }
+        }
+    };
+    ChangeStream::new(Box::pin(stream), cell)
+}
+
+/// Re-opens after a transient failure, backing off, until it works or the store closes.
+async fn reopen(
+    inner: &Inner,
+    pipeline: &[BsonDoc],
+    from: &StartAt,
+    closed: &mut watch::Receiver<bool>,
+    backoff: &mut std::time::Duration,
+) -> Result<Events> {
+    loop {
+        if !sleep_unless_closed(closed, *backoff).await {
+            return Err(StoreError::Closed);
+        }
+        *backoff = (*backoff * 2).min(BACKOFF_MAX);
+        match open(inner, pipeline, from).await {
+            Ok(events) => return Ok(events),
+            Err(e) => match classify(&e) {
+                Class::Transient => {
+                    tracing::warn!(error = %e, "change stream: cannot re-open yet");
+                }
+                Class::HistoryLost => {
+                    let token = match from {
+                        StartAt::After(t) => encode_driver(Some(t.clone())),
+                        _ => None,
+                    }
+                    .unwrap_or_else(|| ResumeToken("(unknown)".into()));
+                    return Err(history_lost(inner, token).await);
+                }
+                _ => return Err(map_error(e)),
+            },
+        }
+    }
+}
+
+/// Sets the stream's read-up-to token.
+pub(crate) fn publish(cell: &TokenCell, token: Option<ResumeToken>) {
+    if let (Some(t), Ok(mut cur)) = (token, cell.lock()) {
+        *cur = Some(t);
+    }
+}
+
+/// Sets it only when nothing was read yet (the start position).
+fn publish_if_unset(cell: &TokenCell, token: Option<ResumeToken>) {
+    if let (Some(t), Ok(mut cur)) = (token, cell.lock())
+        && cur.is_none()
+    {
+        *cur = Some(t);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use mongodb::bson::{self, DateTime};
+    use serde_json::json;
+
+    #[test]
+    fn filters_become_one_match_stage() {
+        let filter = ChangeFilter {
+            collections: vec!["k_filter".into()],
+            ops: vec![ChangeOp::Update],
+            key_prefix: Some("source:".into()),
+            fields: vec![("kind".into(), json!("keep")), ("a.n".into(), json!(3))],
+        };
+        assert_eq!(
+            match_stage(&filter).unwrap(),
+            doc! {"$match": {
+                "operationType": {"$in": ["update"]},
+                "ns.coll": {"$in": ["k_filter"]},
+                "documentKey._id": {"$type": "string", "$regex": "^source:"},
+                "$expr": {"$and": [
+                    {"$eq": ["$fullDocument.kind", {"$literal": "keep"}]},
+                    {"$eq": ["$fullDocument.a.n", {"$literal": 3_i64}]},
+                ]},
+            }}
+        );
+    }
+
+    #[test]
+    fn an_empty_filter_watches_every_keyed_change_but_checkpoints() {
+        assert_eq!(
+            match_stage(&ChangeFilter::default()).unwrap(),
+            doc! {"$match": {
+                "operationType": {"$in": ["insert", "update", "replace", "delete"]},
+                "ns.coll": {"$ne": "checkpoints"},
+                "documentKey._id": {"$type": "string"},
+            }}
+        );
+    }
+
+    #[test]
+    fn filter_paths_cannot_smuggle_operators() {
+        for bad in ["", "a..b", "$where", "a.$b"] {
+            let f = ChangeFilter {
+                fields: vec![(bad.into(), json!(1))],
+                ..ChangeFilter::default()
+            };
+            assert!(
+                matches!(match_stage(&f), Err(StoreError::Invalid(_))),
+                "{bad:?}"
+            );
+        }
+        let f = ChangeFilter {
+            key_prefix: Some("a.b*".into()),
+            ..ChangeFilter::default()
+        };
+        let m = match_stage(&f).unwrap();
+        assert_eq!(
+            m.get_document("$match")
+                .unwrap()
+                .get_document("documentKey._id")
+                .unwrap(),
+            &doc! {"$type": "string", "$regex": "^a\\.b\\*"}
+        );
+    }
+
+    fn event(d: BsonDoc) -> ChangeStreamEvent<BsonDoc> {
+        bson::deserialize_from_document(d).unwrap()
+    }
+
+    #[test]
+    fn update_events_map_to_changes_with_both_images() {
+        let ev = event(doc! {
+            "_id": {"_data": "82AA"},
+            "operationType": "update",
+            "ns": {"db": "t", "coll": "k_ops"},
+            "documentKey": {"_id": "a"},
+            "updateDescription": {"updatedFields": {"count": 3_i64}, "removedFields": []},
+            "clusterTime": Timestamp { time: 1_700_000_000, increment: 1 },
+            "wallTime": DateTime::from_millis(1_700_000_000_123),
+            "fullDocument": {"_id": "a", "count": 3_i64, "tag": "x"},
+            "fullDocumentBeforeChange": {"_id": "a", "count": 1_i64},
+        });
+        let c = to_change(ev).unwrap().unwrap();
+        assert_eq!(c.op, ChangeOp::Update);
+        assert_eq!((c.collection.as_str(), c.key.as_str()), ("k_ops", "a"));
+        assert_eq!(c.before.unwrap()["count"], json!(1));
+        assert_eq!(c.after.unwrap()["count"], json!(3));
+        assert_eq!(c.committed_at_us, 1_700_000_000_123_000, "from wallTime");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&c.token.0).unwrap(),
+            json!({"_data": "82AA"})
+        );
+    }
+
+    #[test]
+    fn insert_replace_delete_and_other_events() {
+        let base = |op: &str| {
+            doc! {
+                "_id": {"_data": "82BB"},
+                "operationType": op,
+                "ns": {"db": "t", "coll": "k"},
+                "documentKey": {"_id": "k1"},
+                "clusterTime": Timestamp { time: 10, increment: 1 },
+            }
+        };
+        let mut ins = base("insert");
+        ins.insert("fullDocument", doc! {"_id": "k1", "n": 1_i64});
+        let c = to_change(event(ins)).unwrap().unwrap();
+        assert_eq!(c.op, ChangeOp::Insert);
+        assert!(c.before.is_none());
+        assert_eq!(c.after.unwrap()["n"], json!(1));
+        assert_eq!(
+            c.committed_at_us, 10_000_000,
+            "from clusterTime without wallTime"
+        );
+
+        let mut del = base("delete");
+        del.insert("fullDocumentBeforeChange", doc! {"_id": "k1", "n": 1_i64});
+        let c = to_change(event(del)).unwrap().unwrap();
+        assert_eq!(c.op, ChangeOp::Delete);
+        assert!(c.after.is_none());
+        assert!(c.before.is_some());
+
+        let mut rep = base("replace");
+        rep.insert("fullDocument", doc! {"_id": "k1", "fresh": true});
+        assert_eq!(
+            to_change(event(rep)).unwrap().unwrap().op,
+            ChangeOp::Replace
+        );
+
+        let mut drop = base("drop");
+        drop.remove("documentKey");
+        assert!(
+            to_change(event(drop)).unwrap().is_none(),
+            "not a document change"
+        );
+
+        let mut inv = base("invalidate");
+        inv.remove("documentKey");
+        inv.remove("ns");
+        assert!(to_change(event(inv)).is_err(), "invalidate ends the stream");
+    }
+
+    #[test]
+    fn an_update_without_post_image_is_rebuilt_from_the_pre_image() {
+        let ev = event(doc! {
+            "_id": {"_data": "82CC"},
+            "operationType": "update",
+            "ns": {"db": "t", "coll": "k"},
+            "documentKey": {"_id": "a"},
+            "updateDescription": {
+                "updatedFields": {"count": 3_i64, "user.name": "b"},
+                "removedFields": ["gone"],
+            },
+            "clusterTime": Timestamp { time: 10, increment: 1 },
+            "fullDocumentBeforeChange": {"_id": "a", "count": 1_i64, "gone": 1_i64, "user": {"name": "a"}},
+        });
+        let after = to_change(ev).unwrap().unwrap().after.unwrap();
+        assert_eq!(
+            serde_json::Value::Object(after),
+            json!({"_id": "a", "count": 3, "user": {"name": "b"}})
+        );
+    }
+}

@@ -1,0 +1,331 @@
+//! Changefeed-backed (keyed) collections on MongoDB: `{_id: key, ...}` documents, created with
+//! change-stream pre- and post-images, updated with `$inc`/`$set` upserts.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::{FutureExt, StreamExt};
+use mongodb::bson::{Document as BsonDoc, doc};
+use mongodb::options::{ChangeStreamPreAndPostImages, WriteConcern};
+use mongodb::{Collection, Database};
+
+use super::capped::collection_info;
+use super::convert::{
+    bson_doc_to_json, doc_to_bson, error_code, key_string, regex_escape, update_document,
+    write_concern,
+};
+use super::{Inner, WIRE_VERSION_6_0};
+use crate::{
+    ChangeFilter, ChangeStart, ChangeStream, Document, Durability, Keyed, Result, StoreError,
+    Update,
+};
+
+/// The server's error code for "namespace already exists".
+const NAMESPACE_EXISTS: i32 = 48;
+
+/// Whether an existing collection's `listCollections` entry can serve as a keyed collection,
+/// and whether its pre- and post-images still need switching on.
+pub(crate) fn check_existing_keyed(name: &str, info: &BsonDoc) -> Result<bool> {
+    let kind = info.get_str("type").unwrap_or("collection");
+    if kind != "collection" {
+        return Err(StoreError::Incompatible {
+            collection: name.to_string(),
+            problem: format!(
+                "exists as a MongoDB {kind}, not a collection; drop it or choose another name"
+            ),
+        });
+    }
+    let empty = BsonDoc::new();
+    let options = info.get_document("options").unwrap_or(&empty);
+    if options.get_bool("capped").unwrap_or(false) {
+        return Err(StoreError::Incompatible {
+            collection: name.to_string(),
+            problem: "is a capped collection, not a keyed one (capped collections refuse deletes \
+                      and growing updates); choose another name"
+                .into(),
+        });
+    }
+    let images = options
+        .get_document("changeStreamPreAndPostImages")
+        .ok()
+        .and_then(|d| d.get_bool("enabled").ok())
+        .unwrap_or(false);
+    Ok(!images)
+}
+
+/// Creates the keyed collection when absent (with pre- and post-images on MongoDB 6.0+, so
+/// change events carry exact before and after documents), and switches the images on for an
+/// existing one that lacks them.
+pub(crate) async fn ensure_keyed(db: &Database, name: &str, wire_version: i32) -> Result<()> {
+    let images = wire_version >= WIRE_VERSION_6_0;
+    match collection_info(db, name).await? {
+        None => {
+            let mut create = db.create_collection(name);
+            if images {
+                create = create.change_stream_pre_and_post_images(
+                    ChangeStreamPreAndPostImages::builder()
+                        .enabled(true)
+                        .build(),
+                );
+            }
+            match create.await {
+                Ok(()) => Ok(()),
+                Err(e) if error_code(&e) == Some(NAMESPACE_EXISTS) => {
+                    // Created meanwhile by another process: check it like any existing one.
+                    Box::pin(ensure_keyed(db, name, wire_version)).await
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+        Some(info) => {
+            let needs_images = check_existing_keyed(name, &info)?;
+            if needs_images && images {
+                db.run_command(doc! {
+                    "collMod": name,
+                    "changeStreamPreAndPostImages": {"enabled": true},
+                })
+                .await?;
+                tracing::info!(collection = %name, "enabled change-stream pre- and post-images");
+            } else if needs_images {
+                tracing::warn!(
+                    collection = %name,
+                    "MongoDB before 6.0: changes of this collection carry no before image, and \
+                     an update's after image is the document when the change is read"
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The replacement document of `set`: the given fields under `_id = key` (a caller's own `_id`
+/// field is replaced by the key, as the embedded engine does).
+pub(crate) fn replacement(key: &str, doc: &Document) -> BsonDoc {
+    let mut out = doc! {"_id": key};
+    for (k, v) in doc_to_bson(doc) {
+        if k != "_id" {
+            out.insert(k, v);
+        }
+    }
+    out
+}
+
+/// The filter of `scan(prefix)`: string keys starting with `prefix` (anchored, so the `_id`
+/// index serves it as a range).
+pub(crate) fn scan_filter(prefix: &str) -> BsonDoc {
+    if prefix.is_empty() {
+        doc! {"_id": {"$type": "string"}}
+    } else {
+        doc! {"_id": {"$regex": format!("^{}", regex_escape(prefix))}}
+    }
+}
+
+/// Applies upserts in order. Several keys go into one transaction, so the batch commits at
+/// once (one journal flush, all or nothing) as the contract's "in one commit" says; one key
+/// needs none (a single-document write is atomic). On a server without transactions (not a
+/// replica set) the keys are written one by one. `Client::bulk_write` would save round trips,
+/// but it needs MongoDB 8.0 and is not atomic.
+async fn run_updates(
+    inner: Arc<Inner>,
+    coll: Collection<BsonDoc>,
+    ops: Vec<(String, BsonDoc)>,
+    wc: WriteConcern,
+) -> Result<()> {
+    if ops.len() == 1 || !inner.replica_set {
+        for (key, update) in ops {
+            coll.update_one(doc! {"_id": key}, update)
+                .upsert(true)
+                .write_concern(wc.clone())
+                .await?;
+        }
+        return Ok(());
+    }
+    let mut session = inner.client.start_session().await?;
+    // `and_run` retries the whole transaction on TransientTransactionError and the commit on
+    // UnknownTransactionCommitResult (up to 120 s), as the driver's transaction spec says.
+    session
+        .start_transaction()
+        .write_concern(wc)
+        .and_run((&coll, &ops), |session, (coll, ops)| {
+            async move {
+                for (key, update) in ops.iter() {
+                    coll.update_one(doc! {"_id": key.as_str()}, update.clone())
+                        .upsert(true)
+                        .session(&mut *session)
+                        .await?;
+                }
+                Ok(())
+            }
+            .boxed()
+        })
+        .await?;
+    Ok(())
+}
+
+/// A changefeed-backed collection of the MongoDB engine.
+pub(crate) struct MongoKeyed {
+    pub(crate) name: String,
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) coll: Collection<BsonDoc>,
+}
+
+impl MongoKeyed {
+    fn wc(&self, durability: Durability) -> WriteConcern {
+        write_concern(durability, self.inner.options.write_timeout)
+    }
+}
+
+#[async_trait]
+impl Keyed for MongoKeyed {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn update(&self, updates: Vec<(String, Update)>, durability: Durability) -> Result<()> {
+        if updates.is_empty() {
+            return Ok(());
+        }
+        let ops = updates
+            .iter()
+            .map(|(key, u)| Ok((key.clone(), update_document(u)?)))
+            .collect::<Result<Vec<_>>>()?;
+        self.inner.wait_for_opening_streams().await;
+        let write = run_updates(
+            self.inner.clone(),
+            self.coll.clone(),
+            ops,
+            self.wc(durability),
+        );
+        if durability.waits() {
+            return write.await;
+        }
+        let name = self.name.clone();
+        self.inner
+            .background(async move {
+                if let Err(e) = write.await {
+                    tracing::error!(collection = %name, error = %e, "unacknowledged update to MongoDB failed");
+                }
+            })
+            .await
+    }
+
+    async fn set(&self, key: &str, doc: Document, durability: Durability) -> Result<()> {
+        let replacement = replacement(key, &doc);
+        self.inner.wait_for_opening_streams().await;
+        let (coll, wc, owned_key) = (self.coll.clone(), self.wc(durability), key.to_string());
+        let write = async move {
+            coll.replace_one(doc! {"_id": owned_key}, replacement)
+                .upsert(true)
+                .write_concern(wc)
+                .await
+        };
+        if durability.waits() {
+            write.await?;
+            return Ok(());
+        }
+        let (name, key) = (self.name.clone(), key.to_string());
+        self.inner
+            .background(async move {
+                if let Err(e) = write.await {
+                    tracing::error!(collection = %name, key = %key, error = %e, "unacknowledged set to MongoDB failed");
+                }
+            })
+            .await
+    }
+
+    async fn delete(&self, key: &str, durability: Durability) -> Result<bool> {
+        self.inner.wait_for_opening_streams().await;
+        let (coll, wc, owned_key) = (self.coll.clone(), self.wc(durability), key.to_string());
+        let write = async move {
+            coll.delete_one(doc! {"_id": owned_key})
+                .write_concern(wc)
+                .await
+        };
+        if durability.waits() {
+            return Ok(write.await?.deleted_count > 0);
+        }
+        let (name, key) = (self.name.clone(), key.to_string());
+        self.inner
+            .background(async move {
+                if let Err(e) = write.await {
+                    tracing::error!(collection = %name, key = %key, error = %e, "unacknowledged delete in MongoDB failed");
+                }
+            })
+            .await?;
+        // Like the embedded engine: nobody waited, so nobody knows whether it existed.
+        Ok(false)
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Document>> {
+        let doc = self.coll.find_one(doc! {"_id": key}).await?;
+        Ok(doc.map(bson_doc_to_json))
+    }
+
+    async fn scan(&self, prefix: &str) -> Result<Vec<(String, Document)>> {
+        // Without a collation MongoDB compares strings bytewise (UTF-8), as the embedded engine
+        // does, so both return keys in the same order.
+        let mut cursor = self
+            .coll
+            .find(scan_filter(prefix))
+            .sort(doc! {"_id": 1})
+            .await?;
+        let mut out = Vec::new();
+        while let Some(doc) = cursor.next().await {
+            let doc = doc?;
+            let key = doc.get("_id").map(key_string).unwrap_or_default();
+            out.push((key, bson_doc_to_json(doc)));
+        }
+        Ok(out)
+    }
+
+    fn changes(&self, mut filter: ChangeFilter, start: ChangeStart) -> ChangeStream {
+        filter.collections = vec![self.name.clone()];
+        self.inner.changes(filter, start)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn replacement_puts_the_key_first_and_drops_a_foreign_id() {
+        let doc = json!({"fresh": true, "_id": "ignored"})
+            .as_object()
+            .unwrap()
+            .clone();
+        let r = replacement("a", &doc);
+        assert_eq!(r, doc! {"_id": "a", "fresh": true});
+    }
+
+    #[test]
+    fn scan_filters_anchor_an_escaped_prefix() {
+        assert_eq!(
+            scan_filter("source:a.b"),
+            doc! {"_id": {"$regex": "^source:a\\.b"}}
+        );
+        assert_eq!(scan_filter(""), doc! {"_id": {"$type": "string"}});
+    }
+
+    #[test]
+    fn existing_keyed_collections_are_checked() {
+        let plain = doc! {"name": "k", "type": "collection", "options": {}};
+        assert!(
+            check_existing_keyed("k", &plain).unwrap(),
+            "images must be switched on"
+        );
+        let ready = doc! {"name": "k", "type": "collection",
+        "options": {"changeStreamPreAndPostImages": {"enabled": true}}};
+        assert!(!check_existing_keyed("k", &ready).unwrap());
+        let capped =
+            doc! {"name": "k", "type": "collection", "options": {"capped": true, "size": 4096}};
+        assert!(matches!(
+            check_existing_keyed("k", &capped),
+            Err(StoreError::Incompatible { .. })
+        ));
+        let view = doc! {"name": "k", "type": "view", "options": {}};
+        assert!(check_existing_keyed("k", &view).is_err());
+    }
+}

@@ -1,0 +1,545 @@
+//! The MongoDB engine (cargo feature `mongodb`): the store contract on a MongoDB replica set,
+//! through the official `mongodb` driver.
+//!
+//! What it is: capped collections tailed with tailable-await cursors, keyed collections whose
+//! changes come from change streams (or, as an option, from the oplog read directly),
+//! checkpoints in a `checkpoints` collection. What it is not: a general MongoDB client, nor a
+//! multi-writer log (see *positions*). It needs a **replica set** (a single-node one will do)
+//! for change streams, the oplog and multi-key transactions; capped collections work on a
+//! standalone server too.
+//!
+//! Layout:
+//! - `convert.rs`: JSON ⇄ BSON, durability → write concern, errors,
+//!   `$inc`/`$set` documents, resume tokens; pure and unit-tested;
+//! - `capped.rs`: creation and checks, the writer task, acknowledgment times, the tail;
+//! - `keyed.rs`: keyed collections;
+//! - `changes.rs`: change streams; `oplog.rs`: the raw oplog.
+//!
+//! ## Positions: one writer per capped collection
+//! A position is the document's `_id`, an integer the engine assigns: at open it reads the
+//! newest `_id` and continues from it. A tailable cursor follows *natural* (insertion) order
+//! and resumes with `{_id: {$gt: last}}`, which is only right when `_id` order equals
+//! insertion order. So one tailrace process writes a capped collection, and in it one task
+//! per collection assigns `_id`s and inserts them **ordered** (an unordered insert may apply
+//! documents out of order). ObjectIds from several processes would not do: they are ordered
+//! by each process's clock and counter, not by insertion. The writer groups consecutive
+//! appends of the same write concern into one `insert_many` (group commit).
+//!
+//! ## Durability
+//! | level | write concern |
+//! |---|---|
+//! | `unacknowledged` | `w: 1`, sent by the writer task (capped) or a background task (keyed, checkpoints); the caller does not wait. The Rust driver refuses `w: 0` on the client side. Failures are logged with `tracing::error!`. |
+//! | `acknowledged` | `w: 1` |
+//! | `journaled` | `w: 1, j: true` |
+//! | `majority` | `w: "majority", j: true` |
+//!
+//! Every level carries `wtimeout` = [`MongoOptions::write_timeout`]. Reads go to the
+//! primary. [`Record::committed_at_us`](crate::Record) is the time this process received the
+//! acknowledgment of the insert (kept in a bounded ring); `None` for documents it did not
+//! write or has forgotten.
+//!
+//! ## Changes
+//! A change stream on the database, filtered by a `$match` stage built from the
+//! [`ChangeFilter`], with exact post-images (`fullDocument: whenAvailable`) and pre-images
+//! (`fullDocumentBeforeChange: whenAvailable`) on MongoDB 6.0+, where keyed collections are
+//! created with `changeStreamPreAndPostImages`. Tokens are the JSON of the driver's
+//! `ResumeToken`; resuming uses `startAfter`. `ChangeStreamHistoryLost` (286) ends the stream
+//! with [`StoreError::HistoryLost`] and is never retried with the same token. With
+//! [`MongoOptions::raw_oplog`] (and always through [`Store::oplog`]) changes are read from
+//! `local.oplog.rs` instead; its tokens are oplog positions (`{"oplog": {..}}`), which change
+//! streams accept too. A stream's [`ChangeStream::resume_token`] also moves past changes the
+//! filter skipped and on a quiet stream (MongoDB's post-batch token; in oplog mode, every
+//! entry read, periodic no-ops included), so a checkpoint stays fresh without new changes.
+//!
+//! ## Failures
+//! The driver retries a read or write once after a network error or a step-down (retryable
+//! writes) and resumes change streams on resumable errors. Beyond that, tails and change
+//! streams re-open after their last position with backoff; operations return
+//! [`StoreError::Engine`] with the driver's message.
+//!
+//! ```no_run
+//! # async fn demo() -> store::Result<()> {
+//! use store::mongo::{MongoOptions, MongoStore};
+//! use store::{CappedSpec, Durability, Start, Store};
+//! let store = MongoStore::connect(
+//!     "mongodb://localhost:27017/?replicaSet=rs0",
+//!     "tailrace",
+//!     MongoOptions::default(),
+//! )
+//! .await?;
+//! let spec = CappedSpec { max_docs: 1000, max_bytes: 1 << 20, indexes: vec![] };
+//! let events = store.capped("events", &spec).await?;
+//! let mut tail = events.tail(Start::Now);
+//! store.close().await?;
+//! # Ok(()) }
+//! ```
+
+mod capped;
+mod changes;
+mod convert;
+mod keyed;
+mod oplog;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use mongodb::bson::{Bson, DateTime, Document as BsonDoc, doc};
+use mongodb::options::ClientOptions;
+use mongodb::{Client, Database};
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::embedded::schema::check_name;
+use crate::{
+    Capped, CappedSpec, ChangeFilter, ChangeStart, ChangeStream, Durability, Keyed, Result,
+    ResumeToken, Store, StoreError,
+};
+use capped::{CappedShared, MongoCapped, ensure_capped};
+use convert::{bson_to_json, engine_err, json_to_bson, write_concern};
+use keyed::{MongoKeyed, ensure_keyed};
+
+pub(crate) use convert::map_error;
+
+/// The collection holding feed checkpoints: `{_id: feed, body, ts}`.
+pub(crate) const CHECKPOINTS: &str = "checkpoints";
+/// The first wire version of MongoDB 6.0 (change-stream pre- and post-images).
+pub(crate) const WIRE_VERSION_6_0: i32 = 17;
+/// First pause before re-opening a dead or failed cursor.
+pub(crate) const BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// Longest pause before re-opening (also the worst-case delay of a tail on an empty
+/// collection for writes from other processes).
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// How long a keyed write waits for change streams being opened (see
+/// [`Inner::begin_opening`]) before it goes ahead anyway.
+const OPENING_WAIT: Duration = Duration::from_secs(10);
+/// How long `close` lets the driver finish cleaning up (killing cursors, ending sessions)
+/// before shutting it down without waiting.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// Background (unacknowledged) keyed writes and checkpoints waiting to be sent; when full,
+/// callers wait (backpressure, not unbounded memory).
+const BACKGROUND_QUEUE: usize = 1024;
+
+/// Settings of the MongoDB engine. The connection itself (hosts, replica set, TLS, timeouts,
+/// pool size, credentials) is configured in the URI.
+#[derive(Clone, Debug)]
+pub struct MongoOptions {
+    /// `wtimeout` of every write: how long the server waits for the write concern (journal,
+    /// majority) before answering with an error. The write may still have been applied.
+    pub write_timeout: Duration,
+    /// How long the server holds a tailable or change-stream `getMore` open while there is
+    /// nothing new (`maxAwaitTimeMS`). Longer means fewer round trips on a quiet collection;
+    /// it does not delay new documents, which are returned as soon as they are written.
+    pub max_await_time: Duration,
+    /// Read changes by tailing `local.oplog.rs` directly instead of change streams
+    /// (`Store::changes` and `Keyed::changes`). No before images then, and an update's after
+    /// image is looked up when read; see `oplog.rs`.
+    pub raw_oplog: bool,
+    /// Appends waiting for a capped collection's writer; when full, appenders wait.
+    pub queue_capacity: usize,
+    /// How many acknowledged inserts (each a range of positions) per capped collection keep
+    /// their acknowledgment time for `Record::committed_at_us`.
+    pub ack_ring_capacity: usize,
+}
+
+impl Default for MongoOptions {
+    fn default() -> Self {
+        MongoOptions {
+            write_timeout: Duration::from_secs(10),
+            max_await_time: Duration::from_secs(1),
+            raw_oplog: false,
+            queue_capacity: 1024,
+            ack_ring_capacity: 16_384,
+        }
+    }
+}
+
+/// The MongoDB store. Cheap to clone; all clones share one client and one writer per capped
+/// collection.
+#[derive(Clone)]
+pub struct MongoStore {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) db: Database,
+    pub(crate) options: MongoOptions,
+    /// Whether the server is a replica-set member or mongos (transactions, change streams).
+    pub(crate) replica_set: bool,
+    /// The server's `maxWireVersion`: 17+ (6.0) has change-stream pre- and post-images.
+    pub(crate) wire_version: i32,
+    /// One shared writer per capped collection name.
+    capped: tokio::sync::Mutex<HashMap<String, Arc<CappedShared>>>,
+    /// Unacknowledged keyed writes and checkpoints, sent in order by one task. `None` once
+    /// closed.
+    background: Mutex<Option<mpsc::Sender<BoxFuture<'static, ()>>>>,
+    background_task: Mutex<Option<JoinHandle<()>>>,
+    /// Set once by `close`: tails and change streams end with `Closed`.
+    pub(crate) closed: watch::Sender<bool>,
+    /// Change streams being opened. Keyed writes wait for zero, so a change stream opened
+    /// with `ChangeStart::Now` sees every write issued after `changes()` returned, although
+    /// opening it takes a round trip (`changes()` itself is not async).
+    opening: Arc<watch::Sender<usize>>,
+}
+
+pub(crate) fn lock_err<T>(_: T) -> StoreError {
+    engine_err("internal lock poisoned")
+}
+
+/// Sleeps `d`, or less when the store closes; `false` when it closed.
+pub(crate) async fn sleep_unless_closed(closed: &mut watch::Receiver<bool>, d: Duration) -> bool {
+    tokio::select! {
+        biased;
+        _ = closed.wait_for(|c| *c) => false,
+        _ = tokio::time::sleep(d) => true,
+    }
+}
+
+/// Held while a change stream opens (see [`Inner::begin_opening`]).
+pub(crate) struct OpeningGuard(Arc<watch::Sender<usize>>);
+
+impl Drop for OpeningGuard {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl Inner {
+    /// Marks a change stream as opening until the guard is dropped.
+    pub(crate) fn begin_opening(&self) -> OpeningGuard {
+        self.opening.send_modify(|n| *n += 1);
+        OpeningGuard(self.opening.clone())
+    }
+
+    /// Waits (bounded) until no change stream is opening.
+    pub(crate) async fn wait_for_opening_streams(&self) {
+        if *self.opening.borrow() == 0 {
+            return;
+        }
+        let mut rx = self.opening.subscribe();
+        if tokio::time::timeout(OPENING_WAIT, rx.wait_for(|n| *n == 0))
+            .await
+            .is_err()
+        {
+            tracing::warn!("a change stream is still opening; writing anyway");
+        }
+    }
+
+    /// Queues an unacknowledged write; waits only when the queue is full.
+    pub(crate) async fn background(
+        &self,
+        write: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        let sender = self
+            .background
+            .lock()
+            .map_err(lock_err)?
+            .clone()
+            .ok_or(StoreError::Closed)?;
+        sender
+            .send(Box::pin(write))
+            .await
+            .map_err(|_| StoreError::Closed)
+    }
+
+    /// Changes through change streams or the oplog, as configured.
+    pub(crate) fn changes(
+        self: &Arc<Self>,
+        filter: ChangeFilter,
+        start: ChangeStart,
+    ) -> ChangeStream {
+        if self.options.raw_oplog {
+            oplog::oplog_stream(self.clone(), filter, start)
+        } else {
+            changes::change_stream(self.clone(), filter, start)
+        }
+    }
+}
+
+/// Refuses names the engine keeps for itself or that the embedded engine would refuse (one
+/// naming rule for both engines).
+fn check_collection_name(name: &str) -> Result<()> {
+    check_name(name)?;
+    if name == CHECKPOINTS {
+        return Err(StoreError::Invalid(format!(
+            "collection name {name:?} is where the MongoDB engine keeps feed checkpoints; \
+             choose another"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a database name against MongoDB's rules.
+fn check_database_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() < 64
+        && !name.contains(['/', '\\', '.', ' ', '"', '$', '\0']);
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "database name {name:?}: use 1-63 characters without / \\ . space \" $"
+        )))
+    }
+}
+
+impl MongoStore {
+    /// Connects to MongoDB at `uri` (a `mongodb://` or `mongodb+srv://` connection string) and
+    /// uses `database`. Contacts the server once (`hello`), so a wrong URI or an unreachable
+    /// server fails here (after the URI's `serverSelectionTimeoutMS`, 30 s by default), not
+    /// at the first write. Warns when the server is not a replica set (no change streams, no
+    /// oplog) or older than 6.0 (no before images).
+    pub async fn connect(uri: &str, database: &str, options: MongoOptions) -> Result<Self> {
+        check_database_name(database)?;
+        let mut client_options = ClientOptions::parse(uri).await?;
+        if client_options.app_name.is_none() {
+            client_options.app_name = Some("tailrace".into());
+        }
+        let client = Client::with_options(client_options)?;
+        let hello = client
+            .database("admin")
+            .run_command(doc! {"hello": 1})
+            .await?;
+        let replica_set =
+            hello.get_str("setName").is_ok() || hello.get_str("msg").ok() == Some("isdbgrid");
+        let wire_version = hello
+            .get("maxWireVersion")
+            .and_then(convert::bson_as_i64)
+            .unwrap_or(0) as i32;
+        if !replica_set {
+            tracing::warn!(
+                "MongoDB at the configured URI is not a replica set: change streams, the oplog \
+                 and multi-key transactions are unavailable (start mongod with --replSet and \
+                 run rs.initiate())"
+            );
+        }
+        if wire_version < WIRE_VERSION_6_0 {
+            tracing::warn!(
+                wire_version,
+                "MongoDB older than 6.0: changes carry no before images"
+            );
+        }
+        let (bg_tx, mut bg_rx) = mpsc::channel::<BoxFuture<'static, ()>>(BACKGROUND_QUEUE);
+        let background_task = tokio::spawn(async move {
+            while let Some(write) = bg_rx.recv().await {
+                write.await;
+            }
+        });
+        Ok(MongoStore {
+            inner: Arc::new(Inner {
+                db: client.database(database),
+                client,
+                options,
+                replica_set,
+                wire_version,
+                capped: tokio::sync::Mutex::new(HashMap::new()),
+                background: Mutex::new(Some(bg_tx)),
+                background_task: Mutex::new(Some(background_task)),
+                closed: watch::Sender::new(false),
+                opening: Arc::new(watch::Sender::new(0)),
+            }),
+        })
+    }
+
+    /// The database this store uses.
+    pub fn database(&self) -> &Database {
+        &self.inner.db
+    }
+
+    /// The driver's client (for tools and tests, e.g. to drop a test database).
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+}
+
+#[async_trait]
+impl Store for MongoStore {
+    fn engine(&self) -> &'static str {
+        "mongodb"
+    }
+
+    async fn capped(&self, name: &str, spec: &CappedSpec) -> Result<Arc<dyn Capped>> {
+        check_collection_name(name)?;
+        if spec.max_docs == 0 || spec.max_bytes == 0 {
+            return Err(StoreError::Invalid(format!(
+                "capped collection {name}: max_docs and max_bytes must be at least 1"
+            )));
+        }
+        if *self.inner.closed.borrow() {
+            return Err(StoreError::Closed);
+        }
+        ensure_capped(&self.inner.db, name, spec).await?;
+        // Held across the start, so two opens of one name share one writer.
+        let mut registry = self.inner.capped.lock().await;
+        let shared = match registry.get(name) {
+            Some(shared) => shared.clone(),
+            None => {
+                let shared = CappedShared::start(&self.inner, name).await?;
+                registry.insert(name.to_string(), shared.clone());
+                shared
+            }
+        };
+        Ok(Arc::new(MongoCapped {
+            inner: self.inner.clone(),
+            shared,
+            indexes: spec.indexes.clone(),
+        }))
+    }
+
+    async fn keyed(&self, name: &str) -> Result<Arc<dyn Keyed>> {
+        check_collection_name(name)?;
+        ensure_keyed(&self.inner.db, name, self.inner.wire_version).await?;
+        Ok(Arc::new(MongoKeyed {
+            name: name.to_string(),
+            inner: self.inner.clone(),
+            coll: self.inner.db.collection(name),
+        }))
+    }
+
+    fn changes(&self, filter: ChangeFilter, start: ChangeStart) -> ChangeStream {
+        self.inner.changes(filter, start)
+    }
+
+    fn oplog(&self, filter: ChangeFilter, start: ChangeStart) -> ChangeStream {
+        oplog::oplog_stream(self.inner.clone(), filter, start)
+    }
+
+    async fn newest_change(&self) -> Result<Option<ResumeToken>> {
+        oplog::newest_change(&self.inner).await
+    }
+
+    async fn changes_after(&self, token: &ResumeToken) -> Result<Option<u64>> {
+        oplog::changes_after(&self.inner, token).await
+    }
+
+    async fn oldest_change_at(&self) -> Result<Option<i64>> {
+        Ok(oplog::oldest_entry(&self.inner).await?.map(|e| e.at_us()))
+    }
+
+    async fn load_checkpoint(&self, feed: &str) -> Result<Option<Value>> {
+        let doc = self
+            .inner
+            .db
+            .collection::<BsonDoc>(CHECKPOINTS)
+            .find_one(doc! {"_id": feed})
+            .await?;
+        Ok(doc.map(|mut d| d.remove("body").map(bson_to_json).unwrap_or(Value::Null)))
+    }
+
+    async fn save_checkpoint(
+        &self,
+        feed: &str,
+        checkpoint: Value,
+        durability: Durability,
+    ) -> Result<()> {
+        // One document per feed, replaced whole: position and state change atomically.
+        let doc = doc! {
+            "_id": feed,
+            "body": json_to_bson(&checkpoint),
+            "ts": DateTime::now(),
+        };
+        let coll = self.inner.db.collection::<BsonDoc>(CHECKPOINTS);
+        let wc = write_concern(durability, self.inner.options.write_timeout);
+        let feed = feed.to_string();
+        let write = async move {
+            coll.replace_one(doc! {"_id": Bson::String(feed.clone())}, doc)
+                .upsert(true)
+                .write_concern(wc)
+                .await
+                .map(|_| ())
+                .map_err(|e| (feed, e))
+        };
+        if durability.waits() {
+            return write.await.map_err(|(_, e)| e.into());
+        }
+        self.inner
+            .background(async move {
+                if let Err((feed, e)) = write.await {
+                    tracing::error!(feed = %feed, error = %e, "unacknowledged checkpoint to MongoDB failed");
+                }
+            })
+            .await
+    }
+
+    async fn close(&self) -> Result<()> {
+        // Tails and change streams end (and drop their cursors) first.
+        self.inner.closed.send_replace(true);
+        // Queued appends are written: each writer drains its queue, then stops.
+        let writers: Vec<Arc<CappedShared>> =
+            self.inner.capped.lock().await.values().cloned().collect();
+        for shared in writers {
+            shared.close().await?;
+        }
+        // Then the unacknowledged keyed writes and checkpoints.
+        self.inner.background.lock().map_err(lock_err)?.take();
+        let task = self.inner.background_task.lock().map_err(lock_err)?.take();
+        if let Some(task) = task {
+            task.await
+                .map_err(|e| engine_err(format!("background writer: {e}")))?;
+        }
+        // `shutdown` waits for every cursor and session to be dropped; a stream its consumer
+        // still holds (without polling it) would make it wait forever, hence the grace period.
+        let client = self.inner.client.clone();
+        if tokio::time::timeout(SHUTDOWN_GRACE, client.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("MongoDB client: cursors still held after close; shutting down anyway");
+            self.inner.client.clone().shutdown().immediate(true).await;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_one_rule_and_checkpoints_is_reserved() {
+        assert!(check_collection_name("events").is_ok());
+        assert!(
+            check_collection_name("Events").is_err(),
+            "same rule as the embedded engine"
+        );
+        assert!(matches!(
+            check_collection_name(CHECKPOINTS),
+            Err(StoreError::Invalid(_))
+        ));
+        assert!(check_database_name("tailrace_test_1_2").is_ok());
+        for bad in ["", "a.b", "a b", "a$b", &"x".repeat(64)] {
+            assert!(check_database_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn default_options_are_sane() {
+        let o = MongoOptions::default();
+        assert!(!o.raw_oplog, "change streams by default");
+        assert!(o.max_await_time < o.write_timeout);
+        assert!(o.queue_capacity > 0 && o.ack_ring_capacity > 0);
+    }
+
+    #[tokio::test]
+    async fn the_opening_gate_holds_writers_until_streams_are_open() {
+        let opening = Arc::new(watch::Sender::new(0usize));
+        let guard = {
+            opening.send_modify(|n| *n += 1);
+            OpeningGuard(opening.clone())
+        };
+        let mut rx = opening.subscribe();
+        let waiter =
+            tokio::spawn(async move { rx.wait_for(|n| *n == 0).await.map(|_| ()).is_ok() });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "a writer waits while a stream opens");
+        drop(guard);
+        assert!(waiter.await.unwrap());
+        assert_eq!(*opening.borrow(), 0);
+    }
+}

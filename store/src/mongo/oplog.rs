@@ -1,0 +1,589 @@
+//! The raw oplog: `local.oplog.rs` tailed directly (the "oplog watcher" older tools use), and
+//! the oplog reads behind `newest_change`, `changes_after` and `oldest_change_at`.
+//!
+//! Differences from change streams, all inherent to the oplog:
+//! - **no before images** (`before` is always `None`);
+//! - an update's **after image is looked up** when the change is read (the entry holds only a
+//!   diff): it is the document as it is *then*, possibly a later version, or `None` if it was
+//!   deleted since. Inserts and replacements carry their exact document;
+//! - entries are read as soon as the node wrote them, before they are majority-committed
+//!   (change streams wait for that), so an entry can later be rolled back by a failover;
+//! - transactions appear as `applyOps` entries and are unpacked; tokens name the operation's
+//!   index inside its entry. Prepared (sharded) transactions are not followed.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use mongodb::Collection;
+use mongodb::bson::{Bson, DateTime, Document as BsonDoc, Timestamp, doc};
+use mongodb::options::CursorType;
+
+use super::changes::{TokenCell, publish};
+use super::convert::{
+    Class, OplogPos, Token, bson_doc_to_json, classify, decode_token, encode_token, engine_err,
+    error_code, map_error, regex_escape,
+};
+use super::{BACKOFF_MAX, BACKOFF_MIN, CHECKPOINTS, Inner, sleep_unless_closed};
+use crate::{
+    Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Result, ResumeToken, StoreError,
+};
+
+/// `MaxTimeMSExpired`: a bounded oplog read took too long.
+const MAX_TIME_EXPIRED: i32 = 50;
+/// Bounds the oplog scans of `newest_change` and `changes_after` (the oplog has no index).
+const OPLOG_SCAN_TIME: Duration = Duration::from_secs(2);
+
+/// `local.oplog.rs`.
+pub(crate) fn oplog_collection(inner: &Inner) -> Collection<BsonDoc> {
+    inner.client.database("local").collection("oplog.rs")
+}
+
+/// One end of the oplog.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct OplogEnd {
+    /// Its `ts`.
+    pub ts: Timestamp,
+    /// Its `wall` clock time, when the server records one (4.0+).
+    pub wall: Option<DateTime>,
+}
+
+impl OplogEnd {
+    /// Its commit time in µs since the epoch.
+    pub(crate) fn at_us(&self) -> i64 {
+        entry_time_us(self.ts, self.wall)
+    }
+}
+
+fn entry_time_us(ts: Timestamp, wall: Option<DateTime>) -> i64 {
+    wall.map(|w| w.timestamp_millis().saturating_mul(1000))
+        .unwrap_or_else(|| i64::from(ts.time).saturating_mul(1_000_000))
+}
+
+fn end_of(entry: &BsonDoc) -> Option<OplogEnd> {
+    Some(OplogEnd {
+        ts: entry.get_timestamp("ts").ok()?,
+        wall: entry.get_datetime("wall").ok().copied(),
+    })
+}
+
+/// The oldest oplog entry, or `None` where there is no oplog (a standalone server).
+pub(crate) async fn oldest_entry(inner: &Inner) -> Result<Option<OplogEnd>> {
+    let entry = oplog_collection(inner)
+        .find_one(doc! {})
+        .sort(doc! {"$natural": 1})
+        .projection(doc! {"ts": 1, "wall": 1})
+        .await?;
+    Ok(entry.as_ref().and_then(end_of))
+}
+
+/// The newest oplog entry of any kind.
+pub(crate) async fn newest_entry(inner: &Inner) -> Result<Option<OplogEnd>> {
+    let entry = oplog_collection(inner)
+        .find_one(doc! {})
+        .sort(doc! {"$natural": -1})
+        .projection(doc! {"ts": 1, "wall": 1})
+        .await?;
+    Ok(entry.as_ref().and_then(end_of))
+}
+
+/// The oplog operation codes of a filter's operations (updates and replacements are both `u`;
+/// an upsert that inserts is `i`).
+fn op_codes(ops: &[ChangeOp]) -> Vec<Bson> {
+    let mut codes: Vec<&str> = Vec::new();
+    let all = [
+        ChangeOp::Insert,
+        ChangeOp::Update,
+        ChangeOp::Replace,
+        ChangeOp::Delete,
+    ];
+    for op in if ops.is_empty() { &all[..] } else { ops } {
+        let code = match op {
+            ChangeOp::Insert => "i",
+            ChangeOp::Update | ChangeOp::Replace => "u",
+            ChangeOp::Delete => "d",
+        };
+        if !codes.contains(&code) {
+            codes.push(code);
+        }
+    }
+    codes.into_iter().map(Bson::from).collect()
+}
+
+/// The entries of this database's changefeed-backed collections: a filter's collections, or
+/// every collection but `checkpoints`.
+fn crud_clause(db: &str, filter: &ChangeFilter) -> BsonDoc {
+    let ns = if filter.collections.is_empty() {
+        doc! {
+            "$regex": format!("^{}\\.", regex_escape(db)),
+            "$ne": format!("{db}.{CHECKPOINTS}"),
+        }
+    } else {
+        let nss: Vec<Bson> = filter
+            .collections
+            .iter()
+            .map(|c| Bson::from(format!("{db}.{c}")))
+            .collect();
+        doc! {"$in": nss}
+    };
+    doc! {"ns": ns, "op": {"$in": op_codes(&filter.ops)}}
+}
+
+/// The tail's query: this database's changes, transactions (`applyOps`, unpacked and filtered
+/// by the reader), and the periodic no-op entries (`n`), which carry nothing but keep a quiet
+/// stream's token moving; from `after` on (`$gte`: the entry at `after` is read again and its
+/// operations up to `after` skipped, since one entry may hold several operations).
+pub(crate) fn tail_filter(db: &str, filter: &ChangeFilter, after: Option<OplogPos>) -> BsonDoc {
+    let mut f = doc! {"$or": [
+        crud_clause(db, filter),
+        {"op": "c", "ns": "admin.$cmd", "o.applyOps": {"$exists": true}},
+        {"op": "n"},
+    ]};
+    if let Some(p) = after {
+        f.insert("ts", doc! {"$gte": p.ts()});
+    }
+    f
+}
+
+/// One change read off an entry, before the after image of an update is looked up.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Pending {
+    pub op: ChangeOp,
+    pub collection: String,
+    pub key: String,
+    /// The exact document for inserts and replacements.
+    pub after: Option<crate::Document>,
+}
+
+/// Reads one operation (`{op, ns, o, o2}`) of an entry. `None` when it is not a change of a
+/// changefeed-backed collection of `db` (another database, `checkpoints`, a no-op, or a
+/// non-string key, i.e. a capped collection's position).
+pub(crate) fn read_op(db: &str, op: &BsonDoc) -> Option<Pending> {
+    let ns = op.get_str("ns").ok()?;
+    let (op_db, coll) = ns.split_once('.')?;
+    if op_db != db || coll == CHECKPOINTS || coll.starts_with("system.") {
+        return None;
+    }
+    let o = op.get_document("o").ok()?;
+    let string_key = |d: &BsonDoc| match d.get("_id") {
+        Some(Bson::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    let (kind, key, after) = match op.get_str("op").ok()? {
+        "i" => (
+            ChangeOp::Insert,
+            string_key(o)?,
+            Some(bson_doc_to_json(o.clone())),
+        ),
+        "d" => (ChangeOp::Delete, string_key(o)?, None),
+        "u" => {
+            let key = string_key(op.get_document("o2").ok()?)?;
+            // A replacement holds the whole new document; an update holds `$v`/`diff` (or
+            // `$set`... before 5.0): operator keys.
+            if o.keys().any(|k| k.starts_with('$') || k == "diff") {
+                (ChangeOp::Update, key, None)
+            } else {
+                (ChangeOp::Replace, key, Some(bson_doc_to_json(o.clone())))
+            }
+        }
+        _ => return None,
+    };
+    Some(Pending {
+        op: kind,
+        collection: coll.to_string(),
+        key,
+        after,
+    })
+}
+
+/// The operations of one entry with their positions: an `applyOps` entry (a transaction)
+/// yields each inner operation; any other entry yields itself.
+pub(crate) fn expand(entry: &BsonDoc) -> Vec<(OplogPos, &BsonDoc)> {
+    let Ok(ts) = entry.get_timestamp("ts") else {
+        return Vec::new();
+    };
+    if entry.get_str("op").ok() == Some("c") {
+        let inner: Vec<&BsonDoc> = entry
+            .get_document("o")
+            .and_then(|o| o.get_array("applyOps"))
+            .map(|ops| ops.iter().filter_map(Bson::as_document).collect())
+            .unwrap_or_default();
+        let len = inner.len();
+        return inner
+            .into_iter()
+            .enumerate()
+            .map(|(n, op)| {
+                (
+                    OplogPos {
+                        t: ts.time,
+                        i: ts.increment,
+                        n: n as i64,
+                        end: n + 1 == len,
+                    },
+                    op,
+                )
+            })
+            .collect();
+    }
+    vec![(OplogPos::entry(ts), entry)]
+}
+
+/// Whether the oplog still holds everything after `last`; `Err(HistoryLost)` when not.
+async fn check_history(inner: &Inner, last: OplogPos) -> Result<()> {
+    if let Some(oldest) = oldest_entry(inner).await?
+        && (oldest.ts.time, oldest.ts.increment) > (last.t, last.i)
+    {
+        return Err(StoreError::HistoryLost {
+            token: encode_token(&Token::Oplog(last))?,
+            oldest: encode_token(&Token::Oplog(OplogPos::before(oldest.ts)))?,
+        });
+    }
+    Ok(())
+}
+
+enum Step {
+    Entry(BsonDoc),
+    Dead,
+    Failed(mongodb::error::Error),
+    Closed,
+}
+
+/// The oplog watcher: a tailable-await cursor on `local.oplog.rs`, re-opened after the last
+/// position whenever it dies, same contract as [`super::changes::change_stream`].
+///
+/// Its resume token moves with every entry read, matching or not (no-op entries included), so
+/// it stays fresh on a quiet stream.
+pub(crate) fn oplog_stream(
+    inner: Arc<Inner>,
+    filter: ChangeFilter,
+    start: ChangeStart,
+) -> ChangeStream {
+    let given = match &start {
+        ChangeStart::After(t) => Some(t.clone()),
+        _ => None,
+    };
+    let cell: TokenCell = Arc::new(Mutex::new(given));
+    // `Now` needs the newest entry, a server read: it runs in a task started here, and keyed
+    // writes wait for it (see `Inner::begin_opening`), so `Now` means when this was called.
+    let resolved: futures::future::BoxFuture<'static, Result<Option<OplogPos>>> = {
+        let i = inner.clone();
+        let s = start.clone();
+        let resolve = async move {
+            match s {
+                ChangeStart::Oldest => Ok(None),
+                ChangeStart::Now => Ok(newest_entry(&i).await?.map(|e| OplogPos::entry(e.ts))),
+                ChangeStart::After(t) => match decode_token(&t)? {
+                    Token::Oplog(p) => Ok(Some(p)),
+                    Token::Stream(_) => Err(StoreError::Invalid(format!(
+                        "resume token {t} comes from a change stream; the oplog watcher resumes \
+                         only from its own tokens"
+                    ))),
+                },
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let guard = inner.begin_opening();
+                let c = cell.clone();
+                let task = handle.spawn(async move {
+                    let r = resolve.await;
+                    if let Ok(Some(p)) = &r {
+                        // `Now`: the start is already a valid checkpoint.
+                        let mut cur = c.lock().map_err(super::lock_err)?;
+                        if cur.is_none() {
+                            *cur = encode_token(&Token::Oplog(*p)).ok();
+                        }
+                    }
+                    drop(guard);
+                    r
+                });
+                Box::pin(async move {
+                    task.await
+                        .map_err(|e| engine_err(format!("oplog watcher start: {e}")))?
+                })
+            }
+            Err(_) => Box::pin(resolve),
+        }
+    };
+    let db = inner.db.name().to_string();
+    let tokens = cell.clone();
+    let stream = async_stream::try_stream! {
+        let mut last = resolved.await?;
+        let mut closed = inner.closed.subscribe();
+        let oplog = oplog_collection(&inner);
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            if *closed.borrow() {
+                Err(StoreError::Closed)?;
+            }
+            if let Some(l) = last {
+                check_history(&inner, l).await?;
+            }
+            let opened = oplog
+                .find(tail_filter(&db, &filter, last))
+                .cursor_type(CursorType::TailableAwait)
+                .max_await_time(inner.options.max_await_time)
+                .await;
+            let mut cursor = match opened {
+                Ok(c) => c,
+                Err(e) if classify(&e) == Class::Transient => {
+                    tracing::warn!(error = %e, "oplog watcher: cannot open the cursor; retrying");
+                    if !sleep_unless_closed(&mut closed, backoff).await {
+                        Err(StoreError::Closed)?;
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    continue;
+                }
+                Err(e) => Err(map_error(e))?,
+            };
+            loop {
+                let step = tokio::select! {
+                    biased;
+                    _ = closed.wait_for(|c| *c) => Step::Closed,
+                    item = cursor.next() => match item {
+                        Some(Ok(d)) => Step::Entry(d),
+                        Some(Err(e)) => Step::Failed(e),
+                        None => Step::Dead,
+                    },
+                };
+                match step {
+                    Step::Closed => Err(StoreError::Closed)?,
+                    Step::Entry(entry) => {
+                        backoff = BACKOFF_MIN;
+                        let ts = entry.get_timestamp("ts").ok();
+                        let wall = entry.get_datetime("wall").ok().copied();
+                        for (pos, op) in expand(&entry) {
+                            if last.is_some_and(|l| pos <= l) {
+                                continue;
+                            }
+                            if let Some(p) = read_op(&db, op) {
+                                let after = match p.op {
+                                    ChangeOp::Update => inner
+                                        .db
+                                        .collection::<BsonDoc>(&p.collection)
+                                        .find_one(doc! {"_id": p.key.as_str()})
+                                        .await?
+                                        .map(bson_doc_to_json),
+                                    _ => p.after,
+                                };
+                                let change = Change {
+                                    op: p.op,
+                                    collection: p.collection,
+                                    key: p.key,
+                                    before: None,
+                                    after,
+                                    token: encode_token(&Token::Oplog(pos))?,
+                                    committed_at_us: ts.map(|ts| entry_time_us(ts, wall)).unwrap_or(0),
+                                };
+                                last = Some(pos);
+                                publish(&tokens, Some(change.token.clone()));
+                                if filter.matches(&change) {
+                                    yield change;
+                                }
+                                continue;
+                            }
+                            last = Some(pos);
+                            publish(&tokens, encode_token(&Token::Oplog(pos)).ok());
+                        }
+                        // A no-op entry (or an empty transaction) still moves the token.
+                        if let Some(ts) = ts {
+                            let whole = OplogPos::entry(ts);
+                            if last.is_none_or(|l| (l.t, l.i) < (whole.t, whole.i)) {
+                                last = Some(whole);
+                                publish(&tokens, encode_token(&Token::Oplog(whole)).ok());
+                            }
+                        }
+                    }
+                    Step::Failed(e) => match classify(&e) {
+                        // Overwritten while reading: re-open; `check_history` decides.
+                        Class::PositionLost => break,
+                        Class::Transient => {
+                            tracing::warn!(error = %e, "oplog watcher: cursor failed; re-opening");
+                            if !sleep_unless_closed(&mut closed, backoff).await {
+                                Err(StoreError::Closed)?;
+                            }
+                            backoff = (backoff * 2).min(BACKOFF_MAX);
+                            break;
+                        }
+                        _ => Err(map_error(e))?,
+                    },
+                    Step::Dead => {
+                        // The oplog is never empty on a replica-set member; a dead cursor is
+                        // unusual (killed): re-open after a pause.
+                        if !sleep_unless_closed(&mut closed, backoff).await {
+                            Err(StoreError::Closed)?;
+                        }
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    ChangeStream::new(Box::pin(stream), cell)
+}
+
+/// The token of the newest change of this database's changefeed-backed collections (an oplog
+/// token). When that scan exceeds its time bound (a busy oplog, this database quiet), the
+/// newest entry of any kind stands in: a position at the end of the log, which is what lag is
+/// measured against.
+pub(crate) async fn newest_change(inner: &Inner) -> Result<Option<ResumeToken>> {
+    let f = doc! {"$or": [
+        crud_clause(inner.db.name(), &ChangeFilter::default()),
+        {"op": "c", "ns": "admin.$cmd", "o.applyOps": {"$exists": true}},
+    ]};
+    let found = oplog_collection(inner)
+        .find_one(f)
+        .sort(doc! {"$natural": -1})
+        .projection(doc! {"ts": 1, "wall": 1})
+        .max_time(OPLOG_SCAN_TIME)
+        .await;
+    let end = match found {
+        Ok(entry) => entry.as_ref().and_then(end_of),
+        Err(e) if error_code(&e) == Some(MAX_TIME_EXPIRED) => newest_entry(inner).await?,
+        Err(e) => return Err(e.into()),
+    };
+    end.map(|e| encode_token(&Token::Oplog(OplogPos::entry(e.ts))))
+        .transpose()
+}
+
+/// How many oplog entries of this database's changefeed-backed collections (a transaction
+/// counts once) lie after an oplog token. `None` for a change-stream token (its cluster time
+/// is encoded in a format the server does not document) or when the count exceeds its time
+/// bound.
+pub(crate) async fn changes_after(inner: &Inner, token: &ResumeToken) -> Result<Option<u64>> {
+    let Token::Oplog(p) = decode_token(token)? else {
+        return Ok(None);
+    };
+    let f = doc! {
+        "ts": {"$gt": p.ts()},
+        "$or": [
+            crud_clause(inner.db.name(), &ChangeFilter::default()),
+            {"op": "c", "ns": "admin.$cmd", "o.applyOps": {"$exists": true}},
+        ],
+    };
+    match oplog_collection(inner)
+        .count_documents(f)
+        .max_time(OPLOG_SCAN_TIME)
+        .await
+    {
+        Ok(n) => Ok(Some(n)),
+        Err(e) if error_code(&e) == Some(MAX_TIME_EXPIRED) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ts(time: u32, increment: u32) -> Timestamp {
+        Timestamp { time, increment }
+    }
+
+    #[test]
+    fn the_tail_filter_selects_this_database_transactions_and_noops() {
+        let f = tail_filter(
+            "tailrace",
+            &ChangeFilter::collections(["k_a", "k_b"]),
+            Some(OplogPos::entry(ts(5, 1))),
+        );
+        assert_eq!(
+            f,
+            doc! {
+                "$or": [
+                    {"ns": {"$in": ["tailrace.k_a", "tailrace.k_b"]}, "op": {"$in": ["i", "u", "d"]}},
+                    {"op": "c", "ns": "admin.$cmd", "o.applyOps": {"$exists": true}},
+                    {"op": "n"},
+                ],
+                "ts": {"$gte": ts(5, 1)},
+            }
+        );
+        let all = tail_filter("t.x", &ChangeFilter::default(), None);
+        let crud = all.get_array("$or").unwrap()[0]
+            .as_document()
+            .unwrap()
+            .clone();
+        assert_eq!(
+            crud.get_document("ns").unwrap(),
+            &doc! {"$regex": "^t\\.x\\.", "$ne": "t.x.checkpoints"}
+        );
+        let deletes = ChangeFilter {
+            ops: vec![ChangeOp::Delete, ChangeOp::Update, ChangeOp::Replace],
+            ..ChangeFilter::default()
+        };
+        assert_eq!(
+            op_codes(&deletes.ops),
+            vec![Bson::from("d"), Bson::from("u")]
+        );
+    }
+
+    #[test]
+    fn oplog_operations_map_to_pending_changes() {
+        let ins = doc! {"op": "i", "ns": "db.k", "o": {"_id": "a", "n": 1_i64}};
+        assert_eq!(
+            read_op("db", &ins),
+            Some(Pending {
+                op: ChangeOp::Insert,
+                collection: "k".into(),
+                key: "a".into(),
+                after: Some(json!({"_id": "a", "n": 1}).as_object().unwrap().clone()),
+            })
+        );
+        let upd = doc! {"op": "u", "ns": "db.k", "o": {"$v": 2, "diff": {"u": {"n": 2_i64}}}, "o2": {"_id": "a"}};
+        let p = read_op("db", &upd).unwrap();
+        assert_eq!(
+            (p.op, p.after),
+            (ChangeOp::Update, None),
+            "updates need a lookup"
+        );
+        let rep =
+            doc! {"op": "u", "ns": "db.k", "o": {"_id": "a", "fresh": true}, "o2": {"_id": "a"}};
+        assert_eq!(read_op("db", &rep).unwrap().op, ChangeOp::Replace);
+        let del = doc! {"op": "d", "ns": "db.k", "o": {"_id": "a"}};
+        assert_eq!(read_op("db", &del).unwrap().op, ChangeOp::Delete);
+        let capped = doc! {"op": "i", "ns": "db.events", "o": {"_id": 7_i64}};
+        assert_eq!(
+            read_op("db", &capped),
+            None,
+            "integer keys are capped positions"
+        );
+        let other_db = doc! {"op": "i", "ns": "other.k", "o": {"_id": "a"}};
+        assert_eq!(read_op("db", &other_db), None);
+        let cp = doc! {"op": "u", "ns": "db.checkpoints", "o": {"_id": "f"}, "o2": {"_id": "f"}};
+        assert_eq!(read_op("db", &cp), None);
+    }
+
+    #[test]
+    fn transactions_expand_into_their_operations() {
+        let entry = doc! {
+            "ts": ts(9, 3), "op": "c", "ns": "admin.$cmd",
+            "o": {"applyOps": [
+                {"op": "i", "ns": "db.k", "o": {"_id": "a"}},
+                {"op": "u", "ns": "db.k", "o": {"$v": 2, "diff": {}}, "o2": {"_id": "b"}},
+            ]},
+        };
+        let ops = expand(&entry);
+        assert_eq!(ops.len(), 2);
+        assert_eq!((ops[0].0.n, ops[0].0.end), (0, false));
+        assert_eq!((ops[1].0.n, ops[1].0.end), (1, true));
+        assert!(ops[0].0 < ops[1].0);
+        let plain = doc! {"ts": ts(9, 4), "op": "i", "ns": "db.k", "o": {"_id": "c"}};
+        assert_eq!(expand(&plain)[0].0, OplogPos::entry(ts(9, 4)));
+        assert!(
+            ops[1].0 < expand(&plain)[0].0,
+            "entries order by ts, then index"
+        );
+    }
+
+    #[test]
+    fn oplog_times_prefer_the_wall_clock() {
+        assert_eq!(entry_time_us(ts(10, 1), None), 10_000_000);
+        assert_eq!(
+            entry_time_us(ts(10, 1), Some(DateTime::from_millis(10_500))),
+            10_500_000
+        );
+    }
+}
