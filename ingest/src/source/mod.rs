@@ -90,13 +90,16 @@ pub enum SourceError {
     },
 }
 
-/// Builds the configured sources. `max_line` bounds a line (NDJSON) or an event's data (SSE)
-/// in bytes: the ingester's `max_event_bytes`, so anything longer is `too_large` without ever
-/// being held whole in memory.
+/// Builds the configured sources. `max_event_bytes` is the ingester's limit: a line (NDJSON)
+/// or an event's data (SSE) longer than it, and longer than the 4096 bytes a dead letter keeps,
+/// is `too_large` at the source, without ever being held whole in memory. Shorter ones reach
+/// the validator whole, so their dead letter keeps every byte and `tailrace dead-letters
+/// replay` can pass them once the limit is raised.
 pub fn build(
     configs: &[SourceConfig],
-    max_line: usize,
+    max_event_bytes: usize,
 ) -> Result<Vec<Box<dyn Source>>, SourceError> {
+    let max_line = max_event_bytes.max(framing::PREFIX_BYTES);
     configs
         .iter()
         .enumerate()
