@@ -77,9 +77,19 @@ pub async fn open_store(c: &Config) -> Result<Arc<dyn Store>, RunError> {
             };
             Ok(Arc::new(EmbeddedStore::open(&c.store.path, opts)?))
         }
+        #[cfg(feature = "mongodb")]
+        StoreEngine::Mongodb => {
+            let opts = store::mongo::MongoOptions {
+                queue_capacity: c.ingest.queue_capacity,
+                ..store::mongo::MongoOptions::default()
+            };
+            let mongo = store::mongo::MongoStore::connect(&c.store.uri, &c.store.database, opts).await?;
+            Ok(Arc::new(mongo))
+        }
+        #[cfg(not(feature = "mongodb"))]
         StoreEngine::Mongodb => Err(RunError::Engine(
             "mongodb",
-            "this build has no MongoDB engine; rebuild with `--features mongodb`".into(),
+            "this build has no MongoDB engine; rebuild with `cargo build --release --features mongodb`".into(),
         )),
     }
 }
