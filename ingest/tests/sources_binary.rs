@@ -59,7 +59,8 @@ fn bad_input() -> (Vec<u8>, Vec<(&'static str, Vec<u8>)>) {
 
 /// Everything in a capped collection of the store at `dir` (the binary must have stopped).
 async fn read_capped(dir: &Path, name: &str) -> Vec<Value> {
-    let store = EmbeddedStore::open(dir, EmbeddedOptions::default()).unwrap();
+    let store = EmbeddedStore::open(dir, EmbeddedOptions::default())
+        .unwrap_or_else(|e| panic!("opening the store in {}: {e}", dir.display()));
     let spec = CappedSpec {
         max_docs: 100_000,
         max_bytes: 64 << 20,

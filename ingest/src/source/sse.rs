@@ -78,9 +78,13 @@ impl SseAssembler {
                 self.pending = true;
                 self.is_event = true;
                 self.too_large = true;
+                // Keep the value, as for a data line that fits.
+                let value = prefix
+                    .strip_prefix(b"data:")
+                    .map(|v| v.strip_prefix(b" ").unwrap_or(v))
+                    .unwrap_or(&prefix);
                 let room = PREFIX_BYTES.saturating_sub(self.data.len());
-                self.data
-                    .extend_from_slice(&prefix[..prefix.len().min(room)]);
+                self.data.extend_from_slice(&value[..value.len().min(room)]);
                 None
             }
             Frame::Partial(line) => {

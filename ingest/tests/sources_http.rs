@@ -1,0 +1,576 @@
+//! The `http` source against a real local server (axum on 127.0.0.1:0) that plays a script per
+//! connection: NDJSON and SSE, chunk boundaries inside lines and characters, closes mid-line,
+//! stalls, 429 with Retry-After, 500s, Last-Event-ID, gzip, secret headers; and bad input
+//! through the real ingester into a real embedded store.
+//!
+//! No sleep synchronises anything: the tests wait on the server's request counter, the
+//! captured log, or the store's tail, each under a timeout.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Response};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use ingest::config::HttpFormat;
+use ingest::ingester::{Handed, IngestOptions, IngestStats, Ingester};
+use ingest::source::http::{HttpOptions, HttpSource};
+use ingest::source::{Raw, Source};
+use serde_json::{Value, json};
+use store::embedded::{EmbeddedOptions, EmbeddedStore};
+use store::{CappedSpec, Durability, Start, Store};
+use tokio::sync::{mpsc, watch};
+
+const T: Duration = Duration::from_secs(20);
+
+// ---------------------------------------------------------------------------------------
+// A scripted server
+// ---------------------------------------------------------------------------------------
+
+#[derive(Clone)]
+enum Step {
+    Send(Vec<u8>),
+    /// Sends nothing more, keeping the connection open.
+    Stall,
+}
+
+#[derive(Clone)]
+struct Plan {
+    status: u16,
+    headers: Vec<(&'static str, String)>,
+    body: Vec<Step>,
+}
+
+fn ok(body: Vec<Step>) -> Plan {
+    Plan {
+        status: 200,
+        headers: vec![],
+        body,
+    }
+}
+
+fn send(s: impl AsRef<[u8]>) -> Step {
+    Step::Send(s.as_ref().to_vec())
+}
+
+struct Seen {
+    at: Instant,
+    headers: HeaderMap,
+    uri: String,
+}
+
+struct Server {
+    plans: Mutex<VecDeque<Plan>>,
+    seen: Mutex<Vec<Seen>>,
+    count: watch::Sender<usize>,
+}
+
+impl Server {
+    async fn start(plans: Vec<Plan>) -> (Arc<Server>, SocketAddr) {
+        Self::start_on("127.0.0.1:0".parse().unwrap(), plans).await
+    }
+
+    async fn start_on(addr: SocketAddr, plans: Vec<Plan>) -> (Arc<Server>, SocketAddr) {
+        let server = Arc::new(Server {
+            plans: Mutex::new(plans.into()),
+            seen: Mutex::new(Vec::new()),
+            count: watch::channel(0).0,
+        });
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(server.clone());
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (server, addr)
+    }
+
+    /// Waits until `n` requests arrived.
+    async fn requests(&self, n: usize) {
+        let mut rx = self.count.subscribe();
+        tokio::time::timeout(T, rx.wait_for(|c| *c >= n))
+            .await
+            .unwrap_or_else(|_| panic!("{n} requests did not arrive within {T:?}"))
+            .unwrap();
+    }
+
+    fn seen<R>(&self, f: impl FnOnce(&[Seen]) -> R) -> R {
+        f(&self.seen.lock().unwrap())
+    }
+}
+
+async fn handle(State(s): State<Arc<Server>>, req: axum::extract::Request) -> Response<Body> {
+    s.seen.lock().unwrap().push(Seen {
+        at: Instant::now(),
+        headers: req.headers().clone(),
+        uri: req.uri().to_string(),
+    });
+    s.count.send_modify(|c| *c += 1);
+    let plan = s
+        .plans
+        .lock()
+        .unwrap()
+        .pop_front()
+        .unwrap_or_else(|| ok(vec![Step::Stall]));
+    let steps = plan.body;
+    let body = async_stream::stream! {
+        for step in steps {
+            match step {
+                Step::Send(b) => yield Ok::<_, Infallible>(Bytes::from(b)),
+                Step::Stall => futures::future::pending::<()>().await,
+            }
+        }
+    };
+    let mut resp = Response::builder().status(plan.status);
+    for (k, v) in plan.headers {
+        resp = resp.header(k, v);
+    }
+    resp.body(Body::from_stream(body)).unwrap()
+}
+
+// ---------------------------------------------------------------------------------------
+// Captured logs
+// ---------------------------------------------------------------------------------------
+
+struct Logs {
+    text: Mutex<String>,
+    changed: watch::Sender<()>,
+}
+
+fn logs() -> &'static Logs {
+    static LOGS: OnceLock<&'static Logs> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs: &'static Logs = Box::leak(Box::new(Logs {
+            text: Mutex::new(String::new()),
+            changed: watch::channel(()).0,
+        }));
+        struct W(&'static Logs);
+        impl Write for W {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0
+                    .text
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(buf));
+                self.0.changed.send_replace(());
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || W(logs))
+            .try_init();
+        logs
+    })
+}
+
+fn log_text() -> String {
+    logs().text.lock().unwrap().clone()
+}
+
+/// Waits until the log has a line containing every one of `parts`.
+async fn log_line(parts: &[&str]) -> String {
+    let mut rx = logs().changed.subscribe();
+    let find = || {
+        log_text()
+            .lines()
+            .find(|l| parts.iter().all(|p| l.contains(p)))
+            .map(str::to_owned)
+    };
+    tokio::time::timeout(T, async {
+        loop {
+            if let Some(l) = find() {
+                return l;
+            }
+            rx.changed().await.unwrap();
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no log line with {parts:?} within {T:?}:\n{}", log_text()))
+}
+
+// ---------------------------------------------------------------------------------------
+// The source
+// ---------------------------------------------------------------------------------------
+
+fn options(addr: SocketAddr, format: HttpFormat) -> HttpOptions {
+    let mut o = HttpOptions::new(format!("http://{addr}/stream"), format, 1000);
+    o.reconnect_min = Duration::from_millis(10);
+    o.reconnect_max = Duration::from_millis(50);
+    o.idle_timeout = Duration::from_secs(10);
+    o
+}
+
+fn source(name: &str, o: HttpOptions) -> BoxStream<'static, Raw> {
+    logs();
+    Box::new(HttpSource::new(name, o)).records()
+}
+
+async fn take(s: &mut BoxStream<'static, Raw>, n: usize) -> Vec<Raw> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let next = tokio::time::timeout(T, s.next()).await.unwrap_or_else(|_| {
+            panic!("record {} of {n} did not come; got {out:?}", out.len() + 1)
+        });
+        out.push(next.unwrap());
+    }
+    out
+}
+
+fn bytes(s: &str) -> Raw {
+    Raw::Bytes(s.as_bytes().to_vec())
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn ndjson_split_inside_lines_and_characters_then_closed_mid_line() {
+    let text = "{\"t\":\"héllo\"}\n".as_bytes();
+    let e = text.iter().position(|&b| b == 0xc3).unwrap();
+    let (srv, addr) = Server::start(vec![
+        ok(vec![
+            send(&text[..e + 1]), // ends inside the two-byte é
+            send([&text[e + 1..], b"{\"n\":"].concat()),
+            send("2}\n{\"cut\":"), // the server closes mid-line
+        ]),
+        ok(vec![send("{\"n\":3}\n"), Step::Stall]),
+    ])
+    .await;
+    let mut s = source("nd", options(addr, HttpFormat::Ndjson));
+    assert_eq!(
+        take(&mut s, 4).await,
+        vec![
+            bytes("{\"t\":\"héllo\"}"),
+            bytes("{\"n\":2}"),
+            Raw::Invalid {
+                bytes: b"{\"cut\":".to_vec(),
+                reason: "truncated"
+            },
+            bytes("{\"n\":3}"),
+        ]
+    );
+    srv.requests(2).await;
+    srv.seen(|r| {
+        let accept = r[0].headers["accept"].to_str().unwrap();
+        assert!(accept.contains("application/x-ndjson"), "{accept}");
+    });
+}
+
+#[tokio::test]
+async fn sse_events_and_a_reconnect_with_last_event_id() {
+    let (srv, addr) = Server::start(vec![
+        ok(vec![
+            send(": heartbeat\n\nid: 1\ndata: {\"a\":1}\n\nid: 2\nevent: tweet\ndata: {\"a\":"),
+            send("\ndata: 2}\n\ndata:\n\n"),
+        ]),
+        ok(vec![send("id: 3\ndata: {\"a\":3}\n\n"), Step::Stall]),
+    ])
+    .await;
+    let mut s = source("sse", options(addr, HttpFormat::Sse));
+    assert_eq!(
+        take(&mut s, 4).await,
+        vec![
+            bytes("{\"a\":1}"),
+            bytes("{\"a\":\n2}"),
+            Raw::Invalid {
+                bytes: vec![],
+                reason: "empty_event"
+            },
+            bytes("{\"a\":3}"),
+        ]
+    );
+    srv.requests(2).await;
+    srv.seen(|r| {
+        assert!(!r[0].headers.contains_key("last-event-id"));
+        assert_eq!(r[0].headers["accept"], "text/event-stream");
+        assert_eq!(
+            r[1].headers["last-event-id"], "2",
+            "the reconnect resumes after the last event"
+        );
+    });
+}
+
+#[tokio::test]
+async fn a_stalled_stream_is_dropped_after_the_idle_timeout_and_reopened() {
+    let (srv, addr) = Server::start(vec![
+        ok(vec![send("{\"n\":1}\n"), Step::Stall]),
+        ok(vec![send("{\"n\":2}\n"), Step::Stall]),
+    ])
+    .await;
+    let mut o = options(addr, HttpFormat::Ndjson);
+    o.idle_timeout = Duration::from_millis(300);
+    let mut s = source("stall", o);
+    assert_eq!(
+        take(&mut s, 2).await,
+        vec![bytes("{\"n\":1}"), bytes("{\"n\":2}")]
+    );
+    srv.seen(|r| {
+        let gap = r[1].at - r[0].at;
+        assert!(
+            gap >= Duration::from_millis(300),
+            "reconnected only after the idle timeout: {gap:?}"
+        );
+    });
+    log_line(&["stall", "stream stalled"]).await;
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_is_honoured() {
+    let (srv, addr) = Server::start(vec![
+        Plan {
+            status: 429,
+            headers: vec![("retry-after", "1".into())],
+            body: vec![send("slow down")],
+        },
+        ok(vec![send("{\"n\":1}\n"), Step::Stall]),
+    ])
+    .await;
+    let mut s = source("limited", options(addr, HttpFormat::Ndjson));
+    assert_eq!(take(&mut s, 1).await, vec![bytes("{\"n\":1}")]);
+    srv.seen(|r| {
+        let gap = r[1].at - r[0].at;
+        assert!(
+            gap >= Duration::from_millis(950),
+            "Retry-After: 1 waits a second, not the 10 ms backoff: {gap:?}"
+        );
+    });
+    log_line(&["limited", "429", "slow down"]).await;
+}
+
+#[tokio::test]
+async fn server_errors_are_reported_with_status_and_body_then_retried_with_backoff() {
+    let error = || Plan {
+        status: 500,
+        headers: vec![],
+        body: vec![send("database on fire\n  (request 17)")],
+    };
+    let (srv, addr) = Server::start(vec![
+        error(),
+        error(),
+        ok(vec![send("{\"n\":1}\n"), Step::Stall]),
+    ])
+    .await;
+    let mut s = source("broken", options(addr, HttpFormat::Ndjson));
+    assert_eq!(take(&mut s, 1).await, vec![bytes("{\"n\":1}")]);
+    srv.requests(3).await;
+    let line = log_line(&["broken", "500 Internal Server Error"]).await;
+    assert!(
+        line.contains("database on fire (request 17)"),
+        "a one-line body excerpt: {line}"
+    );
+}
+
+#[tokio::test]
+async fn gzip_encoded_bodies_are_decoded() {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(b"{\"z\":1}\n{\"z\":2}\n").unwrap();
+    let gz = enc.finish().unwrap();
+    let (srv, addr) = Server::start(vec![Plan {
+        status: 200,
+        headers: vec![("content-encoding", "gzip".into())],
+        body: vec![send(&gz[..10]), send(&gz[10..]), Step::Stall],
+    }])
+    .await;
+    let mut s = source("zipped", options(addr, HttpFormat::Ndjson));
+    assert_eq!(
+        take(&mut s, 2).await,
+        vec![bytes("{\"z\":1}"), bytes("{\"z\":2}")]
+    );
+    srv.seen(|r| {
+        let ae = r[0].headers["accept-encoding"].to_str().unwrap();
+        assert!(ae.contains("gzip"), "{ae}");
+    });
+}
+
+#[tokio::test]
+async fn custom_headers_arrive_and_secrets_are_never_logged() {
+    let (srv, addr) = Server::start(vec![
+        Plan {
+            status: 401,
+            headers: vec![],
+            body: vec![send("who are you")],
+        },
+        ok(vec![send("{\"n\":1}\n"), Step::Stall]),
+    ])
+    .await;
+    let mut o = options(addr, HttpFormat::Ndjson);
+    o.url = format!("http://user:pw-5e8a1@{addr}/stream?access_token=q-71c3e");
+    o.headers = vec![
+        ("Authorization".into(), "Bearer tok-93f2b".into()),
+        ("X-Client".into(), "tailrace-test".into()),
+    ];
+    let mut s = source("secret", o);
+    assert_eq!(take(&mut s, 1).await, vec![bytes("{\"n\":1}")]);
+    srv.seen(|r| {
+        assert_eq!(r[0].headers["authorization"], "Bearer tok-93f2b");
+        assert_eq!(r[1].headers["x-client"], "tailrace-test");
+        assert!(r[0].uri.contains("access_token=q-71c3e"));
+    });
+    log_line(&["secret", "401"]).await;
+    log_line(&["secret", "connected"]).await;
+    let text = log_text();
+    for secret in ["tok-93f2b", "q-71c3e", "pw-5e8a1"] {
+        assert!(!text.contains(secret), "{secret} was logged:\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn a_server_that_is_down_at_start_is_reported_and_retried_until_it_is_up() {
+    // A port nobody listens on (for now).
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let s = source("down", options(addr, HttpFormat::Ndjson));
+    let first = tokio::spawn(async move {
+        let mut s = s;
+        take(&mut s, 1).await
+    });
+    let line = log_line(&["down", "cannot connect", "never connected yet"]).await;
+    assert!(line.contains("onnection refused"), "{line}");
+    let (_srv, _) = Server::start_on(addr, vec![ok(vec![send("{\"up\":1}\n"), Step::Stall])]).await;
+    assert_eq!(
+        tokio::time::timeout(T, first).await.unwrap().unwrap(),
+        vec![bytes("{\"up\":1}")]
+    );
+}
+
+/// Bad input from an http source goes through the real ingester into a real embedded store:
+/// each class is a dead letter with its reason and raw bytes, and the good events around it
+/// all arrive.
+#[tokio::test]
+async fn sse_bad_input_reaches_the_dead_letters_and_good_events_all_arrive() {
+    let mut deep = json!(1);
+    for _ in 0..101 {
+        deep = json!({ "d": deep });
+    }
+    let mut body = format!(
+        "data: {{\"good\":1}}\n\n\
+         event: ping\n\n\
+         data: {{\"good\":2}}\n\n\
+         data: [1,2]\n\n\
+         data: {{\"$set\":1}}\n\n\
+         data: {deep}\n\n\
+         data: {{\"big\":\"{}\"}}\n\n\
+         data: {{\"good\":3}}\n\n",
+        "x".repeat(5000)
+    )
+    .into_bytes();
+    body.extend_from_slice(b"data: {\"bad\":\"\xff\"}\n\ndata: {\"good\":4}\n\n");
+    // The server closes inside the last event.
+    body.extend_from_slice(b"data: {\"good\":");
+    let (_srv, addr) = Server::start(vec![ok(vec![send(&body)])]).await;
+    let mut o = options(addr, HttpFormat::Sse);
+    o.max_line = 1000;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+    let spec = CappedSpec {
+        max_docs: 1000,
+        max_bytes: 1 << 24,
+        indexes: vec!["_tailrace.source".into()],
+    };
+    let events = store.capped("events", &spec).await.unwrap();
+    let dead = store.capped("dead_letters", &spec).await.unwrap();
+    let ingester = Ingester {
+        events: events.clone(),
+        dead_letters: dead.clone(),
+        rollups: store.keyed("rollups").await.unwrap(),
+        options: IngestOptions {
+            batch_max_events: 64,
+            batch_max_wait: Duration::from_millis(5),
+            max_event_bytes: 1000,
+            rollup_fields: vec![],
+            value_field: "n".into(),
+            topk_field: "t".into(),
+            durability: Durability::Acknowledged,
+        },
+        engine: "embedded",
+        stats: Arc::new(IngestStats::default()),
+    };
+    let (tx, rx) = mpsc::channel::<Handed>(64);
+    tokio::spawn(ingester.run(rx));
+    let mut records = source("web", o);
+    tokio::spawn(async move {
+        while let Some(raw) = records.next().await {
+            let h = Handed {
+                source: Arc::from("web"),
+                raw,
+                received_us: 0,
+            };
+            if tx.send(h).await.is_err() {
+                break;
+            }
+        }
+    });
+
+    let read = async |c: &Arc<dyn store::Capped>, n: usize| -> Vec<Value> {
+        let mut tail = c.tail(Start::Oldest);
+        let mut out = Vec::new();
+        while out.len() < n {
+            let r = tokio::time::timeout(T, tail.next())
+                .await
+                .unwrap_or_else(|_| panic!("only {out:#?}"))
+                .unwrap()
+                .unwrap();
+            out.push(Value::Object(r.doc));
+        }
+        out
+    };
+    let good = read(&events, 4).await;
+    assert_eq!(
+        good.iter()
+            .map(|e| e["good"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        vec![1, 2, 3, 4]
+    );
+    let letters = read(&dead, 7).await;
+    let reasons: Vec<&str> = letters
+        .iter()
+        .map(|d| d["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        reasons,
+        vec![
+            "empty_event",
+            "not_object",
+            "invalid_key",
+            "too_deep",
+            "too_large",
+            "invalid_utf8",
+            "truncated",
+        ],
+        "{letters:#?}"
+    );
+    for d in &letters {
+        assert_eq!(d["source"], "web");
+    }
+    assert_eq!(letters[1]["raw"], "[1,2]");
+    assert_eq!(letters[2]["raw"], "{\"$set\":1}");
+    assert!(
+        letters[4]["raw"]
+            .as_str()
+            .unwrap()
+            .starts_with("{\"big\":\"xxx")
+    );
+    assert_eq!(letters[5]["raw"], "{\"bad\":\"\u{fffd}\"}");
+    assert_eq!(
+        letters[6]["raw"], "{\"good\":\n",
+        "the cut-off event keeps what came"
+    );
+    store.close().await.unwrap();
+}
