@@ -165,11 +165,21 @@ fn watch(name: &str, path: &Path) -> (Option<notify::RecommendedWatcher>, mpsc::
     }
 }
 
+/// Waits for a change notification, or the safety-net interval; without a watcher (its
+/// sender is gone, so `recv` would return at once) just the interval.
+async fn wait_for_change(changed: &mut mpsc::Receiver<()>, watching: bool) {
+    const SAFETY_NET: Duration = Duration::from_secs(5);
+    if watching {
+        let _ = tokio::time::timeout(SAFETY_NET, changed.recv()).await;
+    } else {
+        tokio::time::sleep(SAFETY_NET).await;
+    }
+}
+
 /// Reads lines as they are appended, forever.
 fn follow(name: String, o: FileOptions) -> impl Stream<Item = Raw> + Send + 'static {
-    const SAFETY_NET: Duration = Duration::from_secs(5);
     async_stream::stream! {
-        let (_watcher, mut changed) = watch(&name, &o.path);
+        let (watcher, mut changed) = watch(&name, &o.path);
         let mut waiting_logged = false;
         loop {
             // Open (or wait for) the file.
@@ -183,7 +193,7 @@ fn follow(name: String, o: FileOptions) -> impl Stream<Item = Raw> + Send + 'sta
                         tracing::warn!(source = %name, path = %o.path.display(), error = %e, "cannot open the file yet; waiting for it");
                         waiting_logged = true;
                     }
-                    let _ = tokio::time::timeout(SAFETY_NET, changed.recv()).await;
+                    wait_for_change(&mut changed, watcher.is_some()).await;
                     continue;
                 }
             };
@@ -211,7 +221,7 @@ fn follow(name: String, o: FileOptions) -> impl Stream<Item = Raw> + Send + 'sta
                             tracing::info!(source = %name, path = %o.path.display(), "file truncated or replaced; reading it from the start");
                             break 'read;
                         }
-                        let _ = tokio::time::timeout(SAFETY_NET, changed.recv()).await;
+                        wait_for_change(&mut changed, watcher.is_some()).await;
                     }
                     Ok(n) => {
                         offset += n as u64;
@@ -223,7 +233,7 @@ fn follow(name: String, o: FileOptions) -> impl Stream<Item = Raw> + Send + 'sta
                     }
                     Err(e) => {
                         tracing::error!(source = %name, path = %o.path.display(), error = %e, "read failed; reopening");
-                        let _ = tokio::time::timeout(SAFETY_NET, changed.recv()).await;
+                        wait_for_change(&mut changed, watcher.is_some()).await;
                         break 'read;
                     }
                 }
