@@ -1,0 +1,49 @@
+# syntax=docker/dockerfile:1
+# tailrace with the MongoDB engine. `docker compose up` builds it (see docker-compose.yml); by
+# hand: `docker build -t tailrace .`. Checked without Docker by ingest/tests/stack.rs (copied
+# paths, crate, binary and feature names, hadolint).
+
+# ---- build ------------------------------------------------------------------------------------
+# The same Debian release as the runtime stage, so the binary finds the glibc it was linked with.
+FROM rust:1.95-slim-trixie AS build
+WORKDIR /src
+# The workspace manifest, the lock file and every member crate (plus the reference config, which
+# the sources may embed): nothing else is needed to build.
+COPY Cargo.toml Cargo.lock ./
+COPY store ./store
+COPY feeds ./feeds
+COPY ingest ./ingest
+COPY config/tailrace.toml ./config/tailrace.toml
+# Cache mounts keep the registry and compiled dependencies between builds (BuildKit, the default
+# builder of current Docker); the binary is copied out of the cached target directory.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --features ingest/mongodb --bin tailrace \
+    && cp target/release/tailrace /usr/local/bin/tailrace
+
+# ---- run --------------------------------------------------------------------------------------
+FROM debian:trixie-slim
+# ca-certificates: TLS to MongoDB (Atlas, mongodb+srv://) and HTTPS sources. curl: the health
+# check. Versions are not pinned: Debian's archive keeps only the current security release of
+# each package, so a pin would break the build at the next update.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates curl \
+    && rm -rf /var/lib/apt/lists/*
+# An unprivileged user; its home holds the embedded engine's data if that engine is chosen.
+RUN useradd --system --uid 10001 --user-group --create-home --home-dir /var/lib/tailrace tailrace
+COPY --from=build /usr/local/bin/tailrace /usr/local/bin/tailrace
+# Numeric, so that "run as non-root" checks (Kubernetes runAsNonRoot) can verify it.
+USER 10001:10001
+WORKDIR /var/lib/tailrace
+# In a container the HTTP server must listen beyond loopback; compose publishes the port on
+# 127.0.0.1 only.
+ENV TAILRACE_HTTP__LISTEN=0.0.0.0:9750
+EXPOSE 9750
+# /healthz answers as soon as the HTTP server runs.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["curl", "--fail", "--silent", "--show-error", "--max-time", "2", "http://127.0.0.1:9750/healthz"]
+# SIGTERM stops the sources, flushes the writer and checkpoints the feeds, then exits 0.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["tailrace"]
+CMD ["run"]
