@@ -6,10 +6,12 @@
 //! Layout: [`source`] (the `Source` plug-in point and built-in sources), [`ingester`]
 //! (validate, stamp, batch, write, dead letters, rollups), [`pipeline`] (wiring and ordered
 //! shutdown), [`http`] (`/metrics`, `/healthz`, `/readyz`, `/api`), [`status`] (what the user
-//! sees), [`config`] (one tree, defaults, validation), [`telemetry`] (metric names).
+//! sees), [`config`] (one tree, defaults, validation), [`telemetry`] (metric names), [`bench`]
+//! (`tailrace bench`: the classic database experiments, with floors, tables, JSON and plots).
 //!
 //! What it is not: the storage engine (`store`) or the consumers (`feeds`).
 
+pub mod bench;
 pub mod config;
 pub mod dead_letters;
 pub mod http;

@@ -52,6 +52,9 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         limit: usize,
     },
+    /// Measure this machine and engine: writes, reads, notify, insert, update, outbox (or all);
+    /// prints tables, writes JSON and SVG plots (see docs/BENCHMARKS.md).
+    Bench(ingest::bench::BenchArgs),
 }
 
 #[derive(Subcommand)]
@@ -67,8 +70,13 @@ enum DeadLettersAction {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `bench` prints tables: only warnings in between, unless TAILRACE_LOG asks for more.
+    let default_filter = match cli.command {
+        Some(Command::Bench(_)) => "warn",
+        _ => "info",
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("TAILRACE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -104,6 +112,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             ingest::pipeline::run(config, metrics, Vec::new(), shutdown).await?;
             Ok(())
         }
+        Command::Bench(args) => Ok(ingest::bench::run(config, args).await?),
         Command::DeadLetters {
             action,
             source,

@@ -1,0 +1,108 @@
+//! Micro-benchmarks of the per-event hot paths (criterion): `cargo bench -p ingest`.
+//!
+//! - `validate_and_stamp`: what the ingester does to one NDJSON event before it is written —
+//!   parse and validate it, stamp it, derive its rollup updates;
+//! - `rolling_stats_update`: what a feed does per event — extract the sample, fold it into
+//!   the rate, Bollinger bands, top-k and sequence tracker;
+//! - `encode_batch_256`: what the embedded writer does per batch — encode 256 stamped events
+//!   as JSON text.
+//!
+//! Kept cheap to compile (criterion without rayon, plots or HTML reports): CI builds this file
+//! on every `cargo clippy --all-targets`.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use feeds::sample::{Fields, sample};
+use feeds::stats::{RollingStats, StatsConfig};
+use ingest::ingester::{IngestOptions, STAMP, rollups, validate};
+use ingest::source::Raw;
+use ingest::source::synthetic::Generator;
+use serde_json::json;
+use store::{Document, Durability};
+
+fn options() -> IngestOptions {
+    IngestOptions {
+        batch_max_events: 256,
+        batch_max_wait: Duration::from_millis(5),
+        max_event_bytes: 64 * 1024,
+        rollup_fields: vec!["lang".into(), "hashtags".into()],
+        value_field: "retweet_count".into(),
+        topk_field: "hashtags".into(),
+        durability: Durability::Journaled,
+    }
+}
+
+fn stamped(g: &mut Generator, seq: u64) -> Document {
+    let mut v = g.event();
+    v[STAMP] = json!({"source": "bench", "seq": seq, "received_us": 1_700_000_000_000_000i64 + seq as i64, "ingested_us": 0});
+    v.as_object().cloned().unwrap_or_default()
+}
+
+fn validate_and_stamp(c: &mut Criterion) {
+    let mut g = Generator::new(1);
+    let line = serde_json::to_vec(&g.event()).unwrap_or_default();
+    let o = options();
+    let mut seq = 0u64;
+    c.bench_function("validate_and_stamp", |b| {
+        b.iter(|| {
+            seq += 1;
+            let mut doc = match validate(Raw::Bytes(black_box(line.clone())), o.max_event_bytes) {
+                Ok(doc) => doc,
+                Err(_) => return 0,
+            };
+            doc.insert(
+                STAMP.into(),
+                json!({"source": "bench", "seq": seq, "received_us": 1, "ingested_us": 2}),
+            );
+            let mut updates = Vec::with_capacity(4);
+            rollups(&doc, "bench", &o, &mut updates);
+            black_box(&doc);
+            updates.len()
+        })
+    });
+}
+
+fn rolling_stats_update(c: &mut Criterion) {
+    let mut g = Generator::new(2);
+    let docs: Vec<Document> = (1..=1024).map(|s| stamped(&mut g, s)).collect();
+    let fields = Fields {
+        value: "retweet_count".into(),
+        topk: "hashtags".into(),
+    };
+    let mut stats = RollingStats::new(StatsConfig::default());
+    let mut i = 0usize;
+    c.bench_function("rolling_stats_update", |b| {
+        b.iter(|| {
+            let doc = &docs[i % docs.len()];
+            i += 1;
+            let s = sample(black_box(doc), &fields, 0);
+            black_box(stats.on_event(&s))
+        })
+    });
+}
+
+fn encode_batch(c: &mut Criterion) {
+    let mut g = Generator::new(3);
+    let batch: Vec<Document> = (1..=256).map(|s| stamped(&mut g, s)).collect();
+    c.bench_function("encode_batch_256", |b| {
+        b.iter(|| {
+            let mut bytes = 0usize;
+            for doc in black_box(&batch) {
+                bytes += serde_json::to_string(doc).map(|s| s.len()).unwrap_or(0);
+            }
+            bytes
+        })
+    });
+}
+
+criterion_group! {
+    name = hot_paths;
+    // Short runs: these are regression signals, not publication figures.
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    targets = validate_and_stamp, rolling_stats_update, encode_batch
+}
+criterion_main!(hot_paths);

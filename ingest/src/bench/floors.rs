@@ -1,0 +1,172 @@
+//! The physical floors the scenarios are bounded by, measured in the same run so the
+//! scenarios can report ratios to them:
+//!
+//! - [`fdatasync`]: append 512 bytes to a file on the data directory's disk and `fdatasync`
+//!   it — what any durable commit must at least wait for (writes, insert);
+//! - [`wake`]: wake a task parked on the async runtime from another thread, through the
+//!   same primitive the embedded engine uses to publish commits (a tokio broadcast channel) —
+//!   what an in-process notification must at least cost (notify);
+//! - [`loopback`]: a one-byte TCP round trip on 127.0.0.1 between two tasks — what any HTTP
+//!   request must at least cost (outbox).
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::measure::{Samples, Summary};
+use super::{BenchError, Result, io_err};
+
+/// A floor's name, what it is, and its distribution.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Floor {
+    /// `fdatasync_512b`, `task_wake`, `loopback_rtt`, `http_healthz`.
+    pub name: String,
+    /// What was measured, for humans.
+    pub what: String,
+    /// Latency in microseconds.
+    pub latency_us: Summary,
+}
+
+impl Floor {
+    /// Summarises samples under a name.
+    pub fn new(name: &str, what: impl Into<String>, samples: &Samples) -> Floor {
+        Floor {
+            name: name.into(),
+            what: what.into(),
+            latency_us: samples.summary(),
+        }
+    }
+}
+
+/// `n` appends of 512 bytes to a probe file in `dir`, each followed by `fdatasync`
+/// (`File::sync_data`). The file is removed afterwards.
+pub async fn fdatasync(dir: &Path, n: usize) -> Result<Samples> {
+    let dir = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        let path = dir.join("fdatasync-probe");
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(io_err(format!("opening {}", path.display())))?;
+        let block = [b'x'; 512];
+        let mut samples = Samples::with_capacity(n);
+        // One untimed round: the first append allocates the file's first block.
+        file.write_all(&block)
+            .and_then(|_| file.sync_data())
+            .map_err(io_err("fdatasync probe"))?;
+        for _ in 0..n {
+            let t = Instant::now();
+            file.write_all(&block)
+                .and_then(|_| file.sync_data())
+                .map_err(io_err("fdatasync probe"))?;
+            samples.push(t.elapsed());
+        }
+        drop(file);
+        let _ = std::fs::remove_file(&path);
+        Ok(samples)
+    })
+    .await
+    .map_err(|e| BenchError::Scenario(format!("fdatasync probe task: {e}")))?
+}
+
+/// `n` wakes of a task parked on the runtime, each sent from a plain thread through a
+/// tokio broadcast channel (the embedded engine's commit hub) after a pause of `gap`, so the
+/// runtime's workers (and the CPU) have gone idle as they do between events at a low rate.
+pub async fn wake(n: usize, gap: Duration) -> Result<Samples> {
+    let (tx, mut rx) = tokio::sync::broadcast::channel::<Instant>(16);
+    let consumer = tokio::spawn(async move {
+        let mut samples = Samples::with_capacity(n);
+        while samples.len() < n {
+            match rx.recv().await {
+                Ok(sent) => samples.push(sent.elapsed()),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            }
+        }
+        samples
+    });
+    let sender = std::thread::Builder::new()
+        .name("bench-waker".into())
+        .spawn(move || {
+            for _ in 0..n {
+                std::thread::sleep(gap);
+                if tx.send(Instant::now()).is_err() {
+                    break;
+                }
+            }
+        })
+        .map_err(io_err("starting the waker thread"))?;
+    let samples = consumer
+        .await
+        .map_err(|e| BenchError::Scenario(format!("wake probe task: {e}")))?;
+    let _ = tokio::task::spawn_blocking(move || sender.join()).await;
+    Ok(samples)
+}
+
+/// `n` one-byte TCP round trips on 127.0.0.1 between two tasks (Nagle off).
+pub async fn loopback(n: usize) -> Result<Samples> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(io_err("binding the loopback probe"))?;
+    let addr = listener
+        .local_addr()
+        .map_err(io_err("loopback probe address"))?;
+    let echo = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await?;
+        sock.set_nodelay(true)?;
+        let mut b = [0u8; 1];
+        loop {
+            if sock.read(&mut b).await? == 0 {
+                return Ok::<_, std::io::Error>(());
+            }
+            sock.write_all(&b).await?;
+        }
+    });
+    let mut sock = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(io_err("connecting the loopback probe"))?;
+    sock.set_nodelay(true)
+        .map_err(io_err("loopback probe nodelay"))?;
+    let mut samples = Samples::with_capacity(n);
+    let mut b = [7u8; 1];
+    for _ in 0..n {
+        let t = Instant::now();
+        sock.write_all(&b)
+            .await
+            .map_err(io_err("loopback probe write"))?;
+        sock.read_exact(&mut b)
+            .await
+            .map_err(io_err("loopback probe read"))?;
+        samples.push(t.elapsed());
+    }
+    drop(sock);
+    let _ = echo.await;
+    Ok(samples)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn floors_measure_something() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = fdatasync(dir.path(), 5).await.unwrap();
+        assert_eq!(f.len(), 5);
+        assert!(
+            !dir.path().join("fdatasync-probe").exists(),
+            "probe file removed"
+        );
+        let w = wake(5, Duration::from_millis(1)).await.unwrap();
+        assert_eq!(w.len(), 5);
+        let l = loopback(5).await.unwrap();
+        assert_eq!(l.len(), 5);
+        assert!(l.summary().min > 0.0, "a round trip takes time");
+    }
+}
