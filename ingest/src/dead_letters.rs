@@ -37,7 +37,7 @@ use store::{Capped, Keyed, Position, Start, Store};
 use tokio::sync::mpsc;
 
 use crate::config::Config;
-use crate::ingester::{Handed, IngestOptions, IngestStats, Ingester, validate};
+use crate::ingester::{Handed, IngestStats, Ingester, validate};
 use crate::pipeline::{self, RunError};
 use crate::source::Raw;
 
@@ -303,19 +303,6 @@ pub async fn list(c: &Config, filter: &Filter, limit: usize) -> Result<Listing, 
     Ok(listing)
 }
 
-/// The ingester settings of `c`, as the pipeline uses them.
-fn ingest_options(c: &Config) -> IngestOptions {
-    IngestOptions {
-        batch_max_events: c.ingest.batch_max_events,
-        batch_max_wait: Duration::from_millis(c.ingest.batch_max_wait_ms),
-        max_event_bytes: c.ingest.max_event_bytes as usize,
-        rollup_fields: c.ingest.rollup_fields.clone(),
-        value_field: c.stats.value_field.clone(),
-        topk_field: c.stats.topk_field.clone(),
-        durability: pipeline::durability(c.store.durability),
-    }
-}
-
 /// Re-submits the dead letters matching `filter` through the ingester's validation; those that
 /// pass are written as events (with their source's next sequence numbers and their original
 /// `received_us`) and marked replayed. With `dry_run`, only reports what it would do.
@@ -338,7 +325,7 @@ async fn replay_open(
     filter: &Filter,
     dry_run: bool,
 ) -> Result<ReplayReport, DeadLetterError> {
-    let options = ingest_options(c);
+    let options = pipeline::ingest_options(c);
     let (all, replayed) = read_all(o).await?;
     let mut report = ReplayReport {
         dry_run,

@@ -67,6 +67,20 @@ pub fn durability(d: config::Durability) -> Durability {
     }
 }
 
+/// The ingester's settings from the configuration (the pipeline and `dead-letters replay`
+/// must validate and write alike).
+pub fn ingest_options(c: &Config) -> IngestOptions {
+    IngestOptions {
+        batch_max_events: c.ingest.batch_max_events,
+        batch_max_wait: Duration::from_millis(c.ingest.batch_max_wait_ms),
+        max_event_bytes: c.ingest.max_event_bytes as usize,
+        rollup_fields: c.ingest.rollup_fields.clone(),
+        value_field: c.stats.value_field.clone(),
+        topk_field: c.stats.topk_field.clone(),
+        durability: durability(c.store.durability),
+    }
+}
+
 /// Opens the configured engine.
 pub async fn open_store(c: &Config) -> Result<Arc<dyn Store>, RunError> {
     match c.store.engine {
@@ -268,15 +282,7 @@ pub async fn run(
         events: events.clone(),
         dead_letters,
         rollups,
-        options: IngestOptions {
-            batch_max_events: c.ingest.batch_max_events,
-            batch_max_wait: Duration::from_millis(c.ingest.batch_max_wait_ms),
-            max_event_bytes: c.ingest.max_event_bytes as usize,
-            rollup_fields: c.ingest.rollup_fields.clone(),
-            value_field: c.stats.value_field.clone(),
-            topk_field: c.stats.topk_field.clone(),
-            durability: d,
-        },
+        options: ingest_options(&c),
         engine: store.engine(),
         stats: ingest_stats.clone(),
     };

@@ -78,16 +78,6 @@ pub enum SourceError {
         /// What is wrong and how to fix it.
         message: String,
     },
-    /// The kind is valid configuration but not built into this version.
-    #[error("sources[{index}] ({name}): kind {kind} is not available in this build")]
-    Unsupported {
-        /// Position in the `sources` list.
-        index: usize,
-        /// Source name.
-        name: String,
-        /// Its kind.
-        kind: &'static str,
-    },
 }
 
 /// Builds the configured sources. `max_event_bytes` is the ingester's limit: a line (NDJSON)
