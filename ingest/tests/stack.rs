@@ -732,10 +732,11 @@ fn embedded_files(root: &Path) -> Vec<(PathBuf, PathBuf)> {
         .collect()
 }
 
-/// The Python tool environment that `.ci/run` installs (`target/ci-venv`): None, with a
-/// notice, when it is absent outside CI; a failure under CI.
+/// The Python tool environment that `.ci/run` installs (`target/ci-venv`, or `$STACK_CHECKS_VENV`
+/// — not a `TAILRACE_*` name, which the binary would reject as an unknown config key): None,
+/// with a notice, when it is absent outside CI; a failure under CI.
 fn ci_venv(check: &str) -> Option<PathBuf> {
-    let venv = std::env::var_os("TAILRACE_CI_VENV")
+    let venv = std::env::var_os("STACK_CHECKS_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace().join("target/ci-venv"));
     if venv.join("bin/python").exists() {
