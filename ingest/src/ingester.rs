@@ -246,6 +246,45 @@ pub fn rollups(doc: &Document, source: &str, o: &IngestOptions, out: &mut Vec<(S
     }
 }
 
+/// Merges the pure-`$inc` updates of one key within a batch into one update at the place of
+/// the first, its increments added: the counters end exactly where one update per event would
+/// leave them, with one write and one change-log entry per key and batch instead of one per
+/// event (a batch of 256 tweets carries ~900 counter updates over ~40 keys). Updates that
+/// also `$set` — the `source:<name>` summary, which change feeds read once per event — are
+/// kept one per event, in order.
+pub fn coalesce_counters(updates: &mut Vec<(String, Update)>) {
+    let mut first: HashMap<String, usize> = HashMap::new();
+    let mut out: Vec<(String, Update)> = Vec::with_capacity(updates.len());
+    for (key, u) in updates.drain(..) {
+        if u.set.is_empty()
+            && let Some(&i) = first.get(&key)
+            && let Some(merged) = add_increments(&out[i].1, &u)
+        {
+            out[i].1 = merged;
+            continue;
+        }
+        if u.set.is_empty() {
+            first.entry(key.clone()).or_insert(out.len());
+        }
+        out.push((key, u));
+    }
+    *updates = out;
+}
+
+/// `a` with `b`'s integer increments added, or `None` when they cannot be added exactly
+/// (a non-integer, an overflow): such updates stay separate.
+fn add_increments(a: &Update, b: &Update) -> Option<Update> {
+    let mut sum = a.clone();
+    for (field, delta) in &b.inc {
+        let delta = delta.as_i64()?;
+        match sum.inc.iter_mut().find(|(f, _)| f == field) {
+            Some((_, v)) => *v = Value::from(v.as_i64()?.checked_add(delta)?),
+            None => sum.inc.push((field.clone(), Value::from(delta))),
+        }
+    }
+    Some(sum)
+}
+
 /// The ingester's collections.
 pub struct Ingester {
     /// The capped collection of events.
@@ -406,6 +445,7 @@ impl Ingester {
                 }
             }
         }
+        coalesce_counters(&mut updates);
         let n = docs.len();
         let d = self.options.durability;
         let (events, rollups, dead_letters) = tokio::join!(
@@ -523,6 +563,43 @@ mod tests {
             (d["source"].as_str(), d["reason"].as_str()),
             (Some("s"), Some("too_large"))
         );
+    }
+
+    #[test]
+    fn counters_are_coalesced_per_batch_and_summaries_kept() {
+        let summary = |seq: u64| Update::inc("count", 1).and_set("_tailrace.seq", seq);
+        let mut updates = vec![
+            ("source:s".to_string(), summary(1)),
+            ("lang:en".to_string(), Update::inc("count", 1)),
+            ("hashtags:rust".to_string(), Update::inc("count", 1)),
+            ("source:s".to_string(), summary(2)),
+            ("lang:en".to_string(), Update::inc("count", 1)),
+            ("lang:ja".to_string(), Update::inc("count", 1)),
+            (
+                "lang:en".to_string(),
+                Update::inc("count", 2).and_inc("n", 1),
+            ),
+        ];
+        coalesce_counters(&mut updates);
+        assert_eq!(
+            updates,
+            vec![
+                ("source:s".to_string(), summary(1)),
+                (
+                    "lang:en".to_string(),
+                    Update::inc("count", 4).and_inc("n", 1)
+                ),
+                ("hashtags:rust".to_string(), Update::inc("count", 1)),
+                ("source:s".to_string(), summary(2)),
+                ("lang:ja".to_string(), Update::inc("count", 1)),
+            ]
+        );
+        let mut big = vec![
+            ("k".to_string(), Update::inc("count", i64::MAX)),
+            ("k".to_string(), Update::inc("count", 1)),
+        ];
+        coalesce_counters(&mut big);
+        assert_eq!(big.len(), 2, "an overflowing sum stays two updates");
     }
 
     #[test]
