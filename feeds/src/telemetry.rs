@@ -27,7 +27,7 @@ pub const RATE: &str = "tailrace_rate_events_per_second";
 /// Bollinger bands.
 pub const BOLLINGER: &str = "tailrace_bollinger";
 /// Top-k counts over the sliding window.
-pub const TOPK: &str = "tailrace_topk_count";
+pub const TOPK: &str = "tailrace_topk_events";
 /// How long a feed could stop before its resume point is evicted.
 pub const RESUME_HEADROOM: &str = "tailrace_feed_resume_headroom_seconds";
 

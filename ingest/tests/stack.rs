@@ -156,7 +156,7 @@ fn dashboard_covers_the_pipeline() {
             "the rate beside the bands",
             "tailrace_rate_events_per_second{",
         ),
-        ("top hashtags", "tailrace_topk_count"),
+        ("top hashtags", "tailrace_topk_events"),
         (
             "rejected by reason",
             "sum by (source, reason) (rate(tailrace_events_rejected_total",

@@ -294,8 +294,8 @@ fn extracts_metric_names_from_promql() {
         ["tailrace_write_latency_seconds_bucket"]
     );
     assert_eq!(
-        names("topk(10, tailrace_topk_count{feed=\"$feed\"} > 0)"),
-        ["tailrace_topk_count"]
+        names("topk(10, tailrace_topk_events{feed=\"$feed\"} > 0)"),
+        ["tailrace_topk_events"]
     );
     assert_eq!(
         names(
