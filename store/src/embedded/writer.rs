@@ -113,6 +113,10 @@ impl Writer {
         newest_op: Arc<AtomicU64>,
     ) -> Result<Self> {
         conn.pragma_update(None, "synchronous", "FULL")?;
+        // Every job runs in a savepoint, whose sub-journal (a copy of each page the job
+        // changes) spills to a temporary *file* past 64 KiB by default: one pwrite per page,
+        // on every group commit. Memory is where it belongs; it lives for one job.
+        conn.pragma_update(None, "temp_store", "MEMORY")?;
         Ok(Writer {
             conn,
             capped: HashMap::new(),
