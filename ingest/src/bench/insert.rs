@@ -314,19 +314,34 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         ));
     }
 
-    let lines: Vec<Line<'_>> = outcomes
-        .iter()
-        .map(|o| Line {
-            name: o.name.clone(),
-            values: o.appends.as_slice(),
-        })
-        .collect();
-    report.plots.extend(plot::latency_pair(
-        &bench.out,
-        "insert",
-        "insert: events append per batch",
-        &lines,
-    )?);
+    // One pair of plots per client mode: a batched run has a few hundred appends, a single
+    // client tens of thousands, and on one axis the first would be a sliver.
+    for (batched, prefix, title) in [
+        (
+            true,
+            "insert-batched",
+            "insert, batched: events append per batch",
+        ),
+        (
+            false,
+            "insert-single",
+            "insert, single client: events append per event",
+        ),
+    ] {
+        let lines: Vec<Line<'_>> = outcomes
+            .iter()
+            .filter(|o| o.batched == batched && !o.appends.is_empty())
+            .map(|o| Line {
+                name: o.name.clone(),
+                values: o.appends.as_slice(),
+            })
+            .collect();
+        if !lines.is_empty() {
+            report
+                .plots
+                .extend(plot::latency_pair(&bench.out, prefix, title, &lines)?);
+        }
+    }
 
     report.print_header();
     let mut t = Table::new(&[
