@@ -144,18 +144,16 @@ async fn variant(
         }),
         dead_letters,
         rollups: rollups.clone(),
+        // The pipeline's own options, so the bench cannot drift from production; only the
+        // batch size (single client) and the durability (always journaled) are the bench's.
         options: IngestOptions {
             batch_max_events: if batched {
                 c.ingest.batch_max_events
             } else {
                 1
             },
-            batch_max_wait: Duration::from_millis(c.ingest.batch_max_wait_ms),
-            max_event_bytes: c.ingest.max_event_bytes as usize,
-            rollup_fields: c.ingest.rollup_fields.clone(),
-            value_field: c.stats.value_field.clone(),
-            topk_field: c.stats.topk_field.clone(),
             durability: Durability::Journaled,
+            ..crate::pipeline::ingest_options(c)
         },
         engine: store.engine(),
         stats: stats.clone(),
