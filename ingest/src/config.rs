@@ -92,19 +92,9 @@ pub enum StoreEngine {
     Mongodb,
 }
 
-/// How long a write waits before it is acknowledged (MongoDB's write concerns).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Durability {
-    /// Returns once queued to the writer; lost on a crash.
-    Unacknowledged,
-    /// Returns once committed and visible; survives a process crash, not a power loss.
-    Acknowledged,
-    /// Returns once the commit is on stable storage (fsync).
-    Journaled,
-    /// Returns once a majority of replicas hold it; on one node the same as `journaled`.
-    Majority,
-}
+/// How long a write waits before it is acknowledged (MongoDB's write concerns): the store's
+/// own type, so the configured value is the one the engines use.
+pub use store::Durability;
 
 /// The store.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -330,31 +320,12 @@ pub struct SourceConfig {
     pub restart: Option<bool>,
 }
 
-/// How a feed reads the store.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum FeedKind {
-    /// A tailable cursor on a capped collection: every new document, in insertion order.
-    Tailable,
-    /// A change stream on `collections`: inserts, updates, replaces and deletes.
-    Changes,
-    /// The raw op log (embedded engine's history, MongoDB's oplog) of `collections`.
-    Oplog,
-}
+/// How a feed reads the store (tailable | changes | oplog): the feeds crate's own type.
+pub use feeds::FeedKind;
 
-/// A kind of change a change feed can select.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
-#[serde(rename_all = "lowercase")]
-pub enum ChangeOpName {
-    /// A new document.
-    Insert,
-    /// A partial update of a document.
-    Update,
-    /// A whole document replaced.
-    Replace,
-    /// A document removed.
-    Delete,
-}
+/// A kind of change a change feed can select (insert | update | replace | delete): the
+/// store's own type.
+pub use store::ChangeOp;
 
 /// One consumer of the store.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -382,7 +353,7 @@ pub struct FeedConfig {
 pub struct ChangeFilterConfig {
     /// Kinds of change delivered (insert, update, replace, delete); empty = all.
     #[serde(default)]
-    pub ops: Vec<ChangeOpName>,
+    pub ops: Vec<ChangeOp>,
     /// Only changes of documents whose key starts with this; absent = all keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_prefix: Option<String>,
@@ -512,7 +483,7 @@ fn default_feeds() -> Vec<FeedConfig> {
         FeedConfig {
             collections: default_change_collections(),
             filter: Some(ChangeFilterConfig {
-                ops: vec![ChangeOpName::Insert, ChangeOpName::Update],
+                ops: vec![ChangeOp::Insert, ChangeOp::Update],
                 key_prefix: Some("source:".to_owned()),
             }),
             ..FeedConfig::new("changes", FeedKind::Changes)
@@ -680,12 +651,6 @@ macro_rules! names {
 }
 
 names!(StoreEngine { Embedded => "embedded", Mongodb => "mongodb" });
-names!(Durability {
-    Unacknowledged => "unacknowledged",
-    Acknowledged => "acknowledged",
-    Journaled => "journaled",
-    Majority => "majority",
-});
 names!(SourceKind {
     Synthetic => "synthetic",
     Http => "http",
@@ -695,13 +660,6 @@ names!(SourceKind {
 });
 names!(HttpFormat { Ndjson => "ndjson", Sse => "sse" });
 names!(Pace { Fast => "fast", Rate => "rate", Timestamps => "timestamps" });
-names!(FeedKind { Tailable => "tailable", Changes => "changes", Oplog => "oplog" });
-names!(ChangeOpName {
-    Insert => "insert",
-    Update => "update",
-    Replace => "replace",
-    Delete => "delete",
-});
 
 // ---------------------------------------------------------------------------------------
 // Errors
@@ -1647,7 +1605,7 @@ fn validate_feed(p: &mut Problems, i: usize, f: &FeedConfig, names: &mut BTreeSe
                 }
             }
             if let Some(filter) = &f.filter {
-                let mut ops = BTreeSet::new();
+                let mut ops = std::collections::HashSet::new();
                 for (j, op) in filter.ops.iter().enumerate() {
                     if !ops.insert(op) {
                         p.push(
@@ -2431,7 +2389,7 @@ mod tests {
         let oplog = FeedConfig {
             collection: Some("events".into()),
             filter: Some(ChangeFilterConfig {
-                ops: vec![ChangeOpName::Delete, ChangeOpName::Delete],
+                ops: vec![ChangeOp::Delete, ChangeOp::Delete],
                 key_prefix: Some(String::new()),
             }),
             ..FeedConfig::new("o", FeedKind::Oplog)

@@ -15,7 +15,7 @@ use metrics::counter;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 use store::embedded::{EmbeddedOptions, EmbeddedStore};
-use store::{CappedSpec, ChangeFilter, ChangeOp, Durability, Store, StoreError};
+use store::{CappedSpec, ChangeFilter, Store, StoreError};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -57,16 +57,6 @@ pub enum RunError {
     Engine(&'static str, String),
 }
 
-/// Converts the config's durability into the store's.
-pub fn durability(d: config::Durability) -> Durability {
-    match d {
-        config::Durability::Unacknowledged => Durability::Unacknowledged,
-        config::Durability::Acknowledged => Durability::Acknowledged,
-        config::Durability::Journaled => Durability::Journaled,
-        config::Durability::Majority => Durability::Majority,
-    }
-}
-
 /// The ingester's settings from the configuration (the pipeline and `dead-letters replay`
 /// must validate and write alike).
 pub fn ingest_options(c: &Config) -> IngestOptions {
@@ -77,7 +67,7 @@ pub fn ingest_options(c: &Config) -> IngestOptions {
         rollup_fields: c.ingest.rollup_fields.clone(),
         value_field: c.stats.value_field.clone(),
         topk_field: c.stats.topk_field.clone(),
-        durability: durability(c.store.durability),
+        durability: c.store.durability,
     }
 }
 
@@ -132,26 +122,14 @@ pub fn events_spec(c: &Config) -> CappedSpec {
 }
 
 fn feed_spec(c: &Config, f: &config::FeedConfig) -> FeedSpec {
-    let kind = match f.kind {
-        config::FeedKind::Tailable => FeedKind::Tailable,
-        config::FeedKind::Changes => FeedKind::Changes,
-        config::FeedKind::Oplog => FeedKind::Oplog,
-    };
     let filter = f.filter.as_ref();
     FeedSpec {
         name: f.name.clone(),
-        kind,
+        kind: f.kind,
         collection: f.collection.clone().unwrap_or_else(|| "events".into()),
         filter: ChangeFilter {
             collections: f.collections.clone(),
-            ops: filter
-                .map(|fl| {
-                    fl.ops
-                        .iter()
-                        .filter_map(|o| o.as_str().parse::<ChangeOp>().ok())
-                        .collect()
-                })
-                .unwrap_or_default(),
+            ops: filter.map(|fl| fl.ops.clone()).unwrap_or_default(),
             key_prefix: filter.and_then(|fl| fl.key_prefix.clone()),
             fields: Vec::new(),
         },
@@ -178,7 +156,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
     let store = open_store(&c).await?;
-    let d = durability(c.store.durability);
+    let d = c.store.durability;
     let events = store.capped("events", &events_spec(&c)).await?;
     let dead_spec = dead_letters_spec(&c);
     let dead_letters = store.capped("dead_letters", &dead_spec).await?;

@@ -307,7 +307,7 @@ async fn phase(
 pub async fn run(bench: &Bench) -> Result<Report> {
     let duration = bench.duration(Duration::from_secs(8), Duration::from_millis(400));
     let writers = *bench.concurrency(&[16], &[2]).iter().max().unwrap_or(&16);
-    let d = crate::pipeline::durability(bench.config.store.durability);
+    let d = bench.config.store.durability;
     let n_floor = bench.iterations(1000, 20);
     let mut kinds = vec![Kind::Tailable, Kind::Changes];
     if !bench.embedded() {
