@@ -47,7 +47,7 @@ pub fn banner(
          feeds       {feeds}\n  \
          metrics     http://{addr}/metrics\n  \
          api         http://{addr}/api/status\n  \
-         watch live  tailrace tail {first_feed}\n  \
+         watch live  tailrace tail {first_feed}   (from a checkout: cargo run --release -- tail {first_feed})\n  \
          stop        Ctrl-C (flushes writes and checkpoints feeds)\n",
         version = env!("CARGO_PKG_VERSION"),
         engine = info["engine"].as_str().unwrap_or("?"),
