@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+#[macro_use]
 mod contract;
 
 use serde_json::json;
@@ -34,22 +35,7 @@ macro_rules! contract {
     )*};
 }
 
-contract!(
-    append_positions_increase,
-    tail_orders_then_awaits,
-    tail_start_now_and_after,
-    eviction_by_count,
-    eviction_by_bytes,
-    position_lost,
-    latest_by_indexed_field,
-    change_ops_with_images,
-    resume_from_token,
-    change_filters,
-    oplog_across_collections,
-    durability_levels,
-    checkpoints_round_trip,
-    resume_token_advances_past_filtered,
-);
+contract::every_check!(contract);
 
 #[tokio::test]
 async fn history_lost() {

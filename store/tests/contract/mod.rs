@@ -16,6 +16,31 @@ use store::{
     Durability, Position, RecordStream, Start, Store, StoreError, Update,
 };
 
+/// Calls `$runner!(check, ...)` with every check that takes only a store, so each engine's
+/// runner gets the same list and a new check cannot be forgotten in one of them.
+/// (`history_lost` needs the engine's history size, so runners call it themselves.)
+macro_rules! every_check {
+    ($runner:ident) => {
+        $runner!(
+            append_positions_increase,
+            tail_orders_then_awaits,
+            tail_start_now_and_after,
+            eviction_by_count,
+            eviction_by_bytes,
+            position_lost,
+            latest_by_indexed_field,
+            change_ops_with_images,
+            resume_from_token,
+            change_filters,
+            oplog_across_collections,
+            durability_levels,
+            checkpoints_round_trip,
+            resume_token_advances_past_filtered,
+        );
+    };
+}
+pub(crate) use every_check;
+
 /// Long enough for any healthy engine on a loaded machine, short enough to fail fast.
 pub const WAIT: Duration = Duration::from_secs(10);
 /// How long "nothing arrives" is watched for.
