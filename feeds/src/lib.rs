@@ -9,13 +9,27 @@
 //!
 //! What it is not: a source of events (that is `ingest`) or a store (that is `store`).
 //!
-//! Layout: [`feed`] (the runner, checkpoints, gap accounting), [`sample`] (what the statistics
-//! read from a document), [`stats`] (pure, table-tested statistics), [`telemetry`] (metric
-//! names and descriptions).
+//! Layout: [`feed`] (the runner, checkpoints, gap accounting, lag), [`stats`] (the
+//! [`stats::Statistic`] trait and one file per statistic, pure and table-tested),
+//! [`telemetry`] (metric names, descriptions, and every notable occurrence as a type that logs
+//! and counts it).
+//!
+//! ```no_run
+//! # async fn demo(store: std::sync::Arc<dyn store::Store>, events: std::sync::Arc<dyn store::Capped>) -> Result<(), feeds::FeedError> {
+//! use feeds::{Feed, FeedSource, FeedSpec, stats::StatsConfig};
+//! let spec = FeedSpec { name: "tail".into(), source: FeedSource::Tail(events), stats: StatsConfig::default() };
+//! let feed = Feed::new(spec, store).await?;
+//! let handle = feed.handle();
+//! let stop = tokio_util::sync::CancellationToken::new();
+//! tokio::spawn(feed.run(stop.clone()));
+//! println!("{:?}", handle.status().stats);
+//! # Ok(()) }
+//! ```
 
 pub mod feed;
-pub mod sample;
 pub mod stats;
 pub mod telemetry;
 
-pub use feed::{Feed, FeedError, FeedHandle, FeedKind, FeedSpec, FeedStatus};
+pub use feed::{
+    Feed, FeedError, FeedHandle, FeedKind, FeedPosition, FeedSource, FeedSpec, FeedStatus,
+};

@@ -1,6 +1,14 @@
-//! Metric names and descriptions of the feeds (shared with dashboards and checks: keep them).
+//! Everything notable a feed does, in one place: metric names and descriptions (shared with
+//! dashboards and checks: keep them), the reason labels, and one small type per occurrence
+//! whose `emit()` both logs and counts it. A new metric or reason touches this file only.
+//!
+//! Per-event figures (notification latency, events processed) are recorded through handles
+//! registered once per feed (`feed::Meters`), not through these types: they happen 70+ times a
+//! second and are not log-worthy. The statistics publish their own figures (see
+//! [`crate::stats`]), under the names declared here.
 
-use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram};
+use serde_json::Value;
 
 /// From a write's acknowledgment to a feed holding it.
 pub const NOTIFICATION_LATENCY: &str = "tailrace_notification_latency_seconds";
@@ -89,4 +97,179 @@ pub fn describe() {
         Unit::Seconds,
         "Age of the oldest retained entry minus the feed's lag: how long the feed could stop before its resume point is lost."
     );
+}
+
+/// Why a feed's stream was reopened (the `reason` label of [`FEED_RESTARTS`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestartReason {
+    /// Overtaken by eviction in a capped collection.
+    PositionLost,
+    /// Resumed from a token older than the retained change history.
+    HistoryLost,
+    /// The stream ended on its own (a dead cursor).
+    CursorDied,
+    /// The stream failed with another error.
+    Error,
+}
+
+impl RestartReason {
+    /// Every reason, for registering the counters at zero.
+    pub const ALL: [RestartReason; 4] = [
+        RestartReason::PositionLost,
+        RestartReason::HistoryLost,
+        RestartReason::CursorDied,
+        RestartReason::Error,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestartReason::PositionLost => "position_lost",
+            RestartReason::HistoryLost => "history_lost",
+            RestartReason::CursorDied => "cursor_died",
+            RestartReason::Error => "error",
+        }
+    }
+}
+
+/// Registers a feed's counters at zero, so dashboards and alerts see a series before the
+/// first incident.
+pub fn register_feed(feed: &str) {
+    for reason in RestartReason::ALL {
+        counter!(FEED_RESTARTS, "feed" => feed.to_string(), "reason" => reason.as_str())
+            .absolute(0);
+    }
+    counter!(FEED_GAPS, "feed" => feed.to_string()).absolute(0);
+    counter!(FEED_GAP_EVENTS, "feed" => feed.to_string()).absolute(0);
+}
+
+/// A feed continues from its checkpoint.
+pub struct FeedResumed<'a> {
+    /// The feed.
+    pub feed: &'a str,
+    /// Where it resumes after.
+    pub position: String,
+    /// Events it had processed before.
+    pub events: u64,
+}
+
+impl FeedResumed<'_> {
+    /// Logs it.
+    pub fn emit(self) {
+        tracing::info!(feed = %self.feed, position = %self.position, events = self.events, "feed resumes from its checkpoint");
+    }
+}
+
+/// A feed's checkpoint could not be used; it starts from the oldest entry.
+pub struct CheckpointIgnored<'a> {
+    /// The feed.
+    pub feed: &'a str,
+    /// Why.
+    pub why: String,
+}
+
+impl CheckpointIgnored<'_> {
+    /// Logs it.
+    pub fn emit(self) {
+        tracing::warn!(feed = %self.feed, why = %self.why, "checkpoint not used; starting from the oldest entry");
+    }
+}
+
+/// One statistic's saved state could not be restored; that statistic starts afresh (the
+/// others and the position are restored).
+pub struct StatisticReset<'a> {
+    /// The feed.
+    pub feed: &'a str,
+    /// The statistic.
+    pub statistic: &'static str,
+    /// Why.
+    pub error: String,
+}
+
+impl StatisticReset<'_> {
+    /// Logs it.
+    pub fn emit(self) {
+        tracing::warn!(feed = %self.feed, statistic = self.statistic, error = %self.error, "saved state of a statistic not restored (saved by another version?); it starts afresh");
+    }
+}
+
+/// A feed's stream stopped (not a gap) and is reopened after its last position.
+pub struct FeedRestarted<'a> {
+    /// The feed.
+    pub feed: &'a str,
+    /// Why.
+    pub reason: RestartReason,
+    /// The error, in words.
+    pub error: String,
+    /// The wait before reopening.
+    pub retry_in: std::time::Duration,
+}
+
+impl FeedRestarted<'_> {
+    /// Counts and logs it.
+    pub fn emit(self) {
+        counter!(FEED_RESTARTS, "feed" => self.feed.to_string(), "reason" => self.reason.as_str())
+            .increment(1);
+        tracing::warn!(feed = %self.feed, reason = self.reason.as_str(), error = %self.error, retry_in = ?self.retry_in, "feed stream stopped; reopening after its last position");
+    }
+}
+
+/// A feed was overtaken (eviction or lost history); it continues from the oldest entry.
+pub struct GapRecorded<'a> {
+    /// The feed.
+    pub feed: &'a str,
+    /// [`RestartReason::PositionLost`] or [`RestartReason::HistoryLost`].
+    pub reason: RestartReason,
+    /// The last position or token the feed held.
+    pub from: &'a Value,
+    /// The oldest one still retained.
+    pub to: &'a Value,
+    /// How many entries were skipped, when known.
+    pub missed: Option<u64>,
+}
+
+impl GapRecorded<'_> {
+    /// Counts and logs it.
+    pub fn emit(self) {
+        let feed = self.feed.to_string();
+        counter!(FEED_RESTARTS, "feed" => feed.clone(), "reason" => self.reason.as_str())
+            .increment(1);
+        counter!(FEED_GAPS, "feed" => feed.clone()).increment(1);
+        if let Some(n) = self.missed {
+            counter!(FEED_GAP_EVENTS, "feed" => feed).increment(n);
+        }
+        tracing::warn!(feed = %self.feed, reason = self.reason.as_str(), from = %self.from, to = %self.to, missed = ?self.missed, "feed was overtaken; gap recorded, continuing from the oldest retained entry");
+    }
+}
+
+/// A feed's own write (checkpoint, stats document, gap document) failed; the feed goes on.
+pub struct FeedWriteFailed<'a> {
+    /// The feed.
+    pub feed: &'a str,
+    /// What it tried to write: `checkpoint`, `stats document`, `gap document`.
+    pub what: &'static str,
+    /// The error, in words.
+    pub error: String,
+}
+
+impl FeedWriteFailed<'_> {
+    /// Logs it.
+    pub fn emit(self) {
+        tracing::warn!(feed = %self.feed, error = %self.error, "could not write the {}", self.what);
+    }
+}
+
+/// A feed stopped after saving its checkpoint.
+pub struct FeedStopped<'a> {
+    /// The feed.
+    pub feed: &'a str,
+    /// Events processed in all.
+    pub events: u64,
+}
+
+impl FeedStopped<'_> {
+    /// Logs it.
+    pub fn emit(self) {
+        tracing::info!(feed = %self.feed, events = self.events, "feed stopped and checkpointed");
+    }
 }

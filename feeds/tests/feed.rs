@@ -6,33 +6,41 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use feeds::sample::Fields;
-use feeds::stats::{EventSample, RollingStats, StatsConfig};
-use feeds::{Feed, FeedHandle, FeedKind, FeedSpec, FeedStatus};
+use feeds::stats::{Event, RollingStats, StatsConfig};
+use feeds::{Feed, FeedHandle, FeedPosition, FeedSource, FeedSpec, FeedStatus};
 use serde_json::json;
 use store::embedded::{EmbeddedOptions, EmbeddedStore};
-use store::{Capped, CappedSpec, ChangeFilter, Document, Durability, Keyed, Store, Update};
+use store::{
+    Capped, CappedSpec, ChangeFilter, Document, Durability, KeyUpdate, Keyed, Position, Stamp,
+    Store, Update,
+};
 use tokio_util::sync::CancellationToken;
 
-fn spec(name: &str, kind: FeedKind) -> FeedSpec {
+fn stats() -> StatsConfig {
+    StatsConfig {
+        period: 5,
+        checkpoint_interval_ms: 50,
+        ..StatsConfig::default()
+    }
+}
+
+fn tail_spec(events: &Arc<dyn Capped>) -> FeedSpec {
     FeedSpec {
-        name: name.into(),
-        kind,
-        collection: "events".into(),
-        filter: ChangeFilter {
+        name: "tail".into(),
+        source: FeedSource::Tail(events.clone()),
+        stats: stats(),
+    }
+}
+
+fn changes_spec() -> FeedSpec {
+    FeedSpec {
+        name: "changes".into(),
+        source: FeedSource::Changes(ChangeFilter {
             collections: vec!["rollups".into()],
             key_prefix: Some("source:".into()),
             ..ChangeFilter::default()
-        },
-        stats: StatsConfig {
-            period: 5,
-            ..StatsConfig::default()
-        },
-        fields: Fields {
-            value: "retweet_count".into(),
-            topk: "hashtags".into(),
-        },
-        checkpoint_interval: Duration::from_millis(50),
+        }),
+        stats: stats(),
     }
 }
 
@@ -46,14 +54,15 @@ fn event(seq: u64) -> Document {
     doc.as_object().cloned().unwrap()
 }
 
-fn sample(seq: u64) -> EventSample {
-    EventSample {
-        t_us: 1_000_000_000 + seq as i64 * 200_000,
-        source: Some("s".into()),
-        seq: Some(seq),
-        value: Some(((seq * 7) % 11) as f64),
-        keys: vec![format!("t{}", seq % 3)],
-    }
+/// Folds event `seq` into `stats` as a feed would.
+fn fold(stats: &mut RollingStats, seq: u64) {
+    let doc = event(seq);
+    let stamp = Stamp::of(&doc).unwrap();
+    stats.on_event(&Event {
+        t_us: stamp.received_us,
+        stamp: Some(&stamp),
+        doc: &doc,
+    });
 }
 
 struct Running {
@@ -62,8 +71,8 @@ struct Running {
     task: tokio::task::JoinHandle<()>,
 }
 
-async fn start(store: &Arc<dyn Store>, spec: FeedSpec, capped: Option<Arc<dyn Capped>>) -> Running {
-    let feed = Feed::new(spec, store.clone(), capped).await.unwrap();
+async fn start(store: &Arc<dyn Store>, spec: FeedSpec) -> Running {
+    let feed = Feed::new(spec, store.clone()).await.unwrap();
     let handle = feed.handle();
     let stop = CancellationToken::new();
     let task = tokio::spawn(feed.run(stop.clone()));
@@ -143,7 +152,7 @@ async fn update_rollup(rollups: &Arc<dyn Keyed>, seqs: std::ops::RangeInclusive<
                 .and_set("_tailrace", e["_tailrace"].clone())
                 .and_set("retweet_count", e["retweet_count"].clone())
                 .and_set("hashtags", e["hashtags"].clone());
-            ("source:s".to_string(), u)
+            KeyUpdate::new("source:s", u)
         })
         .collect();
     rollups.update(ups, Durability::Journaled).await.unwrap();
@@ -154,51 +163,39 @@ async fn a_restart_resumes_after_the_checkpoint_with_the_same_statistics() {
     let dir = tempfile::tempdir().unwrap();
     let (store, events, _) = open(&dir, 10_000).await;
     append(&events, 1..=12).await;
-    let feed = start(
-        &store,
-        spec("tail", FeedKind::Tailable),
-        Some(events.clone()),
-    )
-    .await;
+    let feed = start(&store, tail_spec(&events)).await;
     feed.wait("12 events processed", |s| events_of(s) == 12)
         .await;
     feed.stop().await;
 
     append(&events, 13..=18).await;
-    let feed = start(
-        &store,
-        spec("tail", FeedKind::Tailable),
-        Some(events.clone()),
-    )
-    .await;
+    let feed = start(&store, tail_spec(&events)).await;
     let status = feed
         .wait("18 events processed", |s| events_of(s) == 18)
         .await;
     feed.stop().await;
 
     // The same 18 samples through one uninterrupted statistics object.
-    let mut reference = RollingStats::new(StatsConfig {
-        period: 5,
-        ..StatsConfig::default()
-    });
-    let mut last = None;
+    let mut reference = RollingStats::new(&stats(), "reference");
     for seq in 1..=18 {
-        last = Some(reference.on_event(&sample(seq)));
+        fold(&mut reference, seq);
     }
-    let (got, want) = (status.stats.unwrap(), last.unwrap());
-    assert_eq!(got.missing, 0, "no gap across the restart");
-    assert_eq!(got.duplicates, 0, "no event processed twice");
+    let (got, want) = (status.stats.unwrap(), reference.snapshot());
+    assert_eq!(got.count("missing"), Some(0), "no gap across the restart");
+    assert_eq!(got.count("duplicates"), Some(0), "no event processed twice");
     assert_eq!(
-        got.rate_bands, want.rate_bands,
+        got.get("rate_bands"),
+        want.get("rate_bands"),
         "rate bands continue where they were"
     );
     assert_eq!(
-        got.value_bands, want.value_bands,
+        got.get("value_bands"),
+        want.get("value_bands"),
         "value bands continue where they were"
     );
-    assert_eq!(got.top, want.top);
+    assert_eq!(got.get("top"), want.get("top"));
     assert!(
-        got.value_bands.is_some(),
+        got.get("value_bands").is_some_and(|b| !b.is_null()),
         "18 values > period 5: bands exist"
     );
 }
@@ -208,33 +205,29 @@ async fn an_overtaken_tailable_feed_records_the_gap_and_counts_the_missing_event
     let dir = tempfile::tempdir().unwrap();
     let (store, events, _) = open(&dir, 10_000).await;
     append(&events, 1..=10).await;
-    let feed = start(
-        &store,
-        spec("tail", FeedKind::Tailable),
-        Some(events.clone()),
-    )
-    .await;
+    let feed = start(&store, tail_spec(&events)).await;
     feed.wait("10 events processed", |s| events_of(s) == 10)
         .await;
     feed.stop().await;
 
     // 50 more into a collection that keeps 20: events 11..=40 are evicted while it is stopped.
     append(&events, 11..=60).await;
-    let feed = start(
-        &store,
-        spec("tail", FeedKind::Tailable),
-        Some(events.clone()),
-    )
-    .await;
+    let feed = start(&store, tail_spec(&events)).await;
     let status = feed
-        .wait("60 seen", |s| s.position == Some(json!(60)))
+        .wait("60 seen", |s| {
+            s.position == Some(FeedPosition::Tail(Position(60)))
+        })
         .await;
     feed.stop().await;
     let stats = status.stats.unwrap();
     assert_eq!(status.gaps, 1, "one gap recorded");
-    assert_eq!(stats.missing, 30, "missing equals the gap: events 11..=40");
+    assert_eq!(
+        stats.count("missing"),
+        Some(30),
+        "missing equals the gap: events 11..=40"
+    );
     assert_eq!(stats.events, 30, "10 before, 20 retained after");
-    assert_eq!(stats.duplicates, 0);
+    assert_eq!(stats.count("duplicates"), Some(0));
 
     let gaps = store
         .keyed("gaps")
@@ -244,7 +237,7 @@ async fn an_overtaken_tailable_feed_records_the_gap_and_counts_the_missing_event
         .await
         .unwrap();
     assert_eq!(gaps.len(), 1, "one gap document: {gaps:?}");
-    let g = &gaps[0].1;
+    let g = &gaps[0].doc;
     assert_eq!(
         (g["reason"].as_str(), g["from"].as_u64(), g["to"].as_u64()),
         (Some("position_lost"), Some(10), Some(41))
@@ -261,7 +254,7 @@ async fn a_change_feed_past_the_history_records_the_gap_and_keeps_going() {
     let dir = tempfile::tempdir().unwrap();
     let (store, _, rollups) = open(&dir, 50).await;
     update_rollup(&rollups, 1..=10).await;
-    let feed = start(&store, spec("changes", FeedKind::Changes), None).await;
+    let feed = start(&store, changes_spec()).await;
     feed.wait("10 changes processed", |s| events_of(s) == 10)
         .await;
     feed.stop().await;
@@ -269,8 +262,12 @@ async fn a_change_feed_past_the_history_records_the_gap_and_keeps_going() {
     // 100 more changes into an op log that keeps 50: at least changes 11..=60 are gone (the
     // gap document itself is a change too, and may push one more out).
     update_rollup(&rollups, 11..=110).await;
-    let feed = start(&store, spec("changes", FeedKind::Changes), None).await;
-    let accounted = |s: &FeedStatus| s.stats.as_ref().map_or(0, |x| x.events + x.missing);
+    let feed = start(&store, changes_spec()).await;
+    let accounted = |s: &FeedStatus| {
+        s.stats
+            .as_ref()
+            .map_or(0, |x| x.events + x.count("missing").unwrap_or(0))
+    };
     let status = feed
         .wait("every change up to 110 seen or counted missing", |s| {
             accounted(s) == 110
@@ -282,14 +279,18 @@ async fn a_change_feed_past_the_history_records_the_gap_and_keeps_going() {
     feed.stop().await;
     let stats = status.stats.unwrap();
     assert_eq!(status.gaps, 1);
+    let missing = stats.count("missing").unwrap();
     assert!(
-        (50..=52).contains(&stats.missing),
-        "missing covers the lost history 11..=60: {}",
-        stats.missing
+        (50..=52).contains(&missing),
+        "missing covers the lost history 11..=60: {missing}"
     );
-    assert_eq!(stats.duplicates, 0);
+    assert_eq!(stats.count("duplicates"), Some(0));
     let after = status_after.stats.unwrap();
-    assert_eq!(after.missing, stats.missing, "no new loss afterwards");
+    assert_eq!(
+        after.count("missing"),
+        Some(missing),
+        "no new loss afterwards"
+    );
     assert_eq!(after.events, stats.events + 1);
     let gaps = store
         .keyed("gaps")
@@ -299,8 +300,8 @@ async fn a_change_feed_past_the_history_records_the_gap_and_keeps_going() {
         .await
         .unwrap();
     assert_eq!(gaps.len(), 1);
-    assert_eq!(gaps[0].1["reason"], json!("history_lost"));
-    let missed = gaps[0].1["missed"].as_u64().unwrap();
+    assert_eq!(gaps[0].doc["reason"], json!("history_lost"));
+    let missed = gaps[0].doc["missed"].as_u64().unwrap();
     assert!(
         missed >= 50,
         "the gap document counts the lost op-log entries: {missed}"

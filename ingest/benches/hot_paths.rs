@@ -2,8 +2,9 @@
 //!
 //! - `validate_and_stamp`: what the ingester does to one NDJSON event before it is written —
 //!   parse and validate it, stamp it, derive its rollup updates;
-//! - `rolling_stats_update`: what a feed does per event — extract the sample, fold it into
-//!   the rate, Bollinger bands, top-k and sequence tracker;
+//! - `rolling_stats_update`: what a feed does per event — read the stamp, fold the event into
+//!   the rate, Bollinger bands, top-k and sequence tracker (snapshots are taken per tick, not
+//!   per event);
 //! - `encode_batch_256`: what the embedded writer does per batch — encode 256 stamped events
 //!   as JSON text.
 //!
@@ -14,13 +15,12 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use feeds::sample::{Fields, sample};
-use feeds::stats::{RollingStats, StatsConfig};
-use ingest::ingester::{IngestOptions, STAMP, rollups, validate};
+use feeds::stats::{Event, RollingStats, StatsConfig};
+use ingest::ingester::{IngestOptions, rollups, validate};
 use ingest::source::Raw;
 use ingest::source::synthetic::Generator;
 use serde_json::json;
-use store::{Document, Durability};
+use store::{Document, Durability, STAMP_FIELD, Stamp};
 
 fn options() -> IngestOptions {
     IngestOptions {
@@ -36,7 +36,7 @@ fn options() -> IngestOptions {
 
 fn stamped(g: &mut Generator, seq: u64) -> Document {
     let mut v = g.event();
-    v[STAMP] = json!({"source": "bench", "seq": seq, "received_us": 1_700_000_000_000_000i64 + seq as i64, "ingested_us": 0});
+    v[STAMP_FIELD] = json!({"source": "bench", "seq": seq, "received_us": 1_700_000_000_000_000i64 + seq as i64, "ingested_us": 0});
     v.as_object().cloned().unwrap_or_default()
 }
 
@@ -52,10 +52,13 @@ fn validate_and_stamp(c: &mut Criterion) {
                 Ok(doc) => doc,
                 Err(_) => return 0,
             };
-            doc.insert(
-                STAMP.into(),
-                json!({"source": "bench", "seq": seq, "received_us": 1, "ingested_us": 2}),
-            );
+            let stamp = Stamp {
+                source: "bench".into(),
+                seq,
+                received_us: 1,
+                ingested_us: 2,
+            };
+            doc.insert(STAMP_FIELD.into(), stamp.to_value());
             let mut updates = Vec::with_capacity(4);
             rollups(&doc, "bench", &o, &mut updates);
             black_box(&doc);
@@ -67,18 +70,20 @@ fn validate_and_stamp(c: &mut Criterion) {
 fn rolling_stats_update(c: &mut Criterion) {
     let mut g = Generator::new(2);
     let docs: Vec<Document> = (1..=1024).map(|s| stamped(&mut g, s)).collect();
-    let fields = Fields {
-        value: "retweet_count".into(),
-        topk: "hashtags".into(),
-    };
-    let mut stats = RollingStats::new(StatsConfig::default());
+    let mut stats = RollingStats::new(&StatsConfig::default(), "bench");
     let mut i = 0usize;
     c.bench_function("rolling_stats_update", |b| {
         b.iter(|| {
-            let doc = &docs[i % docs.len()];
+            let doc = black_box(&docs[i % docs.len()]);
             i += 1;
-            let s = sample(black_box(doc), &fields, 0);
-            black_box(stats.on_event(&s))
+            let stamp = Stamp::of(doc);
+            let t_us = stamp.as_ref().map_or(0, |s| s.received_us);
+            stats.on_event(&Event {
+                t_us,
+                stamp: stamp.as_ref(),
+                doc,
+            });
+            black_box(stats.events())
         })
     });
 }

@@ -257,9 +257,9 @@ async fn read_all(o: &Opened) -> Result<(Vec<DeadLetter>, HashSet<u64>), DeadLet
         .scan("")
         .await?
         .into_iter()
-        .filter_map(|(k, _)| k.parse().ok())
+        .filter_map(|e| e.key.parse().ok())
         .collect();
-    let Some((_, newest)) = o.dead.bounds().await? else {
+    let Some(store::Bounds { newest, .. }) = o.dead.bounds().await? else {
         return Ok((Vec::new(), replayed));
     };
     let mut out = Vec::new();
@@ -349,7 +349,7 @@ async fn replay_open(
             Err((r, _)) => {
                 *report
                     .still_rejected
-                    .entry(r.reason.to_owned())
+                    .entry(r.reason.as_str().to_owned())
                     .or_default() += 1
             }
         }
@@ -384,7 +384,7 @@ async fn replay_open(
         drop(tx);
         // The ingester returns once everything sent is written (it retries failed writes).
         let _ = writer.await;
-        let marked_us = crate::source::synthetic::now_us();
+        let marked_us = store::clock::now_us();
         for d in &passing {
             let doc = json!({"position": d.position, "source": d.source, "reason": d.reason,
                              "replayed_us": marked_us});

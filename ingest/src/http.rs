@@ -202,7 +202,7 @@ struct RollupQuery {
 async fn rollups(State(s): State<AppState>, Query(q): Query<RollupQuery>) -> Response {
     match s.rollups.scan(q.prefix.as_deref().unwrap_or("")).await {
         Ok(rows) => {
-            Json(json!(rows.into_iter().map(|(_, d)| d).collect::<Vec<_>>())).into_response()
+            Json(json!(rows.into_iter().map(|e| e.doc).collect::<Vec<_>>())).into_response()
         }
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }

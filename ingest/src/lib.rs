@@ -1,22 +1,54 @@
-//! # ingest — tailrace's sources, ingester, config, HTTP server and CLI
+//! # ingest — tailrace's sources, ingester and configuration, and the `tailrace` application
 //!
-//! The `tailrace` binary is thin (`main.rs`): it parses the command line, loads [`config`],
-//! installs [`telemetry`] and signal handling, and calls [`pipeline::run`].
+//! **The library** (always built): [`source`] (the [`source::Source`] plug-in point and the
+//! built-in sources, one file per kind), [`ingester`] (validate, stamp, batch, write, dead
+//! letters, rollups), [`config`] (one tree, defaults, loading, validation), [`telemetry`]
+//! (metric names and every notable occurrence as a type that logs and counts it). A custom
+//! source needs only this: depend on `ingest` with `default-features = false` and nothing of
+//! the HTTP server, the CLI or the bench is compiled.
 //!
-//! Layout: [`source`] (the `Source` plug-in point and built-in sources), [`ingester`]
-//! (validate, stamp, batch, write, dead letters, rollups), [`pipeline`] (wiring and ordered
-//! shutdown), [`http`] (`/metrics`, `/healthz`, `/readyz`, `/api`), [`status`] (what the user
-//! sees), [`config`] (one tree, defaults, validation), [`telemetry`] (metric names), [`bench`]
-//! (`tailrace bench`: the classic database experiments, with floors, tables, JSON and plots).
+//! **The application** (feature `app`, on by default; the `tailrace` binary needs it):
+//! [`pipeline`] (wiring and ordered shutdown), [`http`] (`/metrics`, `/healthz`, `/readyz`,
+//! `/api`), [`status`] (what the user sees), [`dead_letters`] (`tailrace dead-letters`),
+//! [`exporter`] (the Prometheus recorder), [`tail`] (`tailrace tail`), [`bench`]
+//! (`tailrace bench`). The binary itself
+//! (`main.rs`) parses the command line, loads the configuration, installs telemetry and signal
+//! handling, calls [`pipeline::run`] and maps errors to exit codes.
 //!
 //! What it is not: the storage engine (`store`) or the consumers (`feeds`).
+//!
+//! ```no_run
+//! use futures::stream::{BoxStream, StreamExt};
+//! use ingest::source::{Raw, Source};
+//!
+//! /// A source of one event.
+//! struct Once;
+//!
+//! impl Source for Once {
+//!     fn name(&self) -> &str { "once" }
+//!     fn kind(&self) -> &str { "example" }
+//!     fn records(self: Box<Self>) -> BoxStream<'static, Raw> {
+//!         futures::stream::iter([Raw::Json(serde_json::json!({"hello": "world"}))]).boxed()
+//!     }
+//! }
+//! ```
 
-pub mod bench;
 pub mod config;
-pub mod dead_letters;
-pub mod http;
 pub mod ingester;
-pub mod pipeline;
 pub mod source;
-pub mod status;
 pub mod telemetry;
+
+#[cfg(feature = "app")]
+pub mod bench;
+#[cfg(feature = "app")]
+pub mod dead_letters;
+#[cfg(feature = "app")]
+pub mod exporter;
+#[cfg(feature = "app")]
+pub mod http;
+#[cfg(feature = "app")]
+pub mod pipeline;
+#[cfg(feature = "app")]
+pub mod status;
+#[cfg(feature = "app")]
+pub mod tail;

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use futures::StreamExt;
 use ingest::config::Config;
 use tokio_util::sync::CancellationToken;
 
@@ -88,11 +87,20 @@ fn main() -> ExitCode {
         .and_then(|rt| rt.block_on(run(cli)));
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // It ran but did not stop cleanly; each problem was logged, saying what was lost.
+        Err(e) if is_unclean(&e) => ExitCode::from(1),
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
     }
+}
+
+fn is_unclean(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<ingest::pipeline::RunError>(),
+        Some(ingest::pipeline::RunError::Unclean { .. })
+    )
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -106,7 +114,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Run => {
             let engine = config.store.engine.as_str();
-            let metrics = ingest::telemetry::install(engine).map_err(anyhow::Error::msg)?;
+            let metrics = ingest::exporter::install(engine).map_err(anyhow::Error::msg)?;
             let shutdown = CancellationToken::new();
             tokio::spawn(ingest::pipeline::cancel_on_signal(shutdown.clone()));
             ingest::pipeline::run(config, metrics, Vec::new(), shutdown).await?;
@@ -134,34 +142,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Tail { feed, url } => {
             let base = url.unwrap_or_else(|| format!("http://{}", config.http.listen));
-            tail(&base, &feed).await
+            ingest::tail::tail(&base, &feed).await
         }
     }
-}
-
-/// Prints a running feed's events as they arrive (like RethinkDB's `changes()` in a shell).
-async fn tail(base: &str, feed: &str) -> anyhow::Result<()> {
-    use eventsource_stream::Eventsource;
-    let url = format!("{}/api/feeds/{feed}/stream", base.trim_end_matches('/'));
-    let client = ingest::source::http::client()
-        .build()
-        .context("building the HTTP client")?;
-    let resp = client.get(&url).send().await.with_context(|| {
-        format!("connecting to {url}: is `tailrace run` running there? (--url sets the address)")
-    })?;
-    if !resp.status().is_success() {
-        let status = resp.status();
-        let body = resp.text().await.unwrap_or_default();
-        anyhow::bail!("{url}: {status}: {}", body.trim());
-    }
-    eprintln!("tailing feed {feed} at {base} (Ctrl-C to stop)");
-    let mut events = resp.bytes_stream().eventsource();
-    while let Some(ev) = events.next().await {
-        let ev = ev.with_context(|| format!("reading {url}"))?;
-        match ev.event.as_str() {
-            "lagged" => eprintln!("(too slow: {} events skipped)", ev.data),
-            _ => println!("{}", ev.data),
-        }
-    }
-    anyhow::bail!("the pipeline at {base} closed the stream (stopped?)")
 }

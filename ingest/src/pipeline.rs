@@ -1,31 +1,36 @@
 //! The whole pipeline in one process: store → sources → ingester → feeds, plus the HTTP
 //! server and the status line; and the shutdown order that loses nothing:
-//! sources stop → the ingester flushes → feeds drain and checkpoint → the store closes.
+//! sources stop → the ingester flushes → feeds drain and checkpoint (all at once, under one
+//! deadline) → the store closes. A stop that could not flush, a feed that could not
+//! checkpoint in time, or a task that panicked is reported as [`RunError::Unclean`], naming
+//! what was lost; "stopped cleanly" is printed only when none of that happened.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use feeds::sample::Fields;
-use feeds::stats::StatsConfig;
-use feeds::{Feed, FeedHandle, FeedKind, FeedSpec};
+use feeds::{Feed, FeedHandle, FeedSource, FeedSpec};
 use futures::StreamExt;
-use metrics::counter;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 use store::embedded::{EmbeddedOptions, EmbeddedStore};
-use store::{CappedSpec, ChangeFilter, Store, StoreError};
+use store::{CappedSpec, ChangeFilter, STAMP_SOURCE_PATH, Store, StoreError};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{self, Config, StoreEngine};
+use crate::config::{ChangeFeedConfig, Config, FeedConfig, FeedKindConfig, StoreEngine};
 use crate::http::{self, AppState};
-use crate::ingester::{Handed, IngestOptions, IngestStats, Ingester, STAMP_SOURCE};
+use crate::ingester::{Handed, IngestOptions, IngestStats, Ingester};
 use crate::source::{self, Source};
 use crate::status;
 use crate::telemetry as t;
+
+/// How long the ingester may take to write what is queued when the pipeline stops.
+const FLUSH_DEADLINE: Duration = Duration::from_secs(10);
+/// How long the feeds together may take to drain and checkpoint when the pipeline stops.
+const FEEDS_DEADLINE: Duration = Duration::from_secs(5);
 
 /// What can stop the pipeline from starting.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +60,12 @@ pub enum RunError {
     /// The configured engine is not in this build.
     #[error("store.engine = {0}: {1}")]
     Engine(&'static str, String),
+    /// The pipeline ran, but did not stop cleanly: each problem says what was lost.
+    #[error("stopped uncleanly: {}", .problems.join("; "))]
+    Unclean {
+        /// What went wrong during the stop, and what it cost.
+        problems: Vec<String>,
+    },
 }
 
 /// The ingester's settings from the configuration (the pipeline and `dead-letters replay`
@@ -110,9 +121,9 @@ pub fn dead_letters_spec(c: &Config) -> CappedSpec {
 /// The capped `events` collection as configured (bounds and indexes).
 pub fn events_spec(c: &Config) -> CappedSpec {
     let mut indexes = c.store.events.indexes.clone();
-    if !indexes.iter().any(|i| i == STAMP_SOURCE) {
+    if !indexes.iter().any(|i| i == STAMP_SOURCE_PATH) {
         // Needed to recover each source's sequence number at startup.
-        indexes.push(STAMP_SOURCE.into());
+        indexes.push(STAMP_SOURCE_PATH.into());
     }
     CappedSpec {
         max_docs: c.store.events.max_docs,
@@ -121,29 +132,25 @@ pub fn events_spec(c: &Config) -> CappedSpec {
     }
 }
 
-fn feed_spec(c: &Config, f: &config::FeedConfig) -> FeedSpec {
-    let filter = f.filter.as_ref();
-    FeedSpec {
-        name: f.name.clone(),
-        kind: f.kind,
-        collection: f.collection.clone().unwrap_or_else(|| "events".into()),
-        filter: ChangeFilter {
-            collections: f.collections.clone(),
-            ops: filter.map(|fl| fl.ops.clone()).unwrap_or_default(),
-            key_prefix: filter.and_then(|fl| fl.key_prefix.clone()),
-            fields: Vec::new(),
-        },
-        stats: StatsConfig {
-            period: c.stats.period,
-            k: c.stats.k,
-            topk: c.stats.topk,
-            topk_window_secs: c.stats.topk_window_secs,
-        },
-        fields: Fields {
-            value: c.stats.value_field.clone(),
-            topk: c.stats.topk_field.clone(),
-        },
-        checkpoint_interval: Duration::from_millis(c.stats.checkpoint_interval_ms),
+/// What a configured feed reads.
+fn feed_source(
+    f: &FeedConfig,
+    events: &Arc<dyn store::Capped>,
+    dead_letters: &Arc<dyn store::Capped>,
+) -> FeedSource {
+    let filter = |c: &ChangeFeedConfig| ChangeFilter {
+        collections: c.collections.clone(),
+        ops: c.filter.as_ref().map(|f| f.ops.clone()).unwrap_or_default(),
+        key_prefix: c.filter.as_ref().and_then(|f| f.key_prefix.clone()),
+        fields: Vec::new(),
+    };
+    match &f.kind {
+        FeedKindConfig::Tailable(t) if t.collection == "dead_letters" => {
+            FeedSource::Tail(dead_letters.clone())
+        }
+        FeedKindConfig::Tailable(_) => FeedSource::Tail(events.clone()),
+        FeedKindConfig::Changes(c) => FeedSource::Changes(filter(c)),
+        FeedKindConfig::Oplog(c) => FeedSource::Oplog(filter(c)),
     }
 }
 
@@ -179,13 +186,12 @@ pub async fn run(
     let mut feeds = Vec::new();
     let mut handles: Vec<FeedHandle> = Vec::new();
     for f in &c.feeds {
-        let spec = feed_spec(&c, f);
-        let capped = match spec.kind {
-            FeedKind::Tailable if spec.collection == "dead_letters" => Some(dead_letters.clone()),
-            FeedKind::Tailable => Some(events.clone()),
-            _ => None,
+        let spec = FeedSpec {
+            name: f.name.clone(),
+            source: feed_source(f, &events, &dead_letters),
+            stats: c.stats.clone(),
         };
-        let feed = Feed::new(spec, store.clone(), capped).await?;
+        let feed = Feed::new(spec, store.clone()).await?;
         handles.push(feed.handle());
         feeds.push(feed);
     }
@@ -233,7 +239,7 @@ pub async fn run(
         let (m, stop) = (metrics.clone(), http_stop.clone());
         tokio::spawn(async move {
             let mut every = tokio::time::interval(Duration::from_secs(5));
-            let mut process = t::Process::new();
+            let mut process = crate::exporter::Process::new();
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => break,
@@ -267,9 +273,13 @@ pub async fn run(
     let ingest_task = tokio::spawn(ingester.run(rx));
 
     let source_stop = CancellationToken::new();
-    let source_tasks: Vec<JoinHandle<()>> = sources
+    let source_tasks: Vec<(String, JoinHandle<()>)> = sources
         .into_iter()
-        .map(|s| spawn_source(s, tx.clone(), ingest_stats.clone(), source_stop.clone()))
+        .map(|s| {
+            let name = s.name().to_owned();
+            let task = spawn_source(s, tx.clone(), ingest_stats.clone(), source_stop.clone());
+            (name, task)
+        })
         .collect();
     drop(tx);
     ready.store(true, Ordering::Release);
@@ -284,47 +294,91 @@ pub async fn run(
     // Run until asked to stop, or until every source ended (the ingester then finishes).
     let mut ingest_task = ingest_task;
     let ingest_done = tokio::select! {
-        _ = shutdown.cancelled() => false,
-        _ = &mut ingest_task => true,
+        _ = shutdown.cancelled() => None,
+        done = &mut ingest_task => Some(done),
     };
-    if ingest_done {
-        tracing::info!("every source ended; stopping");
-    } else {
-        tracing::info!("stopping: sources first, then the writer flushes, then feeds checkpoint");
+    let mut problems: Vec<String> = Vec::new();
+    match &ingest_done {
+        Some(Ok(())) => tracing::info!("every source ended; stopping"),
+        Some(Err(e)) => problems.push(task_failed("the ingester", e)),
+        None => tracing::info!(
+            "stopping: sources first, then the writer flushes, then feeds checkpoint"
+        ),
     }
     ready.store(false, Ordering::Release);
     source_stop.cancel();
-    for t in source_tasks {
-        let _ = t.await;
-    }
-    if !ingest_done
-        && tokio::time::timeout(Duration::from_secs(10), &mut ingest_task)
-            .await
-            .is_err()
-    {
-        tracing::error!(
-            "ingester did not flush within 10 s; stopping without it (unacknowledged writes may be lost)"
-        );
-        ingest_task.abort();
-    }
-    feed_stop.cancel();
-    for (name, task) in feed_tasks {
-        if tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .is_err()
-        {
-            tracing::error!(feed = %name, "feed did not checkpoint within 5 s; stopping without it");
+    for (name, task) in source_tasks {
+        if let Err(e) = task.await {
+            problems.push(task_failed(&format!("source {name}"), &e));
         }
     }
+    if ingest_done.is_none() {
+        match tokio::time::timeout(FLUSH_DEADLINE, &mut ingest_task).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => problems.push(task_failed("the ingester", &e)),
+            Err(_) => {
+                ingest_task.abort();
+                let queued = ingest_stats.queue_depth.load(Ordering::Relaxed).max(0);
+                problems.push(format!(
+                    "the ingester did not flush within {} s: the batch being written and {queued} queued records are lost (not acknowledged to any source)",
+                    FLUSH_DEADLINE.as_secs()
+                ));
+            }
+        }
+    }
+    feed_stop.cancel();
+    problems.extend(stop_feeds(feed_tasks).await);
     if let Err(e) = store.close().await {
-        tracing::error!(error = %e, "closing the store failed");
+        problems.push(format!(
+            "closing the store failed ({e}): writes queued after the flush may be lost"
+        ));
     }
     http_stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(2), http_task).await;
     let _ = upkeep.await;
     let _ = status_task.await;
-    tracing::info!("stopped cleanly");
-    Ok(())
+    if problems.is_empty() {
+        tracing::info!("stopped cleanly");
+        Ok(())
+    } else {
+        for p in &problems {
+            tracing::error!("{p}");
+        }
+        Err(RunError::Unclean { problems })
+    }
+}
+
+/// Waits for every feed to drain and checkpoint, all at once, under one deadline; aborts the
+/// ones still running at the deadline. Returns what went wrong.
+async fn stop_feeds(tasks: Vec<(String, JoinHandle<()>)>) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + FEEDS_DEADLINE;
+    let waits = tasks.into_iter().map(|(name, mut task)| async move {
+        match tokio::time::timeout_at(deadline, &mut task).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(task_failed(&format!("feed {name}"), &e)),
+            Err(_) => {
+                task.abort();
+                Some(format!(
+                    "feed {name} did not checkpoint within {} s and was stopped: it resumes from its previous checkpoint (events since are processed again, not lost)",
+                    FEEDS_DEADLINE.as_secs()
+                ))
+            }
+        }
+    });
+    futures::future::join_all(waits)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// A task that ended by panicking (or was cancelled), in words.
+fn task_failed(what: &str, e: &JoinError) -> String {
+    if e.is_panic() {
+        format!("{what} panicked (see the panic message above)")
+    } else {
+        format!("{what} was cancelled")
+    }
 }
 
 /// What `tailrace run` does, for a program of your own: installs the metrics recorder (once per
@@ -338,7 +392,7 @@ pub async fn run(
 /// # }
 /// ```
 pub async fn run_with_sources(c: Config, custom: Vec<Box<dyn Source>>) -> Result<(), RunError> {
-    let metrics = t::install(c.store.engine.as_str()).map_err(RunError::Telemetry)?;
+    let metrics = crate::exporter::install(c.store.engine.as_str()).map_err(RunError::Telemetry)?;
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     run(c, metrics, custom, shutdown).await
@@ -388,7 +442,8 @@ fn spawn_source(
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     let name: Arc<str> = Arc::from(source.name());
-    let read = counter!(t::SOURCE_EVENTS, "source" => name.to_string());
+    t::register_source(&name);
+    let read = metrics::counter!(t::SOURCE_EVENTS, "source" => name.to_string());
     tokio::spawn(async move {
         let mut records = source.records();
         loop {
@@ -406,7 +461,7 @@ fn spawn_source(
             let handed = Handed {
                 source: name.clone(),
                 raw,
-                received_us: source::synthetic::now_us(),
+                received_us: store::clock::now_us(),
             };
             stats.queue_depth.fetch_add(1, Ordering::Relaxed);
             tokio::select! {

@@ -24,14 +24,15 @@ pub fn banner(
     let sources: Vec<String> = sources
         .iter()
         .map(|s| {
-            let rate = c
+            let detail = c
                 .sources
                 .iter()
                 .find(|sc| sc.name == s.name())
-                .and_then(|sc| sc.rate_per_sec)
-                .map(|r| format!(", {r}/s"))
+                .map(|sc| sc.settings().describe())
+                .filter(|d| !d.is_empty())
+                .map(|d| format!(", {d}"))
                 .unwrap_or_default();
-            format!("{} ({}{rate})", s.name(), s.kind())
+            format!("{} ({}{detail})", s.name(), s.kind())
         })
         .collect();
     let feeds_txt: Vec<String> = feeds

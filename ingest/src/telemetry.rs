@@ -1,16 +1,23 @@
-//! Metrics of the ingest side, and installing the Prometheus recorder for the process.
+//! Everything notable the ingest side does, in one place: metric names and descriptions
+//! (shared with dashboards and checks: keep them), the reason labels as enums, and one small
+//! type per occurrence whose `emit()` both logs and counts it. A new metric or reason touches
+//! this file only.
 //!
-//! Histograms are real Prometheus histograms (`_bucket{le=..}`), not the exporter's default
-//! summaries: summaries cannot be aggregated across labels or instances.
+//! What happens once per event (a record read, an event written) is counted through handles
+//! registered once, and never logged: at 70+ events a second a log line per event would drown
+//! everything else.
 
-use metrics::{Unit, describe_counter, describe_gauge, describe_histogram, gauge};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge};
 
 /// Events read, by source.
 pub const SOURCE_EVENTS: &str = "tailrace_source_events_total";
 /// Bad records kept as dead letters, by source and reason.
 pub const REJECTED: &str = "tailrace_events_rejected_total";
-/// Reconnects of http sources and restarts of command sources, by source and reason.
+/// Reconnects of network sources and restarts of command sources, by source and reason.
 pub const SOURCE_RECONNECTS: &str = "tailrace_source_reconnects_total";
 /// 1 while a source holds a live connection (http) or a running program (command).
 pub const SOURCE_CONNECTED: &str = "tailrace_source_connected";
@@ -29,32 +36,7 @@ pub const START_TIME: &str = "tailrace_start_time_seconds";
 /// CPU time used per second over the last collection interval (1.0 = one core busy).
 pub const PROCESS_CPU: &str = "tailrace_process_cpu_usage_ratio";
 
-/// Latency buckets: 10 µs to 10 s, about three per decade.
-pub const LATENCY_BUCKETS: [f64; 19] = [
-    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-
-/// Installs the process-wide recorder (once) and describes every metric.
-pub fn install(engine: &str) -> Result<PrometheusHandle, String> {
-    let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_latency_seconds".into()), &LATENCY_BUCKETS)
-        .map_err(|e| e.to_string())?
-        .install_recorder()
-        .map_err(|e| format!("installing the metrics recorder: {e}"))?;
-    describe();
-    feeds::telemetry::describe();
-    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "engine" => engine.to_string())
-        .set(1.0);
-    let start = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0);
-    gauge!(START_TIME).set(start);
-    Ok(handle)
-}
-
-/// Describes the ingest metrics.
+/// Describes the ingest metrics (call once, after installing a recorder).
 pub fn describe() {
     describe_counter!(
         SOURCE_EVENTS,
@@ -66,7 +48,7 @@ pub fn describe() {
     );
     describe_counter!(
         SOURCE_RECONNECTS,
-        "Reconnects of http sources and restarts of command sources, by source and reason (connect_error, http_status, idle_timeout, read_error, closed, exited)."
+        "Reconnects of network sources and restarts of command sources, by source and reason (connect_error, http_status, idle_timeout, read_error, closed, exited)."
     );
     describe_gauge!(
         SOURCE_CONNECTED,
@@ -98,57 +80,207 @@ pub fn describe() {
         Unit::Seconds,
         "Process start time, seconds since the Unix epoch."
     );
-    metrics_process::Collector::default().describe();
     describe_gauge!(
         PROCESS_CPU,
         "CPU seconds used per second of wall time over the last collection interval (1.0 = one core busy)."
     );
 }
 
-/// The process's own resources: the standard `process_*` metrics (resident and virtual memory,
-/// CPU seconds, open and maximum file descriptors, threads, start time) from `metrics-process`,
-/// plus [`PROCESS_CPU`].
-///
-/// Why the extra gauge: `metrics` counters are integers, so `process_cpu_seconds_total` moves in
-/// whole seconds, and `rate()` of it over a short window shows a process at 5% CPU as 0% with
-/// a spike every 20 s. The crate reads CPU time in clock ticks (10 ms), so the usage between two
-/// collections is exact to that; it is published as a gauge.
-pub struct Process {
-    collector: metrics_process::Collector,
-    cpu: metrics::Gauge,
-    /// When the last collection ran and the CPU seconds it read.
-    last: Option<(std::time::Instant, f64)>,
+/// Why a record was rejected (the `reason` label of [`REJECTED`], stored in its dead letter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RejectReason {
+    /// Not parseable as JSON.
+    MalformedJson,
+    /// Not UTF-8 (JSON must be).
+    InvalidUtf8,
+    /// Valid JSON, but not an object.
+    NotObject,
+    /// Larger than `ingest.max_event_bytes`.
+    TooLarge,
+    /// Nested deeper than the engines allow.
+    TooDeep,
+    /// A key no engine can store.
+    InvalidKey,
+    /// Cut off by the end of the stream.
+    Truncated,
+    /// An SSE event without data.
+    EmptyEvent,
 }
 
-impl Process {
-    /// Registers the metrics (after [`install`]).
-    pub fn new() -> Self {
-        Process {
-            collector: metrics_process::Collector::default(),
-            cpu: gauge!(PROCESS_CPU),
-            last: None,
-        }
-    }
+impl RejectReason {
+    /// Every reason, for registering the counters at zero.
+    pub const ALL: [RejectReason; 8] = [
+        RejectReason::MalformedJson,
+        RejectReason::InvalidUtf8,
+        RejectReason::NotObject,
+        RejectReason::TooLarge,
+        RejectReason::TooDeep,
+        RejectReason::InvalidKey,
+        RejectReason::Truncated,
+        RejectReason::EmptyEvent,
+    ];
 
-    /// Reads /proc once more and updates every process metric (call every few seconds).
-    pub fn collect(&mut self) {
-        self.collector.collect();
-        let Some(cpu) = metrics_process::collector::collect().cpu_seconds_total else {
-            return;
-        };
-        let now = std::time::Instant::now();
-        if let Some((at, before)) = self.last {
-            let wall = now.duration_since(at).as_secs_f64();
-            if wall > 0.0 {
-                self.cpu.set(((cpu - before) / wall).max(0.0));
-            }
+    /// The label value, as stored in dead letters.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::MalformedJson => "malformed_json",
+            RejectReason::InvalidUtf8 => "invalid_utf8",
+            RejectReason::NotObject => "not_object",
+            RejectReason::TooLarge => "too_large",
+            RejectReason::TooDeep => "too_deep",
+            RejectReason::InvalidKey => "invalid_key",
+            RejectReason::Truncated => "truncated",
+            RejectReason::EmptyEvent => "empty_event",
         }
-        self.last = Some((now, cpu));
     }
 }
 
-impl Default for Process {
-    fn default() -> Self {
-        Self::new()
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for RejectReason {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        RejectReason::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| {
+                let all: Vec<&str> = RejectReason::ALL.iter().map(|r| r.as_str()).collect();
+                format!("{s:?} is not one of {}", all.join(", "))
+            })
+    }
+}
+
+/// Why a source reconnects or restarts (the `reason` label of [`SOURCE_RECONNECTS`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReconnectReason {
+    /// No connection could be made (refused, DNS, TLS, no response headers in time).
+    ConnectError,
+    /// The server answered with an error status.
+    HttpStatus,
+    /// The stream stalled: nothing for `idle_timeout_ms`.
+    IdleTimeout,
+    /// Reading the stream failed.
+    ReadError,
+    /// The server closed the stream.
+    Closed,
+    /// The program of a command source exited.
+    Exited,
+}
+
+impl ReconnectReason {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReconnectReason::ConnectError => "connect_error",
+            ReconnectReason::HttpStatus => "http_status",
+            ReconnectReason::IdleTimeout => "idle_timeout",
+            ReconnectReason::ReadError => "read_error",
+            ReconnectReason::Closed => "closed",
+            ReconnectReason::Exited => "exited",
+        }
+    }
+}
+
+/// Registers a source's counters at zero, so dashboards and alerts see a series (and a rate
+/// of 0) before the first rejection.
+pub fn register_source(source: &str) {
+    counter!(SOURCE_EVENTS, "source" => source.to_string()).absolute(0);
+    for reason in RejectReason::ALL {
+        counter!(REJECTED, "source" => source.to_string(), "reason" => reason.as_str()).absolute(0);
+    }
+}
+
+/// A record was rejected and kept as a dead letter (counted; not logged: a flood of bad
+/// records would flood the log — the dead letters keep each one with its reason).
+pub struct RecordRejected<'a> {
+    /// The source that handed it over.
+    pub source: &'a str,
+    /// Why.
+    pub reason: RejectReason,
+}
+
+impl RecordRejected<'_> {
+    /// Counts it.
+    pub fn emit(self) {
+        counter!(REJECTED, "source" => self.source.to_string(), "reason" => self.reason.as_str())
+            .increment(1);
+    }
+}
+
+/// A write to the store failed; it will be retried.
+pub struct WriteFailed<'a> {
+    /// The collection.
+    pub collection: &'a str,
+    /// How many events or updates it carried.
+    pub items: usize,
+    /// The error, in words.
+    pub error: String,
+    /// The wait before the retry.
+    pub retry_in: Duration,
+}
+
+impl WriteFailed<'_> {
+    /// Counts and logs it.
+    pub fn emit(self) {
+        counter!(WRITE_ERRORS, "collection" => self.collection.to_string()).increment(1);
+        tracing::error!(collection = self.collection, items = self.items, error = %self.error, retry_in = ?self.retry_in, "write failed; retrying (sources wait meanwhile)");
+    }
+}
+
+/// A source lost its connection (or its program exited) and will try again.
+pub struct SourceReconnecting<'a> {
+    /// The source.
+    pub source: &'a str,
+    /// Why.
+    pub reason: ReconnectReason,
+    /// The wait before the next attempt.
+    pub delay: Duration,
+}
+
+impl SourceReconnecting<'_> {
+    /// Counts and logs it.
+    pub fn emit(self) {
+        counter!(SOURCE_RECONNECTS, "source" => self.source.to_string(), "reason" => self.reason.as_str())
+            .increment(1);
+        tracing::info!(source = %self.source, reason = self.reason.as_str(), "reconnecting in {:.1} s", self.delay.as_secs_f64());
+    }
+}
+
+/// Whether a source holds a live connection (or a running program), as a gauge.
+pub struct SourceLink(metrics::Gauge);
+
+impl SourceLink {
+    /// The gauge of `source`.
+    pub fn new(source: &str) -> Self {
+        SourceLink(gauge!(SOURCE_CONNECTED, "source" => source.to_string()))
+    }
+
+    /// Connected (or started).
+    pub fn up(&self) {
+        self.0.set(1.0);
+    }
+
+    /// Disconnected (or exited).
+    pub fn down(&self) {
+        self.0.set(0.0);
+    }
+}
+
+/// A source's sequence numbering continues from the store after a (re)start.
+pub struct SequenceRecovered<'a> {
+    /// The source.
+    pub source: &'a str,
+    /// Its next sequence number.
+    pub next_seq: u64,
+}
+
+impl SequenceRecovered<'_> {
+    /// Logs it.
+    pub fn emit(self) {
+        tracing::info!(source = %self.source, next_seq = self.next_seq, "source sequence recovered from the store");
     }
 }

@@ -46,7 +46,12 @@ async fn inspect(dir: &Path) -> Stored {
         indexes: vec![],
     };
     let events = store.capped("events", &spec).await.unwrap();
-    let (_, newest) = events.bounds().await.unwrap().expect("events were written");
+    let newest = events
+        .bounds()
+        .await
+        .unwrap()
+        .expect("events were written")
+        .newest;
     let mut tail = events.tail(Start::Oldest);
     let mut seqs = Vec::new();
     loop {

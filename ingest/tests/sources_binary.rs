@@ -68,7 +68,7 @@ async fn read_capped(dir: &Path, name: &str) -> Vec<Value> {
     };
     let c = store.capped(name, &spec).await.unwrap();
     let mut out = Vec::new();
-    if let Some((_, newest)) = c.bounds().await.unwrap() {
+    if let Some(store::Bounds { newest, .. }) = c.bounds().await.unwrap() {
         let mut tail = c.tail(Start::Oldest);
         while let Some(r) = tokio::time::timeout(EXIT, tail.next()).await.unwrap() {
             let r = r.unwrap();

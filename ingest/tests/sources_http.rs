@@ -20,10 +20,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Response};
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use ingest::config::HttpFormat;
 use ingest::ingester::{Handed, IngestOptions, IngestStats, Ingester};
+use ingest::source::http::HttpFormat;
 use ingest::source::http::{HttpOptions, HttpSource};
-use ingest::source::{Raw, Source};
+use ingest::source::{Raw, RejectReason, Source};
 use serde_json::{Value, json};
 use store::embedded::{EmbeddedOptions, EmbeddedStore};
 use store::{CappedSpec, Durability, Start, Store};
@@ -258,7 +258,7 @@ async fn ndjson_split_inside_lines_and_characters_then_closed_mid_line() {
             bytes("{\"n\":2}"),
             Raw::Invalid {
                 bytes: b"{\"cut\":".to_vec(),
-                reason: "truncated"
+                reason: RejectReason::Truncated
             },
             bytes("{\"n\":3}"),
         ]
@@ -288,7 +288,7 @@ async fn sse_events_and_a_reconnect_with_last_event_id() {
             bytes("{\"a\":\n2}"),
             Raw::Invalid {
                 bytes: vec![],
-                reason: "empty_event"
+                reason: RejectReason::EmptyEvent
             },
             bytes("{\"a\":3}"),
         ]

@@ -17,9 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use ingest::config::HttpFormat;
 use ingest::ingester::{Handed, IngestOptions, IngestStats, Ingester};
 use ingest::source::Source;
+use ingest::source::http::HttpFormat;
 use ingest::source::http::{HttpOptions, HttpSource};
 use ingest::source::synthetic::Generator;
 use store::embedded::{EmbeddedOptions, EmbeddedStore};

@@ -10,8 +10,8 @@ use futures::stream::{BoxStream, Stream, StreamExt};
 use serde_json::Value;
 
 use crate::{
-    CappedSpec, Change, ChangeFilter, ChangeStart, Document, Durability, Position, Record, Result,
-    ResumeToken, Start, StoreError, Update,
+    Bounds, CappedSpec, Change, ChangeFilter, ChangeStart, Document, Durability, KeyUpdate,
+    KeyedDoc, Position, Record, Result, ResumeToken, Start, StoreError, Usage,
 };
 
 /// A stream of capped-collection documents in insertion order. It never ends on its own while
@@ -136,10 +136,10 @@ pub trait Capped: Send + Sync + 'static {
     async fn latest(&self, field: &str, value: &Value, limit: usize) -> Result<Vec<Record>>;
 
     /// Oldest and newest retained positions, or `None` when empty.
-    async fn bounds(&self) -> Result<Option<(Position, Position)>>;
+    async fn bounds(&self) -> Result<Option<Bounds>>;
 
     /// Number of retained documents and their encoded size in bytes.
-    async fn usage(&self) -> Result<(u64, u64)>;
+    async fn usage(&self) -> Result<Usage>;
 }
 
 /// A keyed collection whose every insert, update, replace and delete is published as a
@@ -151,7 +151,7 @@ pub trait Keyed: Send + Sync + 'static {
 
     /// Upserts: applies each `$inc`/`$set` update to its key (creating the key when absent), in
     /// order, in one commit. Each key's change is published.
-    async fn update(&self, updates: Vec<(String, Update)>, durability: Durability) -> Result<()>;
+    async fn update(&self, updates: Vec<KeyUpdate>, durability: Durability) -> Result<()>;
 
     /// Inserts or replaces the whole document of `key`.
     async fn set(&self, key: &str, doc: Document, durability: Durability) -> Result<()>;
@@ -163,7 +163,7 @@ pub trait Keyed: Send + Sync + 'static {
     async fn get(&self, key: &str) -> Result<Option<Document>>;
 
     /// Every document whose key starts with `prefix`, by key.
-    async fn scan(&self, prefix: &str) -> Result<Vec<(String, Document)>>;
+    async fn scan(&self, prefix: &str) -> Result<Vec<KeyedDoc>>;
 
     /// Changes of this collection only (see [`Store::changes`]).
     fn changes(&self, filter: ChangeFilter, start: ChangeStart) -> ChangeStream;

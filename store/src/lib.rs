@@ -32,17 +32,21 @@
 //! # Ok(()) }
 //! ```
 
+pub mod backoff;
+pub mod clock;
 mod contract;
 pub mod embedded;
 mod error;
 #[cfg(feature = "mongodb")]
 pub mod mongo;
+mod stamp;
 mod types;
 pub mod update;
 
 pub use contract::{Capped, ChangeStream, Keyed, RecordStream, Store};
 pub use error::{Result, StoreError};
+pub use stamp::{STAMP_FIELD, STAMP_SOURCE_PATH, Stamp};
 pub use types::{
-    CappedSpec, Change, ChangeFilter, ChangeOp, ChangeStart, Document, Durability, Position,
-    Record, ResumeToken, Start, Update,
+    Bounds, CappedSpec, Change, ChangeFilter, ChangeOp, ChangeStart, Document, Durability,
+    KeyUpdate, KeyedDoc, Position, Record, ResumeToken, Start, Update, Usage,
 };

@@ -129,6 +129,52 @@ pub struct CappedSpec {
     pub indexes: Vec<String>,
 }
 
+/// The oldest and newest retained positions of a capped collection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// The oldest retained position (the next to be evicted).
+    pub oldest: Position,
+    /// The newest position (the last appended).
+    pub newest: Position,
+}
+
+/// How much a capped collection holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Retained documents.
+    pub docs: u64,
+    /// Their encoded size in bytes.
+    pub bytes: u64,
+}
+
+/// A document of a keyed collection with its key.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeyedDoc {
+    /// The key (`_id`).
+    pub key: String,
+    /// The document (its `_id` field holds the key too).
+    pub doc: Document,
+}
+
+/// An upsert of one key of a keyed collection.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KeyUpdate {
+    /// The key (`_id`) updated, created when absent.
+    pub key: String,
+    /// What is applied to it.
+    pub update: Update,
+}
+
+impl KeyUpdate {
+    /// An upsert of `key`.
+    pub fn new(key: impl Into<String>, update: Update) -> Self {
+        KeyUpdate {
+            key: key.into(),
+            update,
+        }
+    }
+}
+
 /// A document read from a capped collection.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Record {

@@ -18,6 +18,17 @@ pub fn get_path<'a>(doc: &'a Document, path: &str) -> Option<&'a Value> {
     Some(cur)
 }
 
+/// Checks a dotted field path as configuration names one (`user.screen_name`): non-empty
+/// segments, none starting with `$` (MongoDB reads those as operators, and cannot index them).
+pub fn check_path(path: &str) -> Result<(), String> {
+    if path.is_empty() || path.split('.').any(|s| s.is_empty() || s.starts_with('$')) {
+        return Err(format!(
+            "{path:?} is not a field path (dot-separated names, e.g. \"user.id\")"
+        ));
+    }
+    Ok(())
+}
+
 /// The object holding the last segment of `path`, created on the way when absent.
 fn parent_mut<'a>(
     doc: &'a mut Document,

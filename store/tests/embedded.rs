@@ -114,18 +114,21 @@ async fn a_failing_job_does_not_fail_its_group() {
     let store = open(&dir);
     let k = store.keyed("k").await.unwrap();
     k.update(
-        vec![("a".into(), store::Update::default().and_set("s", "text"))],
+        vec![store::KeyUpdate::new(
+            "a",
+            store::Update::default().and_set("s", "text"),
+        )],
         Durability::Journaled,
     )
     .await
     .unwrap();
     let (bad, good) = tokio::join!(
         k.update(
-            vec![("a".into(), store::Update::inc("s", 1))],
+            vec![store::KeyUpdate::new("a", store::Update::inc("s", 1))],
             Durability::Journaled
         ),
         k.update(
-            vec![("b".into(), store::Update::inc("n", 1))],
+            vec![store::KeyUpdate::new("b", store::Update::inc("n", 1))],
             Durability::Journaled
         ),
     );

@@ -806,7 +806,7 @@ async fn wire_keyed_changes_open_before_later_writes() {
     };
     let mut s = k.changes(filter, store::ChangeStart::Now);
     k.update(
-        vec![("yes:1".into(), store::Update::inc("n", 1))],
+        vec![store::KeyUpdate::new("yes:1", store::Update::inc("n", 1))],
         Durability::Majority,
     )
     .await
@@ -887,8 +887,8 @@ async fn wire_keyed_changes_open_before_later_writes() {
     // Several keys: one transaction.
     k.update(
         vec![
-            ("a".into(), store::Update::inc("n", 1)),
-            ("b".into(), store::Update::inc("n", 1)),
+            store::KeyUpdate::new("a", store::Update::inc("n", 1)),
+            store::KeyUpdate::new("b", store::Update::inc("n", 1)),
         ],
         Durability::Acknowledged,
     )
@@ -968,8 +968,14 @@ async fn wire_a_reader_overtaken_by_eviction_gets_position_lost() {
         .expect("tail does not end")
         .unwrap();
     assert_eq!(r.position, p[15], "restarting from the oldest works");
-    assert_eq!(c.bounds().await.unwrap(), Some((p[15], p[19])));
-    assert_eq!(c.usage().await.unwrap().0, 5, "$collStats count");
+    assert_eq!(
+        c.bounds().await.unwrap(),
+        Some(store::Bounds {
+            oldest: p[15],
+            newest: p[19]
+        })
+    );
+    assert_eq!(c.usage().await.unwrap().docs, 5, "$collStats count");
     drop((tail, again));
     tokio::time::timeout(contract::WAIT, store.close())
         .await

@@ -8,8 +8,13 @@
 use std::collections::VecDeque;
 use std::fmt;
 
+use metrics::Gauge;
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value, json};
+
+use super::{Event, Statistic, StatsConfig, from_state, to_state};
+use crate::telemetry as t;
 
 /// One evaluation of the bands; a plain value so callers can copy it into
 /// snapshots and alerts freely.
@@ -266,6 +271,77 @@ mod exact_f64_deque {
             }
             Ok(out)
         }
+    }
+}
+
+/// The three `tailrace_bollinger{feed, series, band}` gauges of one series.
+pub(crate) struct BandGauges([Gauge; 3]);
+
+impl BandGauges {
+    /// The gauges of `series` (`rate`, `value`) of `feed`.
+    pub(crate) fn new(feed: &str, series: &'static str) -> Self {
+        let band = |band: &'static str| metrics::gauge!(t::BOLLINGER, "feed" => feed.to_string(), "series" => series, "band" => band);
+        BandGauges([band("upper"), band("middle"), band("lower")])
+    }
+
+    /// Publishes the bands, once there are any.
+    pub(crate) fn set(&self, bands: Option<Bands>) {
+        if let Some(b) = bands {
+            self.0[0].set(b.upper);
+            self.0[1].set(b.middle);
+            self.0[2].set(b.lower);
+        }
+    }
+}
+
+/// Bollinger bands over the numeric `value_field` of every event (events where it is absent
+/// or not a number are skipped). Snapshot field `value_bands`; metric
+/// `tailrace_bollinger{series="value"}`.
+pub struct ValueBands {
+    field: String,
+    bands: Bollinger,
+    gauges: BandGauges,
+}
+
+impl ValueBands {
+    /// Bands of `config.period` values at `config.k` σ over `config.value_field`.
+    pub fn new(config: &StatsConfig, feed: &str) -> Self {
+        ValueBands {
+            field: config.value_field.clone(),
+            bands: Bollinger::new(config.period, config.k),
+            gauges: BandGauges::new(feed, "value"),
+        }
+    }
+}
+
+impl Statistic for ValueBands {
+    fn name(&self) -> &'static str {
+        "values"
+    }
+
+    fn on_event(&mut self, e: &Event<'_>) {
+        if let Some(v) = store::update::get_path(e.doc, &self.field).and_then(Value::as_f64) {
+            self.bands.push(v);
+        }
+    }
+
+    fn advance(&mut self, _now_us: i64) {}
+
+    fn snapshot(&self, out: &mut Map<String, Value>) {
+        out.insert("value_bands".into(), json!(self.bands.bands()));
+    }
+
+    fn publish(&mut self) {
+        self.gauges.set(self.bands.bands());
+    }
+
+    fn save(&self) -> Value {
+        to_state(&self.bands)
+    }
+
+    fn restore(&mut self, state: &Value) -> Result<(), String> {
+        self.bands = from_state(state)?;
+        Ok(())
     }
 }
 

@@ -1,10 +1,21 @@
 //! Rolling statistics recomputed on every event of a feed.
 //!
-//! Everything here is pure and synchronous so a consumer can update it
-//! inline, and every state type is serde-serializable so it can be saved in
-//! a checkpoint: restoring a checkpoint and continuing gives exactly the
-//! same results as never stopping. State is bounded by the configured
-//! windows, not by the length of the stream.
+//! A statistic is one file: a pure, synchronous core (table-tested against reference values)
+//! and an implementation of [`Statistic`] that reads its field from each event, adds its
+//! figures to the feed's [`Snapshot`], publishes its metrics and saves its state in the feed's
+//! checkpoint. [`build`] lists them; adding a statistic is one file plus one line there (and
+//! its parameters in [`StatsConfig`], if it has any).
+//!
+//! Every state is serde-serializable, so restoring a checkpoint and continuing gives exactly
+//! the same results as never stopping, and bounded by the configured windows, not by the
+//! length of the stream.
+//!
+//! | file | statistic | snapshot fields | metrics |
+//! |---|---|---|---|
+//! | [`rate`] | events per closed second, Bollinger bands over it | `rate`, `rate_bands` | `tailrace_rate_events_per_second`, `tailrace_bollinger{series="rate"}` |
+//! | [`bollinger`] | Bollinger bands over `value_field` | `value_bands` | `tailrace_bollinger{series="value"}` |
+//! | [`topk`] | top-k values of `topk_field` over a sliding window | `top` | `tailrace_topk_events` |
+//! | [`sequence`] | per-source sequence completeness | `missing`, `duplicates`, `last_outcome` | `tailrace_feed_missing_events_total`, `tailrace_feed_duplicate_events_total` |
 
 pub mod bollinger;
 pub mod rate;
@@ -17,174 +28,290 @@ pub use sequence::{SeqOutcome, SequenceTracker};
 pub use topk::TopK;
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use store::{Document, Stamp};
 
-/// Default number of points in a Bollinger window, Bollinger's own choice.
+/// One event as the statistics see it.
+#[derive(Clone, Copy, Debug)]
+pub struct Event<'a> {
+    /// Event time in microseconds since the Unix epoch: when the source handed it over (from
+    /// its stamp), or else its commit time.
+    pub t_us: i64,
+    /// Its ingest stamp, if it has one (events written by tailrace do).
+    pub stamp: Option<&'a Stamp>,
+    /// The document (for a change feed: the change's post-image, or pre-image for a delete).
+    pub doc: &'a Document,
+}
+
+/// A rolling statistic of a feed.
+///
+/// Calls: [`Statistic::on_event`] for every event in stream order; [`Statistic::advance`] when
+/// time passes without events (a quiet, caught-up feed); [`Statistic::snapshot`] and
+/// [`Statistic::publish`] about once per checkpoint interval (never per event, so they may cost
+/// more than an event); [`Statistic::save`] with every checkpoint and [`Statistic::restore`]
+/// once, when a feed resumes.
+pub trait Statistic: Send + Sync + 'static {
+    /// Its stable name: the key of its state in checkpoints.
+    fn name(&self) -> &'static str;
+
+    /// Folds one event in. Must not cost more with the number of distinct values seen.
+    fn on_event(&mut self, e: &Event<'_>);
+
+    /// Advances time to `now_us` without an event, so figures over time windows decay.
+    fn advance(&mut self, now_us: i64);
+
+    /// Adds its current figures to a snapshot, under the field names it documents.
+    fn snapshot(&self, out: &mut Map<String, Value>);
+
+    /// Publishes its current figures as metrics (handles registered when it was built).
+    fn publish(&mut self);
+
+    /// Its whole state, for a checkpoint.
+    fn save(&self) -> Value;
+
+    /// Replaces its state with a saved one. On error the statistic is unchanged.
+    fn restore(&mut self, state: &Value) -> Result<(), String>;
+}
+
+/// Every statistic of one feed, built from the configuration. The one registration point.
+pub fn build(config: &StatsConfig, feed: &str) -> Vec<Box<dyn Statistic>> {
+    vec![
+        Box::new(rate::Rate::new(config, feed)),
+        Box::new(bollinger::ValueBands::new(config, feed)),
+        Box::new(topk::TopKeys::new(config, feed)),
+        Box::new(sequence::Completeness::new(feed)),
+    ]
+}
+
 fn default_period() -> usize {
     20
 }
-
-/// Default band width in standard deviations, Bollinger's own choice.
 fn default_k() -> f64 {
     2.0
 }
-
-/// Default number of keys reported by the top-k.
+fn default_value_field() -> String {
+    "retweet_count".to_owned()
+}
 fn default_topk() -> usize {
     10
 }
-
-/// Default top-k window: one minute of hashtags.
+fn default_topk_field() -> String {
+    "hashtags".to_owned()
+}
 fn default_topk_window_secs() -> u64 {
     60
 }
+fn default_checkpoint_interval_ms() -> u64 {
+    1000
+}
 
-/// Parameters for one feed's [`RollingStats`], read from configuration.
+/// The statistics every feed computes (the `[stats]` table of the configuration).
 ///
-/// Missing fields take their defaults and unknown fields are rejected, so a
-/// misspelt key fails loudly instead of silently using a default.
+/// Missing fields take their defaults and unknown fields are rejected, so a misspelt key
+/// fails loudly instead of silently using a default.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct StatsConfig {
-    /// Points per Bollinger window, for both the rate (seconds) and the
-    /// value series (events). Default 20.
+    /// Bollinger period N: the moving window, in points (seconds for the rate, events for the
+    /// value field). At least 2. Default 20, Bollinger's own choice.
+    #[serde(default = "default_period")]
     pub period: usize,
-    /// Band width in standard deviations. Default 2.0.
+    /// Bollinger band width in standard deviations. Greater than 0. Default 2.0.
+    #[serde(default = "default_k")]
     pub k: f64,
-    /// How many keys the top-k reports. Default 10.
+    /// Numeric field (dotted path) whose Bollinger bands are computed.
+    #[serde(default = "default_value_field")]
+    pub value_field: String,
+    /// How many of the most frequent values of `topk_field` are reported. At least 1.
+    #[serde(default = "default_topk")]
     pub topk: usize,
-    /// Seconds of history the top-k counts over. Default 60.
+    /// Field (dotted path) whose most frequent values are counted; arrays count each element.
+    #[serde(default = "default_topk_field")]
+    pub topk_field: String,
+    /// Sliding window of the top-k counts, in seconds. At least 1.
+    #[serde(default = "default_topk_window_secs")]
     pub topk_window_secs: u64,
+    /// How often each feed saves its position and state, so a restart resumes there. At least 1.
+    #[serde(default = "default_checkpoint_interval_ms")]
+    pub checkpoint_interval_ms: u64,
 }
 
 impl Default for StatsConfig {
     fn default() -> Self {
-        Self {
+        StatsConfig {
             period: default_period(),
             k: default_k(),
+            value_field: default_value_field(),
             topk: default_topk(),
+            topk_field: default_topk_field(),
             topk_window_secs: default_topk_window_secs(),
+            checkpoint_interval_ms: default_checkpoint_interval_ms(),
         }
     }
 }
 
-/// What the statistics need from one feed event, extracted by the consumer
-/// so this module stays independent of event formats. Owns its data so a
-/// sample can be built, kept or sent without lifetime ties to the event.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-pub struct EventSample {
-    /// Event time in microseconds since the Unix epoch.
-    pub t_us: i64,
-    /// Producer of the sequence numbers; events with a `seq` but no source
-    /// are tracked under the empty-string source (a single-source feed).
-    pub source: Option<String>,
-    /// Producer's sequence number, if the feed has one.
-    pub seq: Option<u64>,
-    /// The configured numeric field, if present; non-finite values are
-    /// ignored by the value bands.
-    pub value: Option<f64>,
-    /// Keys (hashtags) for the top-k; case is folded there.
-    pub keys: Vec<String>,
+impl StatsConfig {
+    /// Every broken rule as (field, message); the caller adds its key prefix (`stats.`).
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut p = Vec::new();
+        if self.period < 2 {
+            p.push(("period", format!("must be >= 2 (got {})", self.period)));
+        }
+        if !(self.k.is_finite() && self.k > 0.0) {
+            p.push(("k", format!("must be > 0 (got {})", self.k)));
+        }
+        if let Err(e) = store::update::check_path(&self.value_field) {
+            p.push(("value_field", e));
+        }
+        if self.topk < 1 {
+            p.push(("topk", format!("must be >= 1 (got {})", self.topk)));
+        }
+        if let Err(e) = store::update::check_path(&self.topk_field) {
+            p.push(("topk_field", e));
+        }
+        if self.topk_window_secs < 1 {
+            p.push((
+                "topk_window_secs",
+                format!("must be >= 1 (got {})", self.topk_window_secs),
+            ));
+        }
+        if self.checkpoint_interval_ms < 1 {
+            p.push((
+                "checkpoint_interval_ms",
+                format!("must be >= 1 (got {})", self.checkpoint_interval_ms),
+            ));
+        }
+        p
+    }
 }
 
-/// The statistics of one feed after an event or tick, ready to publish.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+/// The statistics of one feed at one moment, ready to publish: the number of events, and
+/// every statistic's figures as JSON fields (`rate`, `rate_bands`, `value_bands`, `top`,
+/// `missing`, `duplicates`, `last_outcome`; see the table above).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
     /// Total events seen (ticks are not events).
     pub events: u64,
-    /// Events in the last closed second.
-    pub rate: f64,
-    /// Bands over the per-second rate, once `period` seconds have closed.
-    pub rate_bands: Option<Bands>,
-    /// Bands over the value field, once `period` values have been seen.
-    pub value_bands: Option<Bands>,
-    /// Most frequent keys in the top-k window.
-    pub top: Vec<(String, u64)>,
-    /// Sequence numbers skipped, over all sources.
-    pub missing: u64,
-    /// Duplicate or late sequence numbers, over all sources.
-    pub duplicates: u64,
-    /// Outcome for the most recent event that carried a sequence number;
-    /// `None` until one has, since events without `seq` have no outcome.
-    pub last_outcome: Option<SeqOutcome>,
+    /// Every statistic's figures, by field name.
+    #[serde(flatten)]
+    pub figures: Map<String, Value>,
 }
 
-/// All rolling statistics of one feed, updated together and checkpointed as
-/// one value.
+impl Snapshot {
+    /// A figure by field name.
+    pub fn get(&self, field: &str) -> Option<&Value> {
+        self.figures.get(field)
+    }
+
+    /// A figure that is a non-negative integer (`missing`, `duplicates`).
+    pub fn count(&self, field: &str) -> Option<u64> {
+        self.get(field).and_then(Value::as_u64)
+    }
+}
+
+/// All rolling statistics of one feed, updated together and checkpointed as one value.
 ///
-/// A restored checkpoint keeps the parameters it was saved with; a changed
-/// [`StatsConfig`] takes effect only for a fresh `RollingStats`, since
-/// windows built under one period cannot be reinterpreted under another.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+/// A restored checkpoint keeps the parameters it was saved with; a changed [`StatsConfig`]
+/// takes effect only for a fresh statistic, since windows built under one period cannot be
+/// reinterpreted under another.
 pub struct RollingStats {
     events: u64,
-    rate: RateSeries,
-    values: Bollinger,
-    topk: TopK,
-    sequence: SequenceTracker,
-    last_outcome: Option<SeqOutcome>,
+    stats: Vec<Box<dyn Statistic>>,
 }
 
 impl RollingStats {
-    /// Creates empty statistics for one feed.
-    pub fn new(config: StatsConfig) -> Self {
-        Self {
+    /// Creates empty statistics for one feed (`feed` labels their metrics).
+    pub fn new(config: &StatsConfig, feed: &str) -> Self {
+        RollingStats {
             events: 0,
-            rate: RateSeries::new(config.period, config.k),
-            values: Bollinger::new(config.period, config.k),
-            topk: TopK::new(config.topk, config.topk_window_secs),
-            sequence: SequenceTracker::new(),
-            last_outcome: None,
+            stats: build(config, feed),
         }
     }
 
-    /// Folds one event into every statistic and returns the new snapshot.
-    pub fn on_event(&mut self, e: &EventSample) -> Snapshot {
+    /// Folds one event into every statistic.
+    pub fn on_event(&mut self, e: &Event<'_>) {
         self.events = self.events.saturating_add(1);
-        let rate = self.rate.record(e.t_us);
-        if let Some(v) = e.value {
-            self.values.push(v);
+        for s in &mut self.stats {
+            s.on_event(e);
         }
-        self.topk.record(e.t_us, e.keys.iter().map(String::as_str));
-        self.topk.expire(e.t_us);
-        if let Some(seq) = e.seq {
-            let source = e.source.as_deref().unwrap_or("");
-            self.last_outcome = Some(self.sequence.observe(source, seq));
+    }
+
+    /// Advances time to `now_us` without an event, so a quiet feed's rate falls to 0 and its
+    /// old keys leave the top-k.
+    pub fn advance(&mut self, now_us: i64) {
+        for s in &mut self.stats {
+            s.advance(now_us);
         }
-        self.snapshot(rate)
     }
 
-    /// Advances time to `now_us` without an event, so a quiet feed's rate
-    /// falls to 0 and its old keys leave the top-k.
-    pub fn tick(&mut self, now_us: i64) -> Snapshot {
-        let rate = self.rate.advance_to(now_us);
-        self.topk.expire(now_us);
-        self.snapshot(rate)
+    /// Events folded in so far (kept across restores).
+    pub fn events(&self) -> u64 {
+        self.events
     }
 
-    /// The current snapshot without changing anything, e.g. right after a
-    /// restore.
-    pub fn current(&self) -> Snapshot {
-        self.snapshot(self.rate.last())
-    }
-
-    fn snapshot(&self, rate: RateUpdate) -> Snapshot {
+    /// The current figures of every statistic.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut figures = Map::new();
+        for s in &self.stats {
+            s.snapshot(&mut figures);
+        }
         Snapshot {
             events: self.events,
-            rate: rate.rate,
-            rate_bands: rate.bands,
-            value_bands: self.values.bands(),
-            top: self.topk.top(),
-            missing: self.sequence.missing(),
-            duplicates: self.sequence.duplicates(),
-            last_outcome: self.last_outcome,
+            figures,
         }
     }
+
+    /// Publishes every statistic's metrics.
+    pub fn publish(&mut self) {
+        for s in &mut self.stats {
+            s.publish();
+        }
+    }
+
+    /// The whole state: `{"events": n, "<statistic>": state, ...}`.
+    pub fn save(&self) -> Value {
+        let mut state = Map::new();
+        state.insert("events".into(), Value::from(self.events));
+        for s in &self.stats {
+            state.insert(s.name().into(), s.save());
+        }
+        Value::Object(state)
+    }
+
+    /// Restores a saved state. A statistic whose state is absent or unreadable (saved by
+    /// another version) keeps its fresh state and is returned with the reason, so the caller
+    /// can say so; the others are restored.
+    pub fn restore(&mut self, state: &Value) -> Vec<(&'static str, String)> {
+        self.events = state.get("events").and_then(Value::as_u64).unwrap_or(0);
+        let mut failed = Vec::new();
+        for s in &mut self.stats {
+            let result = match state.get(s.name()) {
+                Some(saved) => s.restore(saved),
+                None => Err("not in the checkpoint".to_owned()),
+            };
+            if let Err(e) = result {
+                failed.push((s.name(), e));
+            }
+        }
+        failed
+    }
+}
+
+/// Serializes a statistic's state (a plain serde value; infallible for our types).
+pub(crate) fn to_state<T: Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
+/// Restores a statistic's state from a saved value.
+pub(crate) fn from_state<T: serde::de::DeserializeOwned>(state: &Value) -> Result<T, String> {
+    T::deserialize(state).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     const S: i64 = 1_000_000;
     const TOL: f64 = 1e-9;
@@ -196,14 +323,51 @@ mod tests {
         );
     }
 
-    fn sample(t_us: i64, seq: Option<u64>, value: Option<f64>, keys: &[&str]) -> EventSample {
-        EventSample {
-            t_us,
-            source: Some("src".to_string()),
-            seq,
-            value,
-            keys: keys.iter().map(|k| k.to_string()).collect(),
+    /// An event at `t_us` of source `src` (stamped when it has a sequence number), with the
+    /// default value field (`retweet_count`) and top-k field (`hashtags`).
+    struct Ev {
+        t_us: i64,
+        stamp: Option<Stamp>,
+        doc: Document,
+    }
+
+    fn ev(t_us: i64, seq: Option<u64>, value: Option<Value>, keys: &[&str]) -> Ev {
+        let mut doc = Document::new();
+        if let Some(v) = value {
+            doc.insert("retweet_count".into(), v);
         }
+        doc.insert("hashtags".into(), json!(keys));
+        Ev {
+            t_us,
+            stamp: seq.map(|seq| Stamp {
+                source: "src".into(),
+                seq,
+                received_us: t_us,
+                ingested_us: t_us,
+            }),
+            doc,
+        }
+    }
+
+    fn feed(s: &mut RollingStats, e: &Ev) -> Snapshot {
+        s.on_event(&Event {
+            t_us: e.t_us,
+            stamp: e.stamp.as_ref(),
+            doc: &e.doc,
+        });
+        s.snapshot()
+    }
+
+    fn bands(snap: &Snapshot, field: &str) -> Option<Bands> {
+        serde_json::from_value(snap.get(field).cloned().unwrap_or(Value::Null)).unwrap()
+    }
+
+    fn top(snap: &Snapshot) -> Vec<(String, u64)> {
+        serde_json::from_value(snap.get("top").cloned().unwrap()).unwrap()
+    }
+
+    fn outcome(snap: &Snapshot) -> Option<SeqOutcome> {
+        serde_json::from_value(snap.get("last_outcome").cloned().unwrap()).unwrap()
     }
 
     #[test]
@@ -212,8 +376,11 @@ mod tests {
         let expected = StatsConfig {
             period: 20,
             k: 2.0,
+            value_field: "retweet_count".into(),
             topk: 10,
+            topk_field: "hashtags".into(),
             topk_window_secs: 60,
+            checkpoint_interval_ms: 1000,
         };
         assert_eq!(c, expected, "empty config");
         assert_eq!(StatsConfig::default(), expected, "Default impl");
@@ -225,44 +392,74 @@ mod tests {
         );
         let err = serde_json::from_str::<StatsConfig>(r#"{"perod": 5}"#);
         assert!(err.is_err(), "unknown field must be rejected, seen {err:?}");
+        assert!(expected.problems().is_empty(), "defaults are valid");
+        let bad = StatsConfig {
+            period: 1,
+            k: 0.0,
+            value_field: "a..b".into(),
+            topk: 0,
+            topk_window_secs: 0,
+            checkpoint_interval_ms: 0,
+            ..StatsConfig::default()
+        };
+        let fields: Vec<&str> = bad.problems().iter().map(|(f, _)| *f).collect();
+        assert_eq!(
+            fields,
+            [
+                "period",
+                "k",
+                "value_field",
+                "topk",
+                "topk_window_secs",
+                "checkpoint_interval_ms"
+            ],
+            "every broken rule is reported"
+        );
     }
 
     #[test]
     fn on_event_updates_everything() {
-        let mut s = RollingStats::new(StatsConfig {
+        let config = StatsConfig {
             period: 3,
-            k: 2.0,
             topk: 2,
-            topk_window_secs: 60,
-        });
+            ..StatsConfig::default()
+        };
+        let mut s = RollingStats::new(&config, "test");
         let events = [
-            sample(0, Some(1), Some(2.0), &["Rust"]),
-            sample(100, Some(2), Some(4.0), &["rust", "tokio"]),
-            sample(S, Some(5), None, &["serde"]),
-            sample(S + 1, Some(4), Some(9.0), &[]),
-            sample(2 * S, None, Some(f64::NAN), &["TOKIO"]),
+            ev(0, Some(1), Some(json!(2.0)), &["Rust"]),
+            ev(100, Some(2), Some(json!(4)), &["rust", "tokio"]),
+            ev(S, Some(5), None, &["serde"]),
+            ev(S + 1, Some(4), Some(json!(9.0)), &[]),
+            ev(2 * S, None, Some(json!("not a number")), &["TOKIO"]),
         ];
-        let snaps: Vec<Snapshot> = events.iter().map(|e| s.on_event(e)).collect();
+        let snaps: Vec<Snapshot> = events.iter().map(|e| feed(&mut s, e)).collect();
 
         // Counted by hand: second 0 had 2 events, second 1 had 2.
-        let rates: Vec<f64> = snaps.iter().map(|x| x.rate).collect();
+        let rates: Vec<f64> = snaps
+            .iter()
+            .map(|x| x.get("rate").and_then(Value::as_f64).unwrap())
+            .collect();
         assert_eq!(rates, [0.0, 0.0, 2.0, 2.0, 2.0], "rates");
         assert_eq!(snaps[4].events, 5, "events total");
-        assert_eq!(snaps[4].rate_bands, None, "only 2 closed seconds");
-        assert_eq!(snaps[1].value_bands, None, "2 values of 3");
+        assert_eq!(
+            bands(&snaps[4], "rate_bands"),
+            None,
+            "only 2 closed seconds"
+        );
+        assert_eq!(bands(&snaps[1], "value_bands"), None, "2 values of 3");
         // reference: python statistics.mean / statistics.pstdev([2.0, 4.0, 9.0]),
-        // upper/lower = mean ± 2*pstdev; the NaN value is ignored.
-        let b = snaps[4].value_bands.unwrap();
+        // upper/lower = mean ± 2*pstdev; the non-numeric value is ignored.
+        let b = bands(&snaps[4], "value_bands").unwrap();
         assert_close("value upper", 10.887840577551898, b.upper);
         assert_close("value middle", 5.0, b.middle);
         assert_close("value lower", -0.8878405775518976, b.lower);
         assert_close("value stddev", 2.943920288775949, b.stddev);
         assert_eq!(
-            snaps[4].top,
+            top(&snaps[4]),
             vec![("rust".to_string(), 2), ("tokio".to_string(), 2)],
             "top-2 with case folding and tie order"
         );
-        let outcomes: Vec<Option<SeqOutcome>> = snaps.iter().map(|x| x.last_outcome).collect();
+        let outcomes: Vec<Option<SeqOutcome>> = snaps.iter().map(outcome).collect();
         assert_eq!(
             outcomes,
             [
@@ -270,101 +467,132 @@ mod tests {
                 Some(SeqOutcome::InOrder),
                 Some(SeqOutcome::Gap { missing: 2 }),
                 Some(SeqOutcome::Duplicate),
-                // No seq: the previous outcome is carried.
+                // No stamp: the previous outcome is carried.
                 Some(SeqOutcome::Duplicate),
             ],
             "sequence outcomes"
         );
-        assert_eq!((snaps[4].missing, snaps[4].duplicates), (2, 1), "totals");
-        assert_eq!(s.current(), snaps[4], "current() vs last snapshot");
+        assert_eq!(
+            (snaps[4].count("missing"), snaps[4].count("duplicates")),
+            (Some(2), Some(1)),
+            "totals"
+        );
+        assert_eq!(s.snapshot(), snaps[4], "snapshot() is stable");
     }
 
     #[test]
-    fn seq_without_source_uses_empty_source() {
-        let mut s = RollingStats::new(StatsConfig::default());
-        let mut e = sample(0, Some(10), None, &[]);
-        e.source = None;
+    fn a_source_with_an_empty_name_is_tracked_like_any_other() {
+        let mut s = RollingStats::new(&StatsConfig::default(), "test");
+        let mut e = ev(0, Some(10), None, &[]);
+        if let Some(st) = e.stamp.as_mut() {
+            st.source = String::new();
+        }
         assert_eq!(
-            s.on_event(&e).last_outcome,
+            outcome(&feed(&mut s, &e)),
             Some(SeqOutcome::InOrder),
             "first"
         );
-        e.seq = Some(12);
+        if let Some(st) = e.stamp.as_mut() {
+            st.seq = 12;
+        }
         assert_eq!(
-            s.on_event(&e).last_outcome,
+            outcome(&feed(&mut s, &e)),
             Some(SeqOutcome::Gap { missing: 1 }),
             "gap on the unnamed source"
         );
-        let fresh = RollingStats::new(StatsConfig::default());
-        assert_eq!(fresh.current().last_outcome, None, "no sequenced event yet");
+        let fresh = RollingStats::new(&StatsConfig::default(), "test");
+        assert_eq!(outcome(&fresh.snapshot()), None, "no sequenced event yet");
     }
 
     #[test]
-    fn tick_on_quiet_feed() {
-        let mut s = RollingStats::new(StatsConfig {
+    fn advance_on_quiet_feed() {
+        let config = StatsConfig {
             period: 2,
-            k: 2.0,
-            topk: 10,
             topk_window_secs: 10,
-        });
-        s.on_event(&sample(0, None, None, &["a"]));
-        s.on_event(&sample(1, None, None, &["a"]));
-        let snap = s.tick(S);
-        assert_eq!(snap.rate, 2.0, "second 0 closed with 2 events");
-        assert_eq!(snap.top, vec![("a".to_string(), 2)], "a still in window");
-        let snap = s.tick(10 * S);
-        assert_eq!(snap.rate, 0.0, "quiet seconds bring the rate to 0");
-        assert_eq!(snap.top, Vec::<(String, u64)>::new(), "a expired at 10 s");
-        let b = snap.rate_bands.unwrap();
+            ..StatsConfig::default()
+        };
+        let mut s = RollingStats::new(&config, "test");
+        feed(&mut s, &ev(0, None, None, &["a"]));
+        feed(&mut s, &ev(1, None, None, &["a"]));
+        s.advance(S);
+        let snap = s.snapshot();
+        assert_eq!(
+            snap.get("rate"),
+            Some(&json!(2.0)),
+            "second 0 closed with 2 events"
+        );
+        assert_eq!(top(&snap), vec![("a".to_string(), 2)], "a still in window");
+        s.advance(10 * S);
+        let snap = s.snapshot();
+        assert_eq!(
+            snap.get("rate"),
+            Some(&json!(0.0)),
+            "quiet seconds bring the rate to 0"
+        );
+        assert_eq!(top(&snap), Vec::<(String, u64)>::new(), "a expired at 10 s");
+        let b = bands(&snap, "rate_bands").unwrap();
         assert_eq!((b.middle, b.stddev), (0.0, 0.0), "window of zeros");
         assert_eq!(snap.events, 2, "ticks are not events");
     }
 
     #[test]
     fn checkpoint_round_trip_matches_uninterrupted_run() {
-        let tags = ["Rust", "tokio", "SERDE", "async"];
-        let events: Vec<EventSample> = (0..400_i64)
-            .map(|i| EventSample {
-                t_us: i * 280_000 - (i % 6) * 700_000 + (i / 100) * 9 * S,
-                source: Some(["a", "b"][(i % 2) as usize].to_string()),
-                seq: (i % 9 != 0).then_some((i / 2 + (i % 13) / 4) as u64),
-                value: (i % 5 != 0).then_some(100.0 + (i as f64 * 0.37).sin() * 7.123456789),
-                keys: tags
+        let tags = ["Rust", "tokio", "SERDE", "async", "東京", "كورة", "🦀"];
+        let events: Vec<Ev> = (0..400_i64)
+            .map(|i| {
+                let keys: Vec<&str> = tags
                     .iter()
                     .enumerate()
                     .filter(|(j, _)| (i as usize + j).is_multiple_of(3))
-                    .map(|(_, t)| t.to_string())
-                    .collect(),
+                    .map(|(_, t)| *t)
+                    .collect();
+                let mut e = ev(
+                    i * 280_000 - (i % 6) * 700_000 + (i / 100) * 9 * S,
+                    (i % 9 != 0).then_some((i / 2 + (i % 13) / 4) as u64),
+                    (i % 5 != 0).then(|| json!(100.0 + (i as f64 * 0.37).sin() * 7.123456789)),
+                    &keys,
+                );
+                if let Some(st) = e.stamp.as_mut() {
+                    st.source = ["a", "b"][(i % 2) as usize].to_string();
+                }
+                e
             })
             .collect();
         let config = StatsConfig {
             period: 7,
-            k: 2.0,
             topk: 3,
             topk_window_secs: 15,
+            ..StatsConfig::default()
         };
-        // Some events are followed by a tick, to checkpoint tick state too.
-        let run = |s: &mut RollingStats, evs: &[EventSample]| -> Vec<Snapshot> {
+        // Some events are followed by a quiet-time advance, to checkpoint that state too.
+        let run = |s: &mut RollingStats, evs: &[Ev]| -> Vec<Snapshot> {
             let mut out = Vec::new();
             for e in evs {
-                out.push(s.on_event(e));
+                out.push(feed(s, e));
                 if e.t_us.div_euclid(20_000) % 50 == 0 {
-                    out.push(s.tick(e.t_us + 3 * S));
+                    s.advance(e.t_us + 3 * S);
+                    out.push(s.snapshot());
                 }
             }
             out
         };
-        let mut straight = RollingStats::new(config.clone());
+        let mut straight = RollingStats::new(&config, "test");
         let expected = run(&mut straight, &events);
 
-        let mut first = RollingStats::new(config);
+        let mut first = RollingStats::new(&config, "test");
         let mut seen = run(&mut first, &events[..200]);
-        let json = serde_json::to_string(&first).unwrap();
-        let mut restored: RollingStats = serde_json::from_str(&json).unwrap();
-        assert_eq!(restored, first, "restored state vs saved state");
+        let json = serde_json::to_string(&first.save()).unwrap();
+        let mut restored = RollingStats::new(&config, "test");
+        let failed = restored.restore(&serde_json::from_str(&json).unwrap());
+        assert!(failed.is_empty(), "every statistic restores: {failed:?}");
         assert_eq!(
-            restored.current(),
-            first.current(),
+            restored.save(),
+            first.save(),
+            "restored state vs saved state"
+        );
+        assert_eq!(
+            restored.snapshot(),
+            first.snapshot(),
             "snapshot after restore"
         );
         seen.extend(run(&mut restored, &events[200..]));
@@ -372,11 +600,39 @@ mod tests {
         for (i, (s, e)) in seen.iter().zip(&expected).enumerate() {
             assert_eq!(s, e, "snapshot {i}: restored run vs uninterrupted run");
         }
-        assert_eq!(restored, straight, "final state");
+        assert_eq!(restored.save(), straight.save(), "final state");
         let last = expected.last().unwrap();
         assert!(
-            last.value_bands.is_some() && last.rate_bands.is_some() && !last.top.is_empty(),
+            bands(last, "value_bands").is_some()
+                && bands(last, "rate_bands").is_some()
+                && !top(last).is_empty(),
             "test input must exercise every statistic, seen {last:?}"
         );
+    }
+
+    #[test]
+    fn an_unreadable_statistic_starts_afresh_and_the_others_restore() {
+        let config = StatsConfig::default();
+        let mut s = RollingStats::new(&config, "test");
+        for i in 0..30 {
+            feed(
+                &mut s,
+                &ev(i * S, Some(i as u64 + 1), Some(json!(i)), &["x"]),
+            );
+        }
+        let mut state = s.save();
+        state["topk"] = json!("saved by another version");
+        let mut restored = RollingStats::new(&config, "test");
+        let failed = restored.restore(&state);
+        assert_eq!(
+            failed.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            ["topk"],
+            "only the unreadable one is reported"
+        );
+        let (a, b) = (s.snapshot(), restored.snapshot());
+        assert_eq!(a.events, b.events);
+        assert_eq!(a.get("rate_bands"), b.get("rate_bands"));
+        assert_eq!(a.get("missing"), b.get("missing"));
+        assert_eq!(top(&b), Vec::<(String, u64)>::new(), "top-k starts afresh");
     }
 }

@@ -6,7 +6,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::bollinger::{Bands, Bollinger};
+use metrics::Gauge;
+use serde_json::{Map, Value, json};
+
+use super::bollinger::{BandGauges, Bands, Bollinger};
+use super::{Event, Statistic, StatsConfig, from_state, to_state};
+use crate::telemetry as t;
 
 /// Microseconds per second, the bucket width.
 const US_PER_SEC: i64 = 1_000_000;
@@ -122,6 +127,61 @@ impl RateSeries {
         }
         self.current_sec = Some(sec);
         self.current = 0;
+    }
+}
+
+/// The rate statistic of a feed: events per closed second, with Bollinger bands over the
+/// per-second series. Snapshot fields `rate` and `rate_bands`; metrics
+/// `tailrace_rate_events_per_second` and `tailrace_bollinger{series="rate"}`.
+pub struct Rate {
+    series: RateSeries,
+    rate: Gauge,
+    bands: BandGauges,
+}
+
+impl Rate {
+    /// The rate of `feed`, with bands of `config.period` seconds at `config.k` σ.
+    pub fn new(config: &StatsConfig, feed: &str) -> Self {
+        Rate {
+            series: RateSeries::new(config.period, config.k),
+            rate: metrics::gauge!(t::RATE, "feed" => feed.to_string()),
+            bands: BandGauges::new(feed, "rate"),
+        }
+    }
+}
+
+impl Statistic for Rate {
+    fn name(&self) -> &'static str {
+        "rate"
+    }
+
+    fn on_event(&mut self, e: &Event<'_>) {
+        self.series.record(e.t_us);
+    }
+
+    fn advance(&mut self, now_us: i64) {
+        self.series.advance_to(now_us);
+    }
+
+    fn snapshot(&self, out: &mut Map<String, Value>) {
+        let last = self.series.last();
+        out.insert("rate".into(), json!(last.rate));
+        out.insert("rate_bands".into(), json!(last.bands));
+    }
+
+    fn publish(&mut self) {
+        let last = self.series.last();
+        self.rate.set(last.rate);
+        self.bands.set(last.bands);
+    }
+
+    fn save(&self) -> Value {
+        to_state(&self.series)
+    }
+
+    fn restore(&mut self, state: &Value) -> Result<(), String> {
+        self.series = from_state(state)?;
+        Ok(())
     }
 }
 

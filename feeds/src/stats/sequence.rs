@@ -2,7 +2,12 @@
 
 use std::collections::BTreeMap;
 
+use metrics::Counter;
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use super::{Event, Statistic, from_state, to_state};
+use crate::telemetry as t;
 
 /// How one sequence number compared with what its source was expected to
 /// send next.
@@ -85,6 +90,86 @@ impl SequenceTracker {
     /// seen yet; useful for logging where a gap started.
     pub fn expected(&self, source: &str) -> Option<u64> {
         self.expected.get(source).copied()
+    }
+}
+
+/// Completeness of a feed: per-source sequence numbers of the ingest stamps, counting the
+/// ones never seen (`missing`) and the ones seen again (`duplicates`). Snapshot fields
+/// `missing`, `duplicates` and `last_outcome`; metrics `tailrace_feed_missing_events_total`
+/// and `tailrace_feed_duplicate_events_total` (what this process added).
+pub struct Completeness {
+    state: CompletenessState,
+    missing: Counter,
+    duplicates: Counter,
+    /// Totals already added to the counters: the state's totals survive restarts, the
+    /// process's counters do not.
+    reported: (u64, u64),
+}
+
+/// What a checkpoint keeps of [`Completeness`].
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+struct CompletenessState {
+    #[serde(flatten)]
+    tracker: SequenceTracker,
+    /// Outcome for the most recent stamped event; `None` until one was seen.
+    #[serde(default)]
+    last_outcome: Option<SeqOutcome>,
+}
+
+impl Completeness {
+    /// The completeness of `feed`.
+    pub fn new(feed: &str) -> Self {
+        Completeness {
+            state: CompletenessState::default(),
+            missing: metrics::counter!(t::FEED_MISSING, "feed" => feed.to_string()),
+            duplicates: metrics::counter!(t::FEED_DUPLICATES, "feed" => feed.to_string()),
+            reported: (0, 0),
+        }
+    }
+}
+
+impl Statistic for Completeness {
+    fn name(&self) -> &'static str {
+        "sequence"
+    }
+
+    fn on_event(&mut self, e: &Event<'_>) {
+        if let Some(stamp) = e.stamp {
+            self.state.last_outcome = Some(self.state.tracker.observe(&stamp.source, stamp.seq));
+        }
+    }
+
+    fn advance(&mut self, _now_us: i64) {}
+
+    fn snapshot(&self, out: &mut Map<String, Value>) {
+        out.insert("missing".into(), json!(self.state.tracker.missing()));
+        out.insert("duplicates".into(), json!(self.state.tracker.duplicates()));
+        out.insert("last_outcome".into(), json!(self.state.last_outcome));
+    }
+
+    fn publish(&mut self) {
+        let (missing, duplicates) = (
+            self.state.tracker.missing(),
+            self.state.tracker.duplicates(),
+        );
+        self.missing
+            .increment(missing.saturating_sub(self.reported.0));
+        self.duplicates
+            .increment(duplicates.saturating_sub(self.reported.1));
+        self.reported = (missing, duplicates);
+    }
+
+    fn save(&self) -> Value {
+        to_state(&self.state)
+    }
+
+    fn restore(&mut self, state: &Value) -> Result<(), String> {
+        self.state = from_state(state)?;
+        self.reported = (
+            self.state.tracker.missing(),
+            self.state.tracker.duplicates(),
+        );
+        Ok(())
     }
 }
 

@@ -8,6 +8,10 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use super::{Event, Statistic, StatsConfig, from_state, to_state};
+use crate::telemetry as t;
 
 /// Microseconds per second, the bucket width.
 const US_PER_SEC: i64 = 1_000_000;
@@ -120,6 +124,95 @@ impl TopK {
                 }
             }
         }
+    }
+}
+
+/// The top-k statistic: the most frequent values of `topk_field` (a string, a number, an
+/// object's `text` — tweet entities look like that — or an array of those) over a sliding
+/// window. Snapshot field `top` (`[[key, count], ...]`); metric `tailrace_topk_events{key}`,
+/// set to 0 for a key that left the top.
+pub struct TopKeys {
+    feed: String,
+    field: String,
+    top: TopK,
+    /// The keys published last time, so the ones that left the top are set to 0.
+    published: Vec<String>,
+}
+
+impl TopKeys {
+    /// The top `config.topk` values of `config.topk_field` over `config.topk_window_secs`.
+    pub fn new(config: &StatsConfig, feed: &str) -> Self {
+        TopKeys {
+            feed: feed.to_string(),
+            field: config.topk_field.clone(),
+            top: TopK::new(config.topk, config.topk_window_secs),
+            published: Vec::new(),
+        }
+    }
+}
+
+/// A top-k key: a string, a number, or the `text` of an object.
+fn key_of(v: &Value) -> Option<&str> {
+    match v {
+        Value::String(s) => Some(s),
+        Value::Object(o) => o.get("text").and_then(Value::as_str),
+        _ => None,
+    }
+}
+
+impl Statistic for TopKeys {
+    fn name(&self) -> &'static str {
+        "topk"
+    }
+
+    fn on_event(&mut self, e: &Event<'_>) {
+        match store::update::get_path(e.doc, &self.field) {
+            Some(Value::Array(items)) => {
+                let numbers: Vec<String> = items
+                    .iter()
+                    .filter_map(|v| v.as_number().map(ToString::to_string))
+                    .collect();
+                let keys = items
+                    .iter()
+                    .filter_map(key_of)
+                    .chain(numbers.iter().map(String::as_str));
+                self.top.record(e.t_us, keys);
+            }
+            Some(Value::Number(n)) => self.top.record(e.t_us, [n.to_string().as_str()]),
+            Some(v) => self.top.record(e.t_us, key_of(v)),
+            None => {}
+        }
+        self.top.expire(e.t_us);
+    }
+
+    fn advance(&mut self, now_us: i64) {
+        self.top.expire(now_us);
+    }
+
+    fn snapshot(&self, out: &mut Map<String, Value>) {
+        out.insert("top".into(), json!(self.top.top()));
+    }
+
+    fn publish(&mut self) {
+        let top = self.top.top();
+        let keys: Vec<String> = top.iter().map(|(k, _)| k.clone()).collect();
+        for gone in self.published.iter().filter(|k| !keys.contains(k)) {
+            metrics::gauge!(t::TOPK, "feed" => self.feed.clone(), "key" => gone.clone()).set(0.0);
+        }
+        for (k, n) in &top {
+            metrics::gauge!(t::TOPK, "feed" => self.feed.clone(), "key" => k.clone())
+                .set(*n as f64);
+        }
+        self.published = keys;
+    }
+
+    fn save(&self) -> Value {
+        to_state(&self.top)
+    }
+
+    fn restore(&mut self, state: &Value) -> Result<(), String> {
+        self.top = from_state(state)?;
+        Ok(())
     }
 }
 
@@ -298,5 +391,34 @@ mod tests {
         assert_eq!(seen, expected, "restored run vs uninterrupted run");
         assert_eq!(restored, straight, "final state");
         assert_consistent(&restored);
+    }
+
+    #[test]
+    fn the_statistic_reads_strings_numbers_and_entity_texts() {
+        let config = StatsConfig {
+            topk_field: "entities.hashtags".into(),
+            ..StatsConfig::default()
+        };
+        let mut stat = TopKeys::new(&config, "test");
+        let doc = serde_json::json!({"entities": {"hashtags": ["A", {"text": "b"}, 5, null, {"no": "text"}]}});
+        let doc = doc.as_object().unwrap();
+        stat.on_event(&Event {
+            t_us: 0,
+            stamp: None,
+            doc,
+        });
+        let single = serde_json::json!({"entities": {"hashtags": "東京"}});
+        stat.on_event(&Event {
+            t_us: 1,
+            stamp: None,
+            doc: single.as_object().unwrap(),
+        });
+        let mut out = Map::new();
+        stat.snapshot(&mut out);
+        assert_eq!(
+            out["top"],
+            json!([["5", 1], ["a", 1], ["b", 1], ["東京", 1]]),
+            "every usable element counted once, case-folded"
+        );
     }
 }

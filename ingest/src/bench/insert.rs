@@ -31,7 +31,8 @@ use super::writes::events_like;
 use super::{Bench, BenchError, Result, Scenario, new_report};
 use crate::ingester::{Handed, IngestOptions, IngestStats, Ingester};
 use crate::source::Raw;
-use crate::source::synthetic::{Generator, now_us};
+use crate::source::synthetic::Generator;
+use store::clock::now_us;
 
 /// Published bulk-insert rates.
 pub const REFERENCES: [(&str, &str, f64, &str); 3] = [
@@ -83,10 +84,10 @@ impl Capped for TimedCapped {
     async fn latest(&self, f: &str, v: &Value, limit: usize) -> store::Result<Vec<Record>> {
         self.inner.latest(f, v, limit).await
     }
-    async fn bounds(&self) -> store::Result<Option<(Position, Position)>> {
+    async fn bounds(&self) -> store::Result<Option<store::Bounds>> {
         self.inner.bounds().await
     }
-    async fn usage(&self) -> store::Result<(u64, u64)> {
+    async fn usage(&self) -> store::Result<store::Usage> {
         self.inner.usage().await
     }
 }

@@ -22,8 +22,8 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use serde_json::{Value, json};
 use store::{
-    Capped, CappedSpec, ChangeFilter, ChangeStart, Durability, Keyed, Start, Store, StoreError,
-    Update,
+    Capped, CappedSpec, ChangeFilter, ChangeStart, Durability, KeyUpdate, Keyed, Start, Store,
+    StoreError, Update,
 };
 use tokio::sync::watch;
 
@@ -136,7 +136,7 @@ async fn write_one(
         Kind::Changes | Kind::Oplog => {
             let key = format!("k{}", seq % 1000);
             let u = Update::inc("n", 1).and_set("bench_seq", seq);
-            t.keyed.update(vec![(key, u)], d).await?;
+            t.keyed.update(vec![KeyUpdate::new(key, u)], d).await?;
         }
     }
     Ok(())

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::{Value, json};
-use store::{Durability, Keyed, Update};
+use store::{Durability, KeyUpdate, Keyed, Update};
 
 use super::measure::{Samples, fmt_rate, fmt_us, thousands};
 use super::plot::{self, Line};
@@ -56,7 +56,7 @@ async fn level(
                 }
                 let k = key(rng.random_range(0..docs));
                 keyed
-                    .update(vec![(k, Update::inc("n", 1))], durability)
+                    .update(vec![KeyUpdate::new(k, Update::inc("n", 1))], durability)
                     .await?;
                 out.push((t - started, t.elapsed()));
             }
@@ -76,7 +76,7 @@ async fn level(
     let drain = Instant::now();
     keyed
         .update(
-            vec![(key(0), Update::inc("n", 0))],
+            vec![KeyUpdate::new(key(0), Update::inc("n", 0))],
             Durability::Acknowledged,
         )
         .await?;
@@ -125,7 +125,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
     while i < docs {
         let k = 1000.min(docs - i);
         let batch = (i..i + k)
-            .map(|j| (key(j), Update::inc("n", 0)))
+            .map(|j| KeyUpdate::new(key(j), Update::inc("n", 0)))
             .collect::<Vec<_>>();
         keyed.update(batch, Durability::Acknowledged).await?;
         i += k;
@@ -149,7 +149,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             .scan("d")
             .await?
             .iter()
-            .filter_map(|(_, d)| d.get("n").and_then(Value::as_u64))
+            .filter_map(|e| e.doc.get("n").and_then(Value::as_u64))
             .sum();
         let sent: u64 = runs.iter().map(|r| r.samples.len() as u64).sum();
         if total != sent {

@@ -13,7 +13,6 @@ use super::measure::{Samples, fmt_ratio};
 use super::plot::{self, Line};
 use super::report::{Report, Series, Table, Target, latency_cells};
 use super::{Bench, Result, Scenario, new_report};
-use crate::ingester::STAMP_SOURCE;
 use crate::source::synthetic::Generator;
 
 /// Published single-write latencies.
@@ -27,8 +26,8 @@ pub const REFERENCES: [(&str, &str, f64, &str); 4] = [
 /// The spec of `events` as the pipeline opens it, large enough that nothing is evicted.
 pub(crate) fn events_like(bench: &Bench, max_docs: u64) -> CappedSpec {
     let mut indexes = bench.config.store.events.indexes.clone();
-    if !indexes.iter().any(|i| i == STAMP_SOURCE) {
-        indexes.push(STAMP_SOURCE.into());
+    if !indexes.iter().any(|i| i == store::STAMP_SOURCE_PATH) {
+        indexes.push(store::STAMP_SOURCE_PATH.into());
     }
     CappedSpec {
         max_docs,

@@ -10,16 +10,70 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use futures::stream::{BoxStream, Stream, StreamExt};
-use metrics::{counter, gauge};
+use serde::{Deserialize, Serialize};
+use store::backoff::Backoff;
 use tokio::process::Command;
 use tokio_util::codec::FramedRead;
 
 use super::framing::{self, Frame, LineFramer};
-use super::{Backoff, Raw, Source};
-use crate::telemetry as t;
+use super::http::default_reconnect_max_ms;
+use super::{BuildContext, Raw, Source, SourceError, SourceSettings};
+use crate::config::Problems;
+use crate::telemetry::{self as t, ReconnectReason};
 
 /// Longest stderr line logged (the rest of it is dropped).
 const STDERR_LINE: usize = 2048;
+
+fn default_restart() -> bool {
+    true
+}
+
+/// Settings of a command source (`kind = "command"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandConfig {
+    /// The program to run, looked up in PATH (required).
+    pub program: String,
+    /// Its arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Start the program again (with backoff) when it exits; with false, the source ends
+    /// when the program exits.
+    #[serde(default = "default_restart")]
+    pub restart: bool,
+    /// The longest wait between restarts (ms); waits double from 100 ms up to this.
+    #[serde(default = "default_reconnect_max_ms")]
+    pub reconnect_max_ms: u64,
+}
+
+impl SourceSettings for CommandConfig {
+    fn validate(&self, at: &str, p: &mut Problems) {
+        if self.program.trim().is_empty() {
+            p.push(format!("{at}.program"), "must not be empty");
+        }
+        p.at_least(
+            &format!("{at}.reconnect_max_ms"),
+            self.reconnect_max_ms,
+            100,
+        );
+    }
+
+    fn build(&self, name: &str, ctx: &BuildContext) -> Result<Box<dyn Source>, SourceError> {
+        let o = CommandOptions {
+            program: self.program.clone(),
+            args: self.args.clone(),
+            restart: self.restart,
+            reconnect_min: Duration::from_millis(100),
+            reconnect_max: Duration::from_millis(self.reconnect_max_ms),
+            max_line: ctx.max_line,
+        };
+        Ok(Box::new(CommandSource::new(name, o)))
+    }
+
+    fn describe(&self) -> String {
+        self.program.clone()
+    }
+}
 
 /// Settings of a command source.
 #[derive(Clone, Debug)]
@@ -71,7 +125,7 @@ impl Source for CommandSource {
 fn run(name: String, o: CommandOptions) -> impl Stream<Item = Raw> + Send + 'static {
     async_stream::stream! {
         let mut backoff = Backoff::new(o.reconnect_min, o.reconnect_max);
-        let running = gauge!(t::SOURCE_CONNECTED, "source" => name.clone());
+        let running = t::SourceLink::new(&name);
         loop {
             let spawned = Command::new(&o.program)
                 .args(&o.args)
@@ -87,14 +141,13 @@ fn run(name: String, o: CommandOptions) -> impl Stream<Item = Raw> + Send + 'sta
                     if !o.restart {
                         return;
                     }
-                    counter!(t::SOURCE_RECONNECTS, "source" => name.clone(), "reason" => "exited").increment(1);
                     let delay = backoff.next_wait();
-                    tracing::info!(source = %name, "starting it again in {:.1} s", delay.as_secs_f64());
+                    t::SourceReconnecting { source: &name, reason: ReconnectReason::Exited, delay }.emit();
                     tokio::time::sleep(delay).await;
                     continue;
                 }
             };
-            running.set(1.0);
+            running.up();
             tracing::info!(source = %name, program = %o.program, pid = child.id().unwrap_or(0), "program started");
             if let Some(stderr) = child.stderr.take() {
                 let name = name.clone();
@@ -127,7 +180,7 @@ fn run(name: String, o: CommandOptions) -> impl Stream<Item = Raw> + Send + 'sta
             }
             // Standard output closed: the program exited or is about to.
             let status = child.wait().await;
-            running.set(0.0);
+            running.down();
             match &status {
                 Ok(s) if s.success() => tracing::info!(source = %name, program = %o.program, "program exited"),
                 Ok(s) => tracing::warn!(source = %name, program = %o.program, status = %s, "program failed"),
@@ -136,9 +189,8 @@ fn run(name: String, o: CommandOptions) -> impl Stream<Item = Raw> + Send + 'sta
             if !o.restart {
                 return;
             }
-            counter!(t::SOURCE_RECONNECTS, "source" => name.clone(), "reason" => "exited").increment(1);
             let delay = backoff.next_wait();
-            tracing::info!(source = %name, "starting it again in {:.1} s", delay.as_secs_f64());
+            t::SourceReconnecting { source: &name, reason: ReconnectReason::Exited, delay }.emit();
             tokio::time::sleep(delay).await;
         }
     }
@@ -180,7 +232,7 @@ mod tests {
                 Raw::Bytes(b"{\"a\":1}".to_vec()),
                 Raw::Invalid {
                     bytes: b"{\"a\":".to_vec(),
-                    reason: "truncated"
+                    reason: crate::source::RejectReason::Truncated
                 }
             ]
         );

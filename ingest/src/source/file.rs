@@ -25,8 +25,131 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::codec::Decoder;
 
+use serde::{Deserialize, Serialize};
+
 use super::framing::{self, LineFramer};
-use super::{Raw, Source};
+use super::{BuildContext, Raw, Source, SourceError, SourceSettings};
+use crate::config::Problems;
+
+/// How fast a file source replays its events (`pace`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Pace {
+    /// As fast as the pipeline accepts them.
+    #[default]
+    Fast,
+    /// At `rate_per_sec`.
+    Rate,
+    /// Following the gaps between the events' own timestamps.
+    Timestamps,
+}
+
+fn default_timestamp_field() -> String {
+    "created_at".to_owned()
+}
+fn default_speed() -> f64 {
+    1.0
+}
+
+/// Settings of a file source (`kind = "file"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// The newline-delimited JSON file to replay (required); `.gz` is decompressed.
+    pub path: PathBuf,
+    /// Replay speed: fast (the default), rate or timestamps.
+    #[serde(default)]
+    pub pace: Pace,
+    /// With pace = "rate" (required there): events per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_per_sec: Option<f64>,
+    /// With pace = "timestamps": the field (dotted path) holding each event's time, an RFC
+    /// 3339 string or a number of seconds (milliseconds when above 10^11) since the epoch.
+    /// Events without it are not delayed.
+    #[serde(default = "default_timestamp_field")]
+    pub timestamp_field: String,
+    /// With pace = "timestamps": replay this many times faster than recorded.
+    #[serde(default = "default_speed")]
+    pub speed: f64,
+    /// At the end, wait for appended lines like `tail -f` (the source never ends; a truncated
+    /// or replaced file is read again from its start).
+    #[serde(default)]
+    pub follow: bool,
+}
+
+impl FileConfig {
+    /// A fast replay of `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        FileConfig {
+            path: path.into(),
+            pace: Pace::Fast,
+            rate_per_sec: None,
+            timestamp_field: default_timestamp_field(),
+            speed: default_speed(),
+            follow: false,
+        }
+    }
+}
+
+impl SourceSettings for FileConfig {
+    fn validate(&self, at: &str, p: &mut Problems) {
+        if self.path.as_os_str().is_empty() {
+            p.push(format!("{at}.path"), "must not be empty");
+        }
+        let gz = self.path.extension().is_some_and(|e| e == "gz");
+        if gz && self.follow {
+            p.push(
+                format!("{at}.follow"),
+                "a .gz file cannot be followed (it is compressed as a whole); set follow = false",
+            );
+        }
+        match (self.pace, self.rate_per_sec) {
+            (Pace::Rate, None) => p.push(
+                format!("{at}.rate_per_sec"),
+                "required for kind = \"file\" with pace = \"rate\"",
+            ),
+            (Pace::Rate, Some(r)) if !(r.is_finite() && r > 0.0) => p.push(
+                format!("{at}.rate_per_sec"),
+                format!("must be > 0 (got {r})"),
+            ),
+            (Pace::Fast | Pace::Timestamps, Some(_)) => {
+                p.push(format!("{at}.rate_per_sec"), "only for pace = \"rate\"")
+            }
+            _ => {}
+        }
+        if self.pace == Pace::Timestamps {
+            p.field_path(&format!("{at}.timestamp_field"), &self.timestamp_field);
+        }
+        if !(self.speed.is_finite() && self.speed > 0.0) {
+            p.push(
+                format!("{at}.speed"),
+                format!("must be > 0 (got {})", self.speed),
+            );
+        }
+    }
+
+    fn build(&self, name: &str, ctx: &BuildContext) -> Result<Box<dyn Source>, SourceError> {
+        let pacing = match self.pace {
+            Pace::Fast => Pacing::Fast,
+            Pace::Rate => Pacing::Rate(self.rate_per_sec.unwrap_or(1.0)),
+            Pace::Timestamps => Pacing::Timestamps {
+                field: self.timestamp_field.clone(),
+                speed: self.speed,
+            },
+        };
+        let o = FileOptions {
+            path: self.path.clone(),
+            pacing,
+            follow: self.follow,
+            max_line: ctx.max_line,
+        };
+        Ok(Box::new(FileSource::new(name, o)))
+    }
+
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+}
 
 /// How fast events are replayed.
 #[derive(Clone, Debug, PartialEq)]

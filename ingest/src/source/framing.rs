@@ -8,16 +8,16 @@
 //! prefix, and the rest of it is discarded as it arrives, up to the next newline.
 //!
 //! NDJSON rules ([`ndjson`]): one JSON document per line; `\n` or `\r\n` ends a line; blank
-//! lines are skipped; a line over the limit is `Raw::Invalid { reason: "too_large" }`; a last
+//! lines are skipped; a line over the limit is `Raw::Invalid { reason: RejectReason::TooLarge }`; a last
 //! line without its newline is kept when it parses as JSON (files often lack the final
-//! newline) and is `Raw::Invalid { reason: "truncated" }` otherwise (a stream cut mid-line).
+//! newline) and is `Raw::Invalid { reason: RejectReason::Truncated }` otherwise (a stream cut mid-line).
 
 use bytes::{Buf, BytesMut};
 use futures::stream::{Stream, StreamExt};
 use tokio::io::AsyncRead;
 use tokio_util::codec::{Decoder, FramedRead};
 
-use super::Raw;
+use super::{Raw, RejectReason};
 
 /// Bytes of an over-long line or event kept in its dead letter (the dead letter keeps at
 /// most 4096 bytes anyway).
@@ -161,7 +161,7 @@ pub fn ndjson(frame: Frame) -> Option<Raw> {
         Frame::Line(line) => Some(Raw::Bytes(line)),
         Frame::TooLong(bytes) => Some(Raw::Invalid {
             bytes,
-            reason: "too_large",
+            reason: RejectReason::TooLarge,
         }),
         Frame::Partial(bytes) if is_blank(&bytes) => None,
         Frame::Partial(bytes) => {
@@ -170,7 +170,7 @@ pub fn ndjson(frame: Frame) -> Option<Raw> {
             } else {
                 Some(Raw::Invalid {
                     bytes,
-                    reason: "truncated",
+                    reason: RejectReason::Truncated,
                 })
             }
         }
@@ -314,7 +314,7 @@ mod tests {
             ndjson(Frame::Partial(b"{\"b\":".to_vec())),
             Some(Raw::Invalid {
                 bytes: b"{\"b\":".to_vec(),
-                reason: "truncated"
+                reason: RejectReason::Truncated
             })
         );
         assert_eq!(
@@ -337,7 +337,7 @@ mod tests {
             ndjson(Frame::TooLong(b"ab".to_vec())),
             Some(Raw::Invalid {
                 bytes: b"ab".to_vec(),
-                reason: "too_large"
+                reason: RejectReason::TooLarge
             })
         );
     }

@@ -18,26 +18,208 @@
 //! - TLS: rustls with ring as the process's crypto provider, installed by [`client`]; every
 //!   reqwest client in this crate must be built through it.
 
+use std::collections::BTreeMap;
 use std::sync::Once;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use futures::stream::{BoxStream, Stream, StreamExt};
-use metrics::{counter, gauge};
 use reqwest::header::{self, HeaderMap, HeaderName, HeaderValue};
+use serde::{Deserialize, Serialize};
+use store::backoff::Backoff;
 use tokio_util::codec::FramedRead;
 use tokio_util::io::StreamReader;
 
 use super::framing::{self, Frame, LineFramer};
 use super::sse::SseAssembler;
-use super::{Backoff, Raw, Source};
-use crate::config::HttpFormat;
-use crate::telemetry as t;
+use super::{BuildContext, Raw, Source, SourceError, SourceSettings, USER_AGENT};
+use crate::config::redact::redact_url;
+use crate::config::validate::scheme_of;
+use crate::config::{Problems, REDACTED, interpolate};
+use crate::telemetry::{self as t, ReconnectReason};
 
 /// Bytes of an error response's body shown in the log.
 const EXCERPT_BYTES: usize = 300;
 /// The longest `Retry-After` honoured (a larger one is clamped, and logged as such).
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+/// Framing of an HTTP source's response body.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum HttpFormat {
+    /// One JSON document per line.
+    #[default]
+    Ndjson,
+    /// Server-sent events; each `data:` payload is one JSON document.
+    Sse,
+}
+
+impl HttpFormat {
+    /// The lowercase name used in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HttpFormat::Ndjson => "ndjson",
+            HttpFormat::Sse => "sse",
+        }
+    }
+}
+
+impl std::fmt::Display for HttpFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `connect_timeout_ms` when not given.
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 10_000;
+/// `idle_timeout_ms` when not given.
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 90_000;
+/// `reconnect_max_ms` when not given (also the command source's).
+pub const DEFAULT_RECONNECT_MAX_MS: u64 = 30_000;
+
+fn default_connect_timeout_ms() -> u64 {
+    DEFAULT_CONNECT_TIMEOUT_MS
+}
+fn default_idle_timeout_ms() -> u64 {
+    DEFAULT_IDLE_TIMEOUT_MS
+}
+pub(super) fn default_reconnect_max_ms() -> u64 {
+    DEFAULT_RECONNECT_MAX_MS
+}
+
+/// Settings of an http source (`kind = "http"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// The streaming endpoint, `http://` or `https://` (required).
+    pub url: String,
+    /// Body framing: ndjson (the default) or sse.
+    #[serde(default)]
+    pub format: HttpFormat,
+    /// Extra request headers (e.g. authorization); redacted when printed. `${NAME}` in a
+    /// value is replaced by the environment variable NAME when the source starts
+    /// (`"Bearer ${API_TOKEN}"`); `$$` is a literal `$`. A `User-Agent` here replaces
+    /// tailrace's own.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// Give up a connection attempt after this long (ms).
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// A connection that delivers no byte for this long (ms), heartbeats included, is
+    /// stalled: it is dropped and reopened. Also bounds the wait for the response headers.
+    #[serde(default = "default_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+    /// The longest wait between reconnects (ms); waits double from 100 ms up to this, with
+    /// jitter.
+    #[serde(default = "default_reconnect_max_ms")]
+    pub reconnect_max_ms: u64,
+}
+
+impl HttpConfig {
+    /// An http source of `url` with every other setting at its default.
+    pub fn new(url: impl Into<String>) -> Self {
+        HttpConfig {
+            url: url.into(),
+            format: HttpFormat::default(),
+            headers: BTreeMap::new(),
+            connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
+            idle_timeout_ms: DEFAULT_IDLE_TIMEOUT_MS,
+            reconnect_max_ms: DEFAULT_RECONNECT_MAX_MS,
+        }
+    }
+}
+
+/// Checks header names and values (shared by every source that sends headers).
+pub(crate) fn validate_headers(at: &str, headers: &BTreeMap<String, String>, p: &mut Problems) {
+    for (name, value) in headers {
+        let token = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !token {
+            p.push(
+                format!("{at}.headers"),
+                format!("{name:?} is not a header name"),
+            );
+        }
+        if value.contains(['\r', '\n']) {
+            p.push(
+                format!("{at}.headers.{name}"),
+                "must not contain line breaks",
+            );
+        }
+        if let Err(e) = interpolate::check_env_refs(value) {
+            p.push(format!("{at}.headers.{name}"), e);
+        }
+    }
+}
+
+/// Resolves `${VAR}` in header values (shared by every source that sends headers).
+pub(crate) fn resolve_headers(
+    name: &str,
+    ctx: &BuildContext,
+    headers: &BTreeMap<String, String>,
+) -> Result<Vec<(String, String)>, SourceError> {
+    headers
+        .iter()
+        .map(|(header, value)| {
+            interpolate::interpolate_env(value, |v| std::env::var(v).ok())
+                .map(|v| (header.clone(), v))
+                .map_err(|message| SourceError::Setting {
+                    index: ctx.index,
+                    name: name.to_owned(),
+                    key: format!("headers.{header}"),
+                    message,
+                })
+        })
+        .collect()
+}
+
+impl SourceSettings for HttpConfig {
+    fn validate(&self, at: &str, p: &mut Problems) {
+        if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
+            p.push(
+                format!("{at}.url"),
+                format!(
+                    "must start with http:// or https:// (got {})",
+                    scheme_of(&self.url)
+                ),
+            );
+        }
+        validate_headers(at, &self.headers, p);
+        p.at_least(
+            &format!("{at}.connect_timeout_ms"),
+            self.connect_timeout_ms,
+            1,
+        );
+        p.at_least(&format!("{at}.idle_timeout_ms"), self.idle_timeout_ms, 1);
+        p.at_least(
+            &format!("{at}.reconnect_max_ms"),
+            self.reconnect_max_ms,
+            100,
+        );
+    }
+
+    fn build(&self, name: &str, ctx: &BuildContext) -> Result<Box<dyn Source>, SourceError> {
+        let mut o = HttpOptions::new(self.url.clone(), self.format, ctx.max_line);
+        o.headers = resolve_headers(name, ctx, &self.headers)?;
+        o.connect_timeout = Duration::from_millis(self.connect_timeout_ms);
+        o.idle_timeout = Duration::from_millis(self.idle_timeout_ms);
+        o.reconnect_max = Duration::from_millis(self.reconnect_max_ms);
+        Ok(Box::new(HttpSource::new(name, o)))
+    }
+
+    fn describe(&self) -> String {
+        format!("{}, {}", self.format, url_for_logs(&self.url))
+    }
+
+    fn redact(&mut self) {
+        self.url = redact_url(&self.url);
+        for value in self.headers.values_mut() {
+            *value = REDACTED.to_owned();
+        }
+    }
+}
 
 /// A reqwest client builder whose TLS uses ring (installed once as the process's rustls
 /// provider). Build every reqwest client of the process through this: with the
@@ -79,10 +261,10 @@ impl HttpOptions {
             url: url.into(),
             format,
             headers: Vec::new(),
-            connect_timeout: Duration::from_millis(crate::config::DEFAULT_CONNECT_TIMEOUT_MS),
-            idle_timeout: Duration::from_millis(crate::config::DEFAULT_IDLE_TIMEOUT_MS),
+            connect_timeout: Duration::from_millis(DEFAULT_CONNECT_TIMEOUT_MS),
+            idle_timeout: Duration::from_millis(DEFAULT_IDLE_TIMEOUT_MS),
             reconnect_min: Duration::from_millis(100),
-            reconnect_max: Duration::from_millis(crate::config::DEFAULT_RECONNECT_MAX_MS),
+            reconnect_max: Duration::from_millis(DEFAULT_RECONNECT_MAX_MS),
             max_line,
         }
     }
@@ -125,7 +307,7 @@ pub fn url_for_logs(url: &str) -> String {
             u.set_query(None);
             u.set_fragment(None);
             if u.password().is_some() {
-                let _ = u.set_password(Some(crate::config::REDACTED));
+                let _ = u.set_password(Some(REDACTED));
             }
             u.to_string()
         }
@@ -159,28 +341,6 @@ pub fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
-/// Why a connection ended (the `reason` label of reconnects).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Ended {
-    ConnectError,
-    HttpStatus,
-    IdleTimeout,
-    ReadError,
-    Closed,
-}
-
-impl Ended {
-    fn as_str(self) -> &'static str {
-        match self {
-            Ended::ConnectError => "connect_error",
-            Ended::HttpStatus => "http_status",
-            Ended::IdleTimeout => "idle_timeout",
-            Ended::ReadError => "read_error",
-            Ended::Closed => "closed",
-        }
-    }
-}
-
 /// The body as a byte stream whose every chunk must come within `idle`; a stall is an
 /// `io::ErrorKind::TimedOut` error.
 fn idle_bounded(
@@ -204,8 +364,11 @@ fn idle_bounded(
     })
 }
 
-fn header_map(headers: &[(String, String)]) -> HeaderMap {
+/// The request headers: tailrace's `User-Agent`, then the configured ones (which may replace
+/// it); configured values are marked sensitive, so they are never printed.
+pub(crate) fn header_map(headers: &[(String, String)]) -> HeaderMap {
     let mut map = HeaderMap::new();
+    map.insert(header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
     for (name, value) in headers {
         // Validated by the config; an invalid one is skipped (its value is never echoed).
         if let (Ok(n), Ok(mut v)) = (
@@ -256,7 +419,7 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Raw> + Send + 'static
             }
         };
         let headers = header_map(&o.headers);
-        let connected = gauge!(t::SOURCE_CONNECTED, "source" => name.clone());
+        let connected = t::SourceLink::new(&name);
         let mut backoff = Backoff::new(o.reconnect_min, o.reconnect_max);
         let mut sse = SseAssembler::new(o.max_line, None);
         let mut ever_connected = false;
@@ -275,15 +438,15 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Raw> + Send + 'static
                     req = req.header(header::ACCEPT, "application/x-ndjson, application/jsonl, application/json;q=0.9, */*;q=0.5");
                 }
             }
-            let (ended, wait): (Ended, Option<Duration>) = match tokio::time::timeout(o.idle_timeout, req.send()).await {
+            let (ended, wait): (ReconnectReason, Option<Duration>) = match tokio::time::timeout(o.idle_timeout, req.send()).await {
                 Err(_) => {
                     tracing::warn!(source = %name, url = %shown_url, "no response headers within {} ms", o.idle_timeout.as_millis());
-                    (Ended::ConnectError, None)
+                    (ReconnectReason::ConnectError, None)
                 }
                 Ok(Err(e)) => {
                     let first = if ever_connected { "" } else { " (never connected yet: check the url and that the server is up)" };
                     tracing::warn!(source = %name, url = %shown_url, error = %chain(e), "cannot connect{first}");
-                    (Ended::ConnectError, None)
+                    (ReconnectReason::ConnectError, None)
                 }
                 Ok(Ok(mut resp)) if !resp.status().is_success() => {
                     let status = resp.status();
@@ -295,11 +458,11 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Raw> + Send + 'static
                         .map(|d| d.min(MAX_RETRY_AFTER));
                     let body = excerpt(&mut resp, o.idle_timeout).await;
                     tracing::warn!(source = %name, url = %shown_url, status = %status, body = %body, retry_after = ?hint, "the server answered with an error");
-                    (Ended::HttpStatus, hint)
+                    (ReconnectReason::HttpStatus, hint)
                 }
                 Ok(Ok(resp)) => {
                     ever_connected = true;
-                    connected.set(1.0);
+                    connected.up();
                     tracing::info!(source = %name, url = %shown_url, format = %o.format, "connected");
                     let body = idle_bounded(resp.bytes_stream(), o.idle_timeout);
                     let mut frames = FramedRead::new(StreamReader::new(body.boxed()), LineFramer::new(o.max_line));
@@ -333,31 +496,30 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Raw> + Send + 'static
                                 }
                                 if e.kind() == std::io::ErrorKind::TimedOut {
                                     tracing::warn!(source = %name, url = %shown_url, "stream stalled: {e}; reconnecting");
-                                    break Ended::IdleTimeout;
+                                    break ReconnectReason::IdleTimeout;
                                 }
                                 tracing::warn!(source = %name, url = %shown_url, error = %e, "stream broke; reconnecting");
-                                break Ended::ReadError;
+                                break ReconnectReason::ReadError;
                             }
                             None => {
                                 if let Some(raw) = sse_finish(o.format, &mut sse) {
                                     yield raw;
                                 }
                                 tracing::warn!(source = %name, url = %shown_url, "the server closed the stream; reconnecting");
-                                break Ended::Closed;
+                                break ReconnectReason::Closed;
                             }
                         }
                     };
-                    connected.set(0.0);
+                    connected.down();
                     (ended, None)
                 }
             };
-            counter!(t::SOURCE_RECONNECTS, "source" => name.clone(), "reason" => ended.as_str()).increment(1);
             let delay = match (wait, sse.retry()) {
                 (Some(server_says), _) => server_says,
                 (None, Some(retry)) => backoff.next_from(retry),
                 (None, None) => backoff.next_wait(),
             };
-            tracing::info!(source = %name, reason = ended.as_str(), "reconnecting in {:.1} s", delay.as_secs_f64());
+            t::SourceReconnecting { source: &name, reason: ended, delay }.emit();
             tokio::time::sleep(delay).await;
         }
     }

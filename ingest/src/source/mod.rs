@@ -7,8 +7,12 @@
 //! ([`Raw::Invalid`]): the ingester keeps it as a dead letter with its reason; it never stops
 //! the stream.
 //!
-//! Built-in sources are chosen by one explicit `match` on the configured kind in
-//! [`build`]; a user's own source is any type implementing [`Source`] (see `examples/`).
+//! **A source kind is one file**: the module holds the kind's settings (its `[[sources]]`
+//! keys, their defaults, unknown keys refused), its rules ([`SourceSettings::validate`]), how
+//! it is built ([`SourceSettings::build`]) and the source itself. Adding a kind = one new
+//! file, one variant of [`SourceKind`], and its arm in the two accessors below (the compiler
+//! points at them). A user's own source is any type implementing [`Source`] (see
+//! `examples/custom_source.rs`).
 //!
 //! Layout: [`synthetic`], [`http`], [`file`], [`stdin`], [`command`]; the byte-stream sources
 //! share [`framing`] (bounded NDJSON lines) and the http source's SSE mode uses [`sse`].
@@ -21,12 +25,21 @@ pub mod sse;
 pub mod stdin;
 pub mod synthetic;
 
-use std::time::Duration;
-
 use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::{self, HttpFormat, Pace, SourceConfig, SourceKind};
+use crate::config::Problems;
+use crate::config::entries::{self, Entry};
+pub use crate::telemetry::RejectReason;
+
+/// The `User-Agent` of every outgoing request, unless a source's `headers` set one: services
+/// such as Wikimedia and GitHub refuse requests without one.
+pub const USER_AGENT: &str = concat!(
+    "tailrace/",
+    env!("CARGO_PKG_VERSION"),
+    " (+https://github.com/tailrace/tailrace)"
+);
 
 /// One record as a source hands it over.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,8 +53,8 @@ pub enum Raw {
     Invalid {
         /// The offending bytes (possibly truncated).
         bytes: Vec<u8>,
-        /// A short machine-readable reason (the `reason` metric label).
-        reason: &'static str,
+        /// Why (the `reason` metric label).
+        reason: RejectReason,
     },
 }
 
@@ -63,6 +76,133 @@ pub trait Source: Send + 'static {
     fn records(self: Box<Self>) -> BoxStream<'static, Raw>;
 }
 
+/// What every source kind's settings provide.
+pub trait SourceSettings {
+    /// Checks what serde cannot (ranges, combinations); problems are keyed under `at`
+    /// (`sources[2]`), e.g. `sources[2].url`.
+    fn validate(&self, at: &str, p: &mut Problems);
+
+    /// Builds the source.
+    fn build(&self, name: &str, ctx: &BuildContext) -> Result<Box<dyn Source>, SourceError>;
+
+    /// A few words for the startup block, after the kind (`70/s`, a URL); empty for none.
+    fn describe(&self) -> String {
+        String::new()
+    }
+
+    /// Replaces secrets (header values, URL passwords) with `***`, for printing.
+    fn redact(&mut self) {}
+}
+
+/// What building a source may need beyond its own settings.
+#[derive(Clone, Debug)]
+pub struct BuildContext {
+    /// Position in the `sources` list (for error messages).
+    pub index: usize,
+    /// The longest line (NDJSON) or event (SSE) a byte source keeps whole: the ingester's
+    /// `max_event_bytes`, or the 4 KiB a dead letter keeps when that is smaller. Longer ones
+    /// are `too_large` at the source, without ever being held whole in memory.
+    pub max_line: usize,
+}
+
+/// One `[[sources]]` table: a name and the settings of its kind.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceConfig {
+    /// Unique name, `[a-z0-9_-]+`; labels metrics and is stored with each event.
+    pub name: String,
+    /// What produces the events, with the settings of that kind.
+    pub kind: SourceKind,
+}
+
+/// The source kinds, each with its settings (`kind = "..."` in `[[sources]]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    /// Generated tweet-like events at `rate_per_sec`, with bursts.
+    Synthetic(synthetic::SyntheticConfig),
+    /// A streaming HTTP response (NDJSON or server-sent events).
+    Http(http::HttpConfig),
+    /// A file of newline-delimited JSON, replayed.
+    File(file::FileConfig),
+    /// Newline-delimited JSON on standard input.
+    Stdin(stdin::StdinConfig),
+    /// Newline-delimited JSON on the standard output of a program.
+    Command(command::CommandConfig),
+}
+
+impl SourceKind {
+    /// The settings, behind the trait every kind implements.
+    pub fn settings(&self) -> &dyn SourceSettings {
+        match self {
+            SourceKind::Synthetic(c) => c,
+            SourceKind::Http(c) => c,
+            SourceKind::File(c) => c,
+            SourceKind::Stdin(c) => c,
+            SourceKind::Command(c) => c,
+        }
+    }
+
+    fn settings_mut(&mut self) -> &mut dyn SourceSettings {
+        match self {
+            SourceKind::Synthetic(c) => c,
+            SourceKind::Http(c) => c,
+            SourceKind::File(c) => c,
+            SourceKind::Stdin(c) => c,
+            SourceKind::Command(c) => c,
+        }
+    }
+
+    /// The kind's name, as written in `kind = "..."`.
+    pub fn name(&self) -> String {
+        match serde_json::to_value(self) {
+            Ok(Value::Object(o)) => o.keys().next().cloned().unwrap_or_default(),
+            _ => String::new(),
+        }
+    }
+}
+
+impl SourceConfig {
+    /// The default source: the synthetic stream at 70 events/s.
+    pub fn default_sample() -> Self {
+        SourceConfig {
+            name: "sample".into(),
+            kind: SourceKind::Synthetic(synthetic::SyntheticConfig::at(70.0)),
+        }
+    }
+
+    /// The settings of its kind.
+    pub fn settings(&self) -> &dyn SourceSettings {
+        self.kind.settings()
+    }
+
+    /// The settings of its kind, to change them.
+    pub fn settings_mut(&mut self) -> &mut dyn SourceSettings {
+        self.kind.settings_mut()
+    }
+}
+
+impl Entry for SourceConfig {
+    type Kind = SourceKind;
+
+    fn new(name: String, kind: SourceKind) -> Self {
+        SourceConfig { name, kind }
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &SourceKind {
+        &self.kind
+    }
+}
+
+impl Serialize for SourceConfig {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        entries::serialize(self, s)
+    }
+}
+
 /// Why a source could not be built from its configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -80,11 +220,10 @@ pub enum SourceError {
     },
 }
 
-/// Builds the configured sources. `max_event_bytes` is the ingester's limit: a line (NDJSON)
-/// or an event's data (SSE) longer than it, and longer than the 4096 bytes a dead letter keeps,
-/// is `too_large` at the source, without ever being held whole in memory. Shorter ones reach
-/// the validator whole, so their dead letter keeps every byte and `tailrace dead-letters
-/// replay` can pass them once the limit is raised.
+/// Builds the configured sources. `max_event_bytes` is the ingester's limit (see
+/// [`BuildContext::max_line`]): shorter records reach the validator whole, so their dead
+/// letter keeps every byte and `tailrace dead-letters replay` can pass them once the limit is
+/// raised.
 pub fn build(
     configs: &[SourceConfig],
     max_event_bytes: usize,
@@ -93,118 +232,9 @@ pub fn build(
     configs
         .iter()
         .enumerate()
-        .map(|(index, c)| -> Result<Box<dyn Source>, SourceError> {
-            let ms = |v: Option<u64>, default: u64| Duration::from_millis(v.unwrap_or(default));
-            let reconnect_max = ms(c.reconnect_max_ms, config::DEFAULT_RECONNECT_MAX_MS);
-            let missing = |key: &str| SourceError::Setting {
-                index,
-                name: c.name.clone(),
-                key: key.to_owned(),
-                message: format!("required for kind = {:?}", c.kind.as_str()),
-            };
-            match c.kind {
-                SourceKind::Synthetic => Ok(Box::new(synthetic::Synthetic::from_config(c))),
-                SourceKind::Http => {
-                    let url = c.url.clone().ok_or_else(|| missing("url"))?;
-                    let mut o = http::HttpOptions::new(
-                        url,
-                        c.format.unwrap_or(HttpFormat::Ndjson),
-                        max_line,
-                    );
-                    for (header, value) in &c.headers {
-                        let value = config::interpolate_env(value, |v| std::env::var(v).ok())
-                            .map_err(|message| SourceError::Setting {
-                                index,
-                                name: c.name.clone(),
-                                key: format!("headers.{header}"),
-                                message,
-                            })?;
-                        o.headers.push((header.clone(), value));
-                    }
-                    o.connect_timeout =
-                        ms(c.connect_timeout_ms, config::DEFAULT_CONNECT_TIMEOUT_MS);
-                    o.idle_timeout = ms(c.idle_timeout_ms, config::DEFAULT_IDLE_TIMEOUT_MS);
-                    o.reconnect_max = reconnect_max;
-                    Ok(Box::new(http::HttpSource::new(c.name.clone(), o)))
-                }
-                SourceKind::File => {
-                    let path = c.path.clone().ok_or_else(|| missing("path"))?;
-                    let pace = match c.pace.unwrap_or(Pace::Fast) {
-                        Pace::Fast => file::Pacing::Fast,
-                        Pace::Rate => file::Pacing::Rate(c.rate_per_sec.unwrap_or(1.0)),
-                        Pace::Timestamps => file::Pacing::Timestamps {
-                            field: c
-                                .timestamp_field
-                                .clone()
-                                .unwrap_or_else(|| config::DEFAULT_TIMESTAMP_FIELD.to_owned()),
-                            speed: c.speed.unwrap_or(1.0),
-                        },
-                    };
-                    let o = file::FileOptions {
-                        path,
-                        pacing: pace,
-                        follow: c.follow.unwrap_or(false),
-                        max_line,
-                    };
-                    Ok(Box::new(file::FileSource::new(c.name.clone(), o)))
-                }
-                SourceKind::Stdin => {
-                    Ok(Box::new(stdin::StdinSource::new(c.name.clone(), max_line)))
-                }
-                SourceKind::Command => {
-                    let program = c.program.clone().ok_or_else(|| missing("program"))?;
-                    let o = command::CommandOptions {
-                        program,
-                        args: c.args.clone(),
-                        restart: c.restart.unwrap_or(true),
-                        reconnect_min: Duration::from_millis(100),
-                        reconnect_max,
-                        max_line,
-                    };
-                    Ok(Box::new(command::CommandSource::new(c.name.clone(), o)))
-                }
-            }
+        .map(|(index, c)| {
+            c.settings()
+                .build(&c.name, &BuildContext { index, max_line })
         })
         .collect()
-}
-
-/// Waits between reconnects (http) and restarts (command): doubling from `min` up to `max`,
-/// with "equal jitter" (half fixed, half random), so many sources do not reconnect in step.
-#[derive(Clone, Debug)]
-pub struct Backoff {
-    min: Duration,
-    max: Duration,
-    attempt: u32,
-}
-
-impl Backoff {
-    /// Starts at `min`.
-    pub fn new(min: Duration, max: Duration) -> Self {
-        Backoff {
-            min,
-            max: max.max(min),
-            attempt: 0,
-        }
-    }
-
-    /// After a success: the next wait is short again.
-    pub fn reset(&mut self) {
-        self.attempt = 0;
-    }
-
-    /// The next wait.
-    pub fn next_wait(&mut self) -> Duration {
-        let min = self.min;
-        self.next_from(min)
-    }
-
-    /// The next wait, with `base` (e.g. an SSE `retry:`) as the first step.
-    pub fn next_from(&mut self, base: Duration) -> Duration {
-        let exp = base
-            .saturating_mul(1u32 << self.attempt.min(20))
-            .min(self.max);
-        self.attempt = self.attempt.saturating_add(1);
-        let half = exp / 2;
-        half + half.mul_f64(rand::random::<f64>())
-    }
 }

@@ -15,14 +15,14 @@
 //! - an event with an `event:` or `data:` field but empty data is `Raw::Invalid {reason:
 //!   "empty_event"}` (the standard drops it silently; we count it); a block of only `id:` /
 //!   `retry:` fields sets those and is not an event;
-//! - an event cut off by the end of the stream is `Raw::Invalid {reason: "truncated"}` (the
+//! - an event cut off by the end of the stream is `Raw::Invalid {reason: RejectReason::Truncated}` (the
 //!   standard drops it);
 //! - line endings are `\n` or `\r\n` (a bare `\r` is not a line ending here).
 
 use std::time::Duration;
 
-use super::Raw;
 use super::framing::{Frame, PREFIX_BYTES};
+use super::{Raw, RejectReason};
 
 /// Assembles events from lines; remembers the last event id and the server's `retry:`.
 #[derive(Debug, Clone)]
@@ -104,7 +104,7 @@ impl SseAssembler {
         self.reset();
         had_event.then(|| Raw::Invalid {
             bytes: bytes[..bytes.len().min(PREFIX_BYTES)].to_vec(),
-            reason: "truncated",
+            reason: RejectReason::Truncated,
         })
     }
 
@@ -195,7 +195,7 @@ impl SseAssembler {
         if too_large {
             return Some(Raw::Invalid {
                 bytes: data,
-                reason: "too_large",
+                reason: RejectReason::TooLarge,
             });
         }
         if data.last() == Some(&b'\n') {
@@ -204,7 +204,7 @@ impl SseAssembler {
         if data.iter().all(u8::is_ascii_whitespace) {
             return Some(Raw::Invalid {
                 bytes: data,
-                reason: "empty_event",
+                reason: RejectReason::EmptyEvent,
             });
         }
         Some(Raw::Bytes(data))
@@ -259,7 +259,7 @@ mod tests {
                 bytes("{\"b\":2}"),
                 Raw::Invalid {
                     bytes: b"{\"c\"\n".to_vec(),
-                    reason: "truncated"
+                    reason: RejectReason::Truncated
                 }
             ]
         );
@@ -279,11 +279,11 @@ mod tests {
             vec![
                 Raw::Invalid {
                     bytes: vec![],
-                    reason: "empty_event"
+                    reason: RejectReason::EmptyEvent
                 },
                 Raw::Invalid {
                     bytes: vec![],
-                    reason: "empty_event"
+                    reason: RejectReason::EmptyEvent
                 },
                 bytes("{}")
             ]
@@ -302,7 +302,7 @@ mod tests {
         assert!(matches!(
             got[0],
             Raw::Invalid {
-                reason: "too_large",
+                reason: RejectReason::TooLarge,
                 ..
             }
         ));
@@ -314,7 +314,7 @@ mod tests {
             vec![
                 Raw::Invalid {
                     bytes: b"0123456789\n0123456789".to_vec(),
-                    reason: "too_large"
+                    reason: RejectReason::TooLarge
                 },
                 bytes("{}")
             ]

@@ -10,8 +10,24 @@ use futures::stream::{BoxStream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_util::io::StreamReader;
 
+use serde::{Deserialize, Serialize};
+
 use super::framing;
-use super::{Raw, Source};
+use super::{BuildContext, Raw, Source, SourceError, SourceSettings};
+use crate::config::Problems;
+
+/// Settings of the stdin source (`kind = "stdin"`): none beyond the name.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StdinConfig {}
+
+impl SourceSettings for StdinConfig {
+    fn validate(&self, _at: &str, _p: &mut Problems) {}
+
+    fn build(&self, name: &str, ctx: &BuildContext) -> Result<Box<dyn Source>, SourceError> {
+        Ok(Box::new(StdinSource::new(name, ctx.max_line)))
+    }
+}
 
 /// Bytes read from stdin at a time.
 const CHUNK: usize = 64 * 1024;

@@ -1,7 +1,7 @@
 //! A synthetic tweet-like stream: Poisson arrivals at a mean rate, occasional bursts, seeded
 //! for reproducibility. The default source, so `cargo run` shows a live pipeline at once.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use futures::stream::{BoxStream, StreamExt};
 use rand::rngs::StdRng;
@@ -9,8 +9,10 @@ use rand::{RngExt, SeedableRng};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::{Raw, Source};
-use crate::config::SourceConfig;
+use serde::{Deserialize, Serialize};
+
+use super::{BuildContext, Raw, Source, SourceError, SourceSettings};
+use crate::config::Problems;
 
 const LANGS: [(&str, u32); 8] = [
     ("en", 50),
@@ -55,48 +57,94 @@ const WORDS: [&str; 32] = [
 ];
 const USERS: u64 = 5000;
 
-/// Settings of the synthetic source.
-#[derive(Clone, Debug)]
-pub struct SyntheticOptions {
-    /// Mean events per second outside bursts.
+/// Settings of the synthetic source (`kind = "synthetic"`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyntheticConfig {
+    /// Mean events per second outside bursts (required).
     pub rate_per_sec: f64,
-    /// Random seed; `None` draws one.
+    /// Random seed, for a reproducible stream; absent = random.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
-    /// Chance per second that a burst starts.
+    /// Chance per second that a burst starts (0..=1).
+    #[serde(default = "default_burst_probability")]
     pub burst_probability: f64,
-    /// Rate multiplier during a burst.
+    /// The rate is multiplied by this during a burst (>= 1).
+    #[serde(default = "default_burst_multiplier")]
     pub burst_multiplier: f64,
-    /// Burst length in seconds.
+    /// How long a burst lasts, in seconds (>= 1).
+    #[serde(default = "default_burst_secs")]
     pub burst_secs: u64,
+}
+
+fn default_burst_probability() -> f64 {
+    0.01
+}
+fn default_burst_multiplier() -> f64 {
+    5.0
+}
+fn default_burst_secs() -> u64 {
+    3
+}
+
+impl SyntheticConfig {
+    /// A stream at `rate_per_sec`, random seed, default bursts.
+    pub fn at(rate_per_sec: f64) -> Self {
+        SyntheticConfig {
+            rate_per_sec,
+            seed: None,
+            burst_probability: default_burst_probability(),
+            burst_multiplier: default_burst_multiplier(),
+            burst_secs: default_burst_secs(),
+        }
+    }
+}
+
+impl SourceSettings for SyntheticConfig {
+    fn validate(&self, at: &str, p: &mut Problems) {
+        if !(self.rate_per_sec.is_finite() && self.rate_per_sec > 0.0) {
+            p.push(
+                format!("{at}.rate_per_sec"),
+                format!("must be > 0 (got {})", self.rate_per_sec),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.burst_probability) {
+            p.push(
+                format!("{at}.burst_probability"),
+                format!("must be in 0..=1 (got {})", self.burst_probability),
+            );
+        }
+        if !(self.burst_multiplier.is_finite() && self.burst_multiplier >= 1.0) {
+            p.push(
+                format!("{at}.burst_multiplier"),
+                format!("must be >= 1 (got {})", self.burst_multiplier),
+            );
+        }
+        p.at_least(&format!("{at}.burst_secs"), self.burst_secs, 1);
+    }
+
+    fn build(&self, name: &str, _: &BuildContext) -> Result<Box<dyn Source>, SourceError> {
+        Ok(Box::new(Synthetic::new(name, self.clone())))
+    }
+
+    fn describe(&self) -> String {
+        format!("{}/s", self.rate_per_sec)
+    }
 }
 
 /// The synthetic source.
 pub struct Synthetic {
     name: String,
-    options: SyntheticOptions,
+    options: SyntheticConfig,
 }
 
 impl Synthetic {
-    /// A synthetic source with these options.
-    pub fn new(name: impl Into<String>, options: SyntheticOptions) -> Self {
+    /// A synthetic source with these settings.
+    pub fn new(name: impl Into<String>, options: SyntheticConfig) -> Self {
         Synthetic {
             name: name.into(),
             options,
         }
-    }
-
-    /// Built from its configuration table.
-    pub fn from_config(c: &SourceConfig) -> Self {
-        Synthetic::new(
-            c.name.clone(),
-            SyntheticOptions {
-                rate_per_sec: c.rate_per_sec.unwrap_or(70.0),
-                seed: c.seed,
-                burst_probability: c.burst_probability,
-                burst_multiplier: c.burst_multiplier,
-                burst_secs: c.burst_secs,
-            },
-        )
     }
 }
 
@@ -130,13 +178,13 @@ impl Source for Synthetic {
 
 /// Arrival times: exponential gaps at the current rate, with bursts.
 struct Pacer {
-    o: SyntheticOptions,
+    o: SyntheticConfig,
     second: Option<Instant>,
     burst_until: Option<Instant>,
 }
 
 impl Pacer {
-    fn new(o: SyntheticOptions) -> Self {
+    fn new(o: SyntheticConfig) -> Self {
         Pacer {
             o,
             second: None,
@@ -240,14 +288,6 @@ impl Generator {
     }
 }
 
-/// Microseconds since the Unix epoch.
-pub fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -301,7 +341,7 @@ mod tests {
 
     #[test]
     fn gaps_average_to_the_configured_rate() {
-        let o = SyntheticOptions {
+        let o = SyntheticConfig {
             rate_per_sec: 70.0,
             seed: None,
             burst_probability: 0.0,
@@ -323,7 +363,7 @@ mod tests {
 
     #[test]
     fn bursts_raise_the_rate() {
-        let o = SyntheticOptions {
+        let o = SyntheticConfig {
             rate_per_sec: 70.0,
             seed: None,
             burst_probability: 1.0,

@@ -25,8 +25,9 @@ use serde_json::Value;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::{
-    Capped, CappedSpec, ChangeFilter, ChangeStart, ChangeStream, Document, Durability, Keyed,
-    Position, Record, RecordStream, Result, ResumeToken, Start, Store, StoreError, Update,
+    Bounds, Capped, CappedSpec, ChangeFilter, ChangeStart, ChangeStream, Document, Durability,
+    KeyUpdate, Keyed, KeyedDoc, Position, Record, RecordStream, Result, ResumeToken, Start, Store,
+    StoreError, Usage,
 };
 use writer::{Commit, Job, Op, Reply, Writer};
 
@@ -443,7 +444,7 @@ impl Capped for EmbeddedCapped {
             .await
     }
 
-    async fn bounds(&self) -> Result<Option<(Position, Position)>> {
+    async fn bounds(&self) -> Result<Option<Bounds>> {
         let table = schema::capped_table(&self.name);
         self.inner
             .read(move |c| {
@@ -452,14 +453,15 @@ impl Capped for EmbeddedCapped {
                     [],
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )?;
-                Ok(lo
-                    .zip(hi)
-                    .map(|(lo, hi)| (Position(lo as u64), Position(hi as u64))))
+                Ok(lo.zip(hi).map(|(lo, hi)| Bounds {
+                    oldest: Position(lo as u64),
+                    newest: Position(hi as u64),
+                }))
             })
             .await
     }
 
-    async fn usage(&self) -> Result<(u64, u64)> {
+    async fn usage(&self) -> Result<Usage> {
         let table = schema::capped_table(&self.name);
         self.inner
             .read(move |c| {
@@ -468,7 +470,10 @@ impl Capped for EmbeddedCapped {
                     [],
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )?;
-                Ok((n as u64, b as u64))
+                Ok(Usage {
+                    docs: n as u64,
+                    bytes: b as u64,
+                })
             })
             .await
     }
@@ -486,7 +491,7 @@ impl Keyed for EmbeddedKeyed {
         &self.name
     }
 
-    async fn update(&self, updates: Vec<(String, Update)>, durability: Durability) -> Result<()> {
+    async fn update(&self, updates: Vec<KeyUpdate>, durability: Durability) -> Result<()> {
         if updates.is_empty() {
             return Ok(());
         }
@@ -549,7 +554,7 @@ impl Keyed for EmbeddedKeyed {
             .await
     }
 
-    async fn scan(&self, prefix: &str) -> Result<Vec<(String, Document)>> {
+    async fn scan(&self, prefix: &str) -> Result<Vec<KeyedDoc>> {
         let (coll, prefix) = (self.name.clone(), prefix.to_string());
         self.inner
             .read(move |c| read::scan(c, &coll, &prefix))

@@ -11,8 +11,8 @@ use tokio::sync::broadcast::error::RecvError;
 use super::Inner;
 use super::schema::{self, capped_table};
 use crate::{
-    Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Document, Position, Record,
-    RecordStream, Result, ResumeToken, Start, StoreError,
+    Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Document, KeyedDoc, Position,
+    Record, RecordStream, Result, ResumeToken, Start, StoreError,
 };
 
 /// Rows fetched per catch-up query: bounds memory while a reader is far behind.
@@ -117,7 +117,7 @@ pub fn explain_latest(c: &Connection, coll: &str, field: &str) -> Result<String>
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?.join("; "))
 }
 
-pub(super) fn scan(c: &Connection, coll: &str, prefix: &str) -> Result<Vec<(String, Document)>> {
+pub(super) fn scan(c: &Connection, coll: &str, prefix: &str) -> Result<Vec<KeyedDoc>> {
     // Keys in [prefix, prefix + U+10FFFF) share the prefix; this keeps the primary key usable.
     let upper = format!("{prefix}\u{10FFFF}");
     let mut stmt = c.prepare_cached(
@@ -127,8 +127,11 @@ pub(super) fn scan(c: &Connection, coll: &str, prefix: &str) -> Result<Vec<(Stri
         Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
     })?;
     rows.map(|row| {
-        let (k, body) = row?;
-        Ok((k, parse_doc(&body)?))
+        let (key, body) = row?;
+        Ok(KeyedDoc {
+            key,
+            doc: parse_doc(&body)?,
+        })
     })
     .collect()
 }

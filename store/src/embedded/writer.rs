@@ -10,9 +10,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::schema::{self, capped_table};
+use crate::clock::now_us;
 use crate::{
-    CappedSpec, Change, ChangeOp, Document, Durability, Position, Record, Result, ResumeToken,
-    StoreError, Update, update,
+    CappedSpec, Change, ChangeOp, Document, Durability, KeyUpdate, Position, Record, Result,
+    ResumeToken, StoreError, update,
 };
 
 /// At most this many jobs share one transaction, so one commit's latency stays bounded.
@@ -34,7 +35,7 @@ pub(crate) enum Op {
     },
     Update {
         coll: String,
-        updates: Vec<(String, Update)>,
+        updates: Vec<KeyUpdate>,
     },
     Set {
         coll: String,
@@ -96,13 +97,6 @@ pub(crate) struct Writer {
     sync_full: bool,
     hub: broadcast::Sender<Arc<Commit>>,
     newest_op: Arc<AtomicU64>,
-}
-
-pub(crate) fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
 }
 
 impl Writer {
@@ -278,7 +272,7 @@ impl Writer {
                 Ok(Reply::Positions(positions))
             }
             Op::Update { coll, updates } => {
-                for (key, u) in updates.iter() {
+                for KeyUpdate { key, update: u } in updates.iter() {
                     let before = self.get_kv(coll, key)?;
                     let mut after = before.clone().unwrap_or_else(|| {
                         let mut d = Document::new();

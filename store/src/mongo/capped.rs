@@ -18,13 +18,15 @@ use tokio::task::JoinHandle;
 
 use super::convert::{
     Class, bson_as_i64, bson_doc_to_json, classify, doc_to_bson, engine_err, error_code,
-    json_to_bson, map_error, now_us, position_filter, write_concern,
+    json_to_bson, map_error, position_filter, write_concern,
 };
 use super::{BACKOFF_MAX, BACKOFF_MIN, Inner, lock_err, sleep_unless_closed};
+use crate::backoff::Backoff;
+use crate::clock::now_us;
 use crate::embedded::schema::check_field;
 use crate::{
-    Capped, CappedSpec, Document, Durability, Position, Record, RecordStream, Result, Start,
-    StoreError,
+    Bounds, Capped, CappedSpec, Document, Durability, Position, Record, RecordStream, Result,
+    Start, StoreError, Usage,
 };
 
 /// At most this many documents go into one `insert_many` (the driver splits further by the
@@ -686,13 +688,16 @@ impl Capped for MongoCapped {
         Ok(out)
     }
 
-    async fn bounds(&self) -> Result<Option<(Position, Position)>> {
+    async fn bounds(&self) -> Result<Option<Bounds>> {
         let oldest = oldest_id(&self.shared.coll, &self.shared.name).await?;
         let newest = newest_id(&self.shared.coll, &self.shared.name).await?;
-        Ok(oldest.zip(newest).map(|(o, n)| (Position(o), Position(n))))
+        Ok(oldest.zip(newest).map(|(o, n)| Bounds {
+            oldest: Position(o),
+            newest: Position(n),
+        }))
     }
 
-    async fn usage(&self) -> Result<(u64, u64)> {
+    async fn usage(&self) -> Result<Usage> {
         // `$collStats.storageStats`: `count` and `size` (uncompressed BSON bytes, the measure
         // the capped `size` limit applies to), without scanning the collection.
         let mut cursor = self
@@ -701,7 +706,7 @@ impl Capped for MongoCapped {
             .aggregate([doc! {"$collStats": {"storageStats": {}}}])
             .await?;
         let Some(stats) = cursor.next().await.transpose()? else {
-            return Ok((0, 0));
+            return Ok(Usage::default());
         };
         let storage = stats.get_document("storageStats").map_err(|_| {
             engine_err(format!(
@@ -710,7 +715,10 @@ impl Capped for MongoCapped {
             ))
         })?;
         let num = |k: &str| storage.get(k).and_then(bson_as_i64).unwrap_or(0).max(0) as u64;
-        Ok((num("count"), num("size")))
+        Ok(Usage {
+            docs: num("count"),
+            bytes: num("size"),
+        })
     }
 }
 
@@ -742,7 +750,7 @@ fn tail_stream(inner: Arc<Inner>, shared: Arc<CappedShared>, start: Start) -> Re
     let mut closed = inner.closed.subscribe();
     let mut written = shared.acks.subscribe();
     Box::pin(async_stream::try_stream! {
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
         loop {
             if *closed.borrow() {
                 Err(StoreError::Closed)?;
@@ -764,10 +772,9 @@ fn tail_stream(inner: Arc<Inner>, shared: Arc<CappedShared>, start: Start) -> Re
                 Ok(c) => c,
                 Err(e) if classify(&e) == Class::Transient => {
                     tracing::warn!(collection = %shared.name, error = %e, "tail: cannot open the cursor; retrying");
-                    if !sleep_unless_closed(&mut closed, backoff).await {
+                    if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
                         Err(StoreError::Closed)?;
                     }
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
                     continue;
                 }
                 Err(e) => Err(map_error(e))?,
@@ -810,7 +817,7 @@ fn tail_stream(inner: Arc<Inner>, shared: Arc<CappedShared>, start: Start) -> Re
                         }
                         last = Some(position);
                         yielded = true;
-                        backoff = BACKOFF_MIN;
+                        backoff.reset();
                         let at = shared.acks.committed_at(position, ACK_WAIT).await;
                         yield to_record(&shared.name, d, at)?;
                     }
@@ -820,10 +827,9 @@ fn tail_stream(inner: Arc<Inner>, shared: Arc<CappedShared>, start: Start) -> Re
                         Class::PositionLost => break,
                         Class::Transient => {
                             tracing::warn!(collection = %shared.name, error = %e, "tail: cursor failed; re-opening");
-                            if !sleep_unless_closed(&mut closed, backoff).await {
+                            if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
                                 Err(StoreError::Closed)?;
                             }
-                            backoff = (backoff * 2).min(BACKOFF_MAX);
                             break;
                         }
                         _ => Err(map_error(e))?,
@@ -836,12 +842,11 @@ fn tail_stream(inner: Arc<Inner>, shared: Arc<CappedShared>, start: Start) -> Re
                                 biased;
                                 _ = closed.wait_for(|c| *c) => false,
                                 _ = written.changed() => true,
-                                _ = tokio::time::sleep(backoff) => true,
+                                _ = tokio::time::sleep(backoff.next_wait()) => true,
                             };
                             if !woke {
                                 Err(StoreError::Closed)?;
                             }
-                            backoff = (backoff * 2).min(BACKOFF_MAX);
                         }
                         break;
                     }

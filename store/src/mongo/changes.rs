@@ -19,10 +19,12 @@ pub(crate) type TokenCell = Arc<Mutex<Option<ResumeToken>>>;
 
 use super::convert::{
     Class, OplogPos, Token, bson_doc_to_json, bson_to_json, classify, decode_token, encode_token,
-    engine_err, json_to_bson, key_string, map_error, now_us, regex_escape,
+    engine_err, json_to_bson, key_string, map_error, regex_escape,
 };
 use super::oplog::oldest_entry;
 use super::{BACKOFF_MAX, BACKOFF_MIN, CHECKPOINTS, Inner, WIRE_VERSION_6_0, sleep_unless_closed};
+use crate::backoff::Backoff;
+use crate::clock::now_us;
 use crate::{
     Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Document, Result, ResumeToken,
     StoreError, Update,
@@ -370,7 +372,7 @@ pub(crate) fn change_stream(
         let mut closed = inner.closed.subscribe();
         let (mut events, first_from) = opened.await?;
         publish_if_unset(&tokens, encode_driver(events.resume_token()));
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
         loop {
             // `next_if_any` makes at most one getMore (which the server holds for up to
             // `max_await_time`), so the post-batch token is seen even on a quiet stream.
@@ -385,7 +387,7 @@ pub(crate) fn change_stream(
             };
             match step {
                 Ok(Some(event)) => {
-                    backoff = BACKOFF_MIN;
+                    backoff.reset();
                     let change = to_change(event)?;
                     // The event's own token (the driver's token is the current event's while
                     // its batch lasts): set before the hand-over, read by the consumer after.
@@ -438,13 +440,12 @@ async fn reopen(
     pipeline: &[BsonDoc],
     from: &StartAt,
     closed: &mut watch::Receiver<bool>,
-    backoff: &mut std::time::Duration,
+    backoff: &mut Backoff,
 ) -> Result<Events> {
     loop {
-        if !sleep_unless_closed(closed, *backoff).await {
+        if !sleep_unless_closed(closed, backoff.next_wait()).await {
             return Err(StoreError::Closed);
         }
-        *backoff = (*backoff * 2).min(BACKOFF_MAX);
         match open(inner, pipeline, from).await {
             Ok(events) => return Ok(events),
             Err(e) => match classify(&e) {

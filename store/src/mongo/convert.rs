@@ -15,14 +15,6 @@ use crate::{Document, Durability, ResumeToken, StoreError, Update};
 /// The `engine` name in errors and metrics.
 pub(crate) const ENGINE: &str = "mongodb";
 
-/// Microseconds since the Unix epoch, now.
-pub(crate) fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
-}
-
 /// A store error in the engine's own words.
 pub(crate) fn engine_err(message: impl Into<String>) -> StoreError {
     StoreError::Engine {

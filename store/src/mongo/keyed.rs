@@ -16,8 +16,8 @@ use super::convert::{
 };
 use super::{Inner, WIRE_VERSION_6_0};
 use crate::{
-    ChangeFilter, ChangeStart, ChangeStream, Document, Durability, Keyed, Result, StoreError,
-    Update,
+    ChangeFilter, ChangeStart, ChangeStream, Document, Durability, KeyUpdate, Keyed, KeyedDoc,
+    Result, StoreError,
 };
 
 /// The server's error code for "namespace already exists".
@@ -181,13 +181,13 @@ impl Keyed for MongoKeyed {
         &self.name
     }
 
-    async fn update(&self, updates: Vec<(String, Update)>, durability: Durability) -> Result<()> {
+    async fn update(&self, updates: Vec<KeyUpdate>, durability: Durability) -> Result<()> {
         if updates.is_empty() {
             return Ok(());
         }
         let ops = updates
             .iter()
-            .map(|(key, u)| Ok((key.clone(), update_document(u)?)))
+            .map(|u| Ok((u.key.clone(), update_document(&u.update)?)))
             .collect::<Result<Vec<_>>>()?;
         self.inner.wait_for_opening_streams().await;
         let write = run_updates(
@@ -261,7 +261,7 @@ impl Keyed for MongoKeyed {
         Ok(doc.map(bson_doc_to_json))
     }
 
-    async fn scan(&self, prefix: &str) -> Result<Vec<(String, Document)>> {
+    async fn scan(&self, prefix: &str) -> Result<Vec<KeyedDoc>> {
         // Without a collation MongoDB compares strings bytewise (UTF-8), as the embedded engine
         // does, so both return keys in the same order.
         let mut cursor = self
@@ -273,7 +273,10 @@ impl Keyed for MongoKeyed {
         while let Some(doc) = cursor.next().await {
             let doc = doc?;
             let key = doc.get("_id").map(key_string).unwrap_or_default();
-            out.push((key, bson_doc_to_json(doc)));
+            out.push(KeyedDoc {
+                key,
+                doc: bson_doc_to_json(doc),
+            });
         }
         Ok(out)
     }

@@ -25,6 +25,7 @@ use super::convert::{
     error_code, map_error, regex_escape,
 };
 use super::{BACKOFF_MAX, BACKOFF_MIN, CHECKPOINTS, Inner, sleep_unless_closed};
+use crate::backoff::Backoff;
 use crate::{
     Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Result, ResumeToken, StoreError,
 };
@@ -311,7 +312,7 @@ pub(crate) fn oplog_stream(
         let mut last = resolved.await?;
         let mut closed = inner.closed.subscribe();
         let oplog = oplog_collection(&inner);
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
         loop {
             if *closed.borrow() {
                 Err(StoreError::Closed)?;
@@ -328,10 +329,9 @@ pub(crate) fn oplog_stream(
                 Ok(c) => c,
                 Err(e) if classify(&e) == Class::Transient => {
                     tracing::warn!(error = %e, "oplog watcher: cannot open the cursor; retrying");
-                    if !sleep_unless_closed(&mut closed, backoff).await {
+                    if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
                         Err(StoreError::Closed)?;
                     }
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
                     continue;
                 }
                 Err(e) => Err(map_error(e))?,
@@ -349,7 +349,7 @@ pub(crate) fn oplog_stream(
                 match step {
                     Step::Closed => Err(StoreError::Closed)?,
                     Step::Entry(entry) => {
-                        backoff = BACKOFF_MIN;
+                        backoff.reset();
                         let ts = entry.get_timestamp("ts").ok();
                         let wall = entry.get_datetime("wall").ok().copied();
                         for (pos, op) in expand(&entry) {
@@ -399,10 +399,9 @@ pub(crate) fn oplog_stream(
                         Class::PositionLost => break,
                         Class::Transient => {
                             tracing::warn!(error = %e, "oplog watcher: cursor failed; re-opening");
-                            if !sleep_unless_closed(&mut closed, backoff).await {
+                            if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
                                 Err(StoreError::Closed)?;
                             }
-                            backoff = (backoff * 2).min(BACKOFF_MAX);
                             break;
                         }
                         _ => Err(map_error(e))?,
@@ -410,10 +409,9 @@ pub(crate) fn oplog_stream(
                     Step::Dead => {
                         // The oplog is never empty on a replica-set member; a dead cursor is
                         // unusual (killed): re-open after a pause.
-                        if !sleep_unless_closed(&mut closed, backoff).await {
+                        if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
                             Err(StoreError::Closed)?;
                         }
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
                         break;
                     }
                 }

@@ -155,9 +155,9 @@ pub async fn tail_start_now_and_after(store: &dyn Store) {
 pub async fn eviction_by_count(store: &dyn Store) {
     let c = capped(store, "c_evict_count", 10, 1 << 20).await;
     let p = append_n(&*c, 0, 25, Durability::Acknowledged).await;
-    let (count, _) = c.usage().await.unwrap();
+    let count = c.usage().await.unwrap().docs;
     assert_eq!(count, 10, "max_docs = 10 keeps 10 documents");
-    let (oldest, newest) = c.bounds().await.unwrap().unwrap();
+    let store::Bounds { oldest, newest } = c.bounds().await.unwrap().unwrap();
     assert_eq!(
         (oldest, newest),
         (p[15], p[24]),
@@ -176,7 +176,7 @@ pub async fn eviction_by_bytes(store: &dyn Store) {
         .map(|i| doc(json!({"n": i, "pad": "y".repeat(200)})))
         .collect();
     let p = c.append(docs, Durability::Acknowledged).await.unwrap();
-    let (count, bytes) = c.usage().await.unwrap();
+    let store::Usage { docs: count, bytes } = c.usage().await.unwrap();
     assert!(
         bytes <= 4096,
         "bytes kept ({bytes}) must be within max_bytes 4096"
@@ -185,7 +185,7 @@ pub async fn eviction_by_bytes(store: &dyn Store) {
         (10..100).contains(&count),
         "some but not all documents kept, got {count}"
     );
-    let (oldest, newest) = c.bounds().await.unwrap().unwrap();
+    let store::Bounds { oldest, newest } = c.bounds().await.unwrap().unwrap();
     assert_eq!(newest, p[99], "the newest document is kept");
     assert_eq!(
         oldest,
@@ -249,13 +249,16 @@ pub async fn change_ops_with_images(store: &dyn Store) {
     let k = store.keyed("k_ops").await.unwrap();
     let mut s = k.changes(ChangeFilter::default(), ChangeStart::Now);
     k.update(
-        vec![("a".into(), Update::inc("count", 1))],
+        vec![store::KeyUpdate::new("a", Update::inc("count", 1))],
         Durability::Acknowledged,
     )
     .await
     .unwrap();
     k.update(
-        vec![("a".into(), Update::inc("count", 2).and_set("tag", "x"))],
+        vec![store::KeyUpdate::new(
+            "a",
+            Update::inc("count", 2).and_set("tag", "x"),
+        )],
         Durability::Acknowledged,
     )
     .await
@@ -304,7 +307,10 @@ pub async fn resume_from_token(store: &dyn Store) {
     let mut s = k.changes(ChangeFilter::default(), ChangeStart::Now);
     for i in 0..10 {
         k.update(
-            vec![(format!("key{i}"), Update::inc("n", i))],
+            vec![store::KeyUpdate::new(
+                format!("key{i}"),
+                Update::inc("n", i),
+            )],
             Durability::Acknowledged,
         )
         .await
@@ -326,7 +332,7 @@ pub async fn resume_from_token(store: &dyn Store) {
         );
     }
     k.update(
-        vec![("late".into(), Update::inc("n", 1))],
+        vec![store::KeyUpdate::new("late", Update::inc("n", 1))],
         Durability::Journaled,
     )
     .await
@@ -353,10 +359,7 @@ pub async fn change_filters(store: &dyn Store) {
     };
     let mut s = k.changes(filter, ChangeStart::Now);
     let up = |key: &str, kind: &str| {
-        (
-            key.to_string(),
-            Update::inc("n", 1).and_set("kind", kind.to_string()),
-        )
+        store::KeyUpdate::new(key, Update::inc("n", 1).and_set("kind", kind.to_string()))
     };
     k.update(vec![up("source:a", "keep")], Durability::Acknowledged)
         .await
@@ -392,19 +395,19 @@ pub async fn oplog_across_collections(store: &dyn Store) {
         ChangeStart::Now,
     );
     a.update(
-        vec![("x".into(), Update::inc("n", 1))],
+        vec![store::KeyUpdate::new("x", Update::inc("n", 1))],
         Durability::Acknowledged,
     )
     .await
     .unwrap();
     b.update(
-        vec![("y".into(), Update::inc("n", 1))],
+        vec![store::KeyUpdate::new("y", Update::inc("n", 1))],
         Durability::Acknowledged,
     )
     .await
     .unwrap();
     a.update(
-        vec![("z".into(), Update::inc("n", 1))],
+        vec![store::KeyUpdate::new("z", Update::inc("n", 1))],
         Durability::Acknowledged,
     )
     .await
@@ -437,9 +440,12 @@ pub async fn durability_levels(store: &dyn Store) {
             .append(vec![doc(json!({"n": i, "d": d.as_str()}))], d)
             .await
             .unwrap();
-        k.update(vec![(d.as_str().to_string(), Update::inc("n", 1))], d)
-            .await
-            .unwrap();
+        k.update(
+            vec![store::KeyUpdate::new(d.as_str(), Update::inc("n", 1))],
+            d,
+        )
+        .await
+        .unwrap();
         if d.waits() {
             assert_eq!(p.len(), 1, "{d} returns the position");
             let r = c.get(p[0]).await.unwrap();
@@ -488,7 +494,7 @@ pub async fn history_lost(store: &dyn Store, history: u64) {
     let k = store.keyed("k_history").await.unwrap();
     let mut s = k.changes(ChangeFilter::default(), ChangeStart::Now);
     k.update(
-        vec![("first".into(), Update::inc("n", 1))],
+        vec![store::KeyUpdate::new("first", Update::inc("n", 1))],
         Durability::Acknowledged,
     )
     .await
@@ -497,7 +503,7 @@ pub async fn history_lost(store: &dyn Store, history: u64) {
     drop(s);
     for chunk in 0..(history / 100 + 2) {
         let ups = (0..100)
-            .map(|i| (format!("k{chunk}_{i}"), Update::inc("n", 1)))
+            .map(|i| store::KeyUpdate::new(format!("k{chunk}_{i}"), Update::inc("n", 1)))
             .collect();
         k.update(ups, Durability::Acknowledged).await.unwrap();
     }
@@ -522,15 +528,15 @@ pub async fn resume_token_advances_past_filtered(store: &dyn Store) {
     };
     let mut s = k.changes(filter.clone(), ChangeStart::Now);
     k.update(
-        vec![("yes:1".into(), Update::inc("n", 1))],
+        vec![store::KeyUpdate::new("yes:1", Update::inc("n", 1))],
         Durability::Acknowledged,
     )
     .await
     .unwrap();
     let first = next_change(&mut s).await;
     assert_eq!(first.key, "yes:1");
-    let skipped: Vec<(String, Update)> = (0..5)
-        .map(|i| (format!("no:{i}"), Update::inc("n", 1)))
+    let skipped: Vec<store::KeyUpdate> = (0..5)
+        .map(|i| store::KeyUpdate::new(format!("no:{i}"), Update::inc("n", 1)))
         .collect();
     k.update(skipped, Durability::Acknowledged).await.unwrap();
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -549,7 +555,7 @@ pub async fn resume_token_advances_past_filtered(store: &dyn Store) {
     let token = s.resume_token().unwrap();
     drop(s);
     k.update(
-        vec![("yes:2".into(), Update::inc("n", 1))],
+        vec![store::KeyUpdate::new("yes:2", Update::inc("n", 1))],
         Durability::Acknowledged,
     )
     .await

@@ -1,0 +1,529 @@
+//! A feed: a stream from the store, a consumer that recomputes rolling statistics on every
+//! event, and a checkpoint (position and statistics saved together) so a restart resumes
+//! where it stopped: no gap, and the bands continue.
+//!
+//! When the store says the feed was overtaken (position lost / history lost), the feed records
+//! the gap (a document in `gaps`, counters, one log line) and continues from the oldest
+//! retained entry: it neither crash-loops nor skips silently.
+//!
+//! Layout: this file runs the loop; [`reader`] opens the stream and measures lag for each kind
+//! of feed; [`checkpoint`] is what is saved; [`handle`] is what the outside sees.
+
+mod checkpoint;
+mod handle;
+mod reader;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::stream::{BoxStream, StreamExt};
+use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use store::backoff::Backoff;
+use store::clock::now_us;
+use store::{Document, Durability, Keyed, ResumeToken, Stamp, Store, StoreError};
+use tokio_util::sync::CancellationToken;
+
+pub use checkpoint::FeedPosition;
+pub use handle::{FeedHandle, FeedStatus};
+pub use reader::FeedSource;
+
+use crate::stats::{Event, RollingStats, StatsConfig};
+use crate::telemetry::{self as t, RestartReason};
+use checkpoint::Checkpoint;
+use reader::{Item, Lag};
+
+/// The kind of stream a feed reads (the config's `kind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FeedKind {
+    /// A tailable cursor on a capped collection.
+    Tailable,
+    /// A change stream on changefeed-backed collections.
+    Changes,
+    /// The op-log watcher (the same changes, read at the log level).
+    Oplog,
+}
+
+impl FeedKind {
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FeedKind::Tailable => "tailable",
+            FeedKind::Changes => "changes",
+            FeedKind::Oplog => "oplog",
+        }
+    }
+}
+
+/// Everything a feed needs to know, built from configuration.
+pub struct FeedSpec {
+    /// Unique feed name (metric label, checkpoint key).
+    pub name: String,
+    /// What it reads.
+    pub source: FeedSource,
+    /// Its statistics, and how often it checkpoints (`checkpoint_interval_ms`).
+    pub stats: StatsConfig,
+}
+
+/// What a feed can fail with (only at startup; at run time it records and continues).
+#[derive(Debug, thiserror::Error)]
+pub enum FeedError {
+    /// The store failed.
+    #[error("feed {feed}: {source}")]
+    Store {
+        /// The feed.
+        feed: String,
+        /// Why.
+        source: StoreError,
+    },
+    /// The feed's latency histogram could not be created.
+    #[error("feed {feed}: latency histogram: {source}")]
+    Histogram {
+        /// The feed.
+        feed: String,
+        /// Why.
+        source: hdrhistogram::CreationError,
+    },
+}
+
+/// Metric handles of one feed that are not statistics, registered once (recording through a
+/// handle is cheap).
+struct Meters {
+    notification: Histogram,
+    end_to_end: Histogram,
+    events: Counter,
+    checkpoints: Counter,
+    lag: Gauge,
+    headroom: Gauge,
+}
+
+impl Meters {
+    fn new(engine: &'static str, feed: &str) -> Self {
+        t::register_feed(feed);
+        let f = || feed.to_string();
+        Meters {
+            notification: histogram!(t::NOTIFICATION_LATENCY, "engine" => engine, "feed" => f()),
+            end_to_end: histogram!(t::END_TO_END_LATENCY, "engine" => engine, "feed" => f()),
+            events: counter!(t::FEED_EVENTS, "feed" => f()),
+            checkpoints: counter!(t::FEED_CHECKPOINTS, "feed" => f()),
+            lag: gauge!(t::FEED_LAG, "feed" => f()),
+            headroom: gauge!(t::RESUME_HEADROOM, "feed" => f()),
+        }
+    }
+}
+
+/// A feed ready to run.
+pub struct Feed {
+    name: String,
+    source: FeedSource,
+    checkpoint_interval: Duration,
+    store: Arc<dyn Store>,
+    gaps: Arc<dyn Keyed>,
+    stats_docs: Arc<dyn Keyed>,
+    handle: FeedHandle,
+    meters: Meters,
+    /// Events committed before this moment are replays: they get no latency sample.
+    started_us: i64,
+    stats: RollingStats,
+    position: Option<FeedPosition>,
+    last_event_us: i64,
+    /// Change feeds: how far the open stream has read, past filtered-out entries too.
+    read_up_to: Option<Arc<Mutex<Option<ResumeToken>>>>,
+    /// Stream restarts in this process.
+    restarts: u64,
+}
+
+impl Feed {
+    /// Prepares a feed: opens what it writes (`gaps`, `stats`) and loads its checkpoint.
+    pub async fn new(spec: FeedSpec, store: Arc<dyn Store>) -> Result<Feed, FeedError> {
+        let FeedSpec {
+            name,
+            source,
+            stats: config,
+        } = spec;
+        let err = |source| FeedError::Store {
+            feed: name.clone(),
+            source,
+        };
+        let kind = source.kind();
+        let gaps = store.keyed("gaps").await.map_err(err)?;
+        let stats_docs = store.keyed("stats").await.map_err(err)?;
+        let saved = store.load_checkpoint(&name).await.map_err(err)?;
+        let mut stats = RollingStats::new(&config, &name);
+        let mut position = None;
+        match saved.map(serde_json::from_value::<Checkpoint>) {
+            Some(Ok(cp)) if cp.kind == kind => {
+                for (statistic, error) in stats.restore(&cp.stats) {
+                    t::StatisticReset {
+                        feed: &name,
+                        statistic,
+                        error,
+                    }
+                    .emit();
+                }
+                position = cp.position;
+                t::FeedResumed {
+                    feed: &name,
+                    position: position
+                        .as_ref()
+                        .map_or_else(|| "the start".into(), ToString::to_string),
+                    events: stats.events(),
+                }
+                .emit();
+            }
+            Some(Ok(cp)) => t::CheckpointIgnored {
+                feed: &name,
+                why: format!(
+                    "it was saved by a {} feed and this one is {}",
+                    cp.kind.as_str(),
+                    kind.as_str()
+                ),
+            }
+            .emit(),
+            Some(Err(e)) => t::CheckpointIgnored {
+                feed: &name,
+                why: format!("unreadable: {e}"),
+            }
+            .emit(),
+            None => {}
+        }
+        let snapshot = stats.snapshot();
+        let status = FeedStatus {
+            name: name.clone(),
+            kind: kind.as_str().into(),
+            events: snapshot.events,
+            stats: Some(snapshot),
+            position: position.clone(),
+            ..FeedStatus::default()
+        };
+        let handle =
+            FeedHandle::new(&name, kind, status).map_err(|source| FeedError::Histogram {
+                feed: name.clone(),
+                source,
+            })?;
+        let meters = Meters::new(store.engine(), &name);
+        Ok(Feed {
+            name,
+            source,
+            checkpoint_interval: Duration::from_millis(config.checkpoint_interval_ms.max(1)),
+            store,
+            gaps,
+            stats_docs,
+            handle,
+            meters,
+            started_us: now_us(),
+            stats,
+            position,
+            last_event_us: 0,
+            read_up_to: None,
+            restarts: 0,
+        })
+    }
+
+    /// The handle to watch this feed from outside.
+    pub fn handle(&self) -> FeedHandle {
+        self.handle.clone()
+    }
+
+    fn open(&mut self, from_oldest: bool) -> BoxStream<'static, Result<Item, StoreError>> {
+        let after = if from_oldest {
+            None
+        } else {
+            self.position.as_ref()
+        };
+        let opened = reader::open(&self.source, &*self.store, after);
+        self.read_up_to = opened.read_up_to;
+        opened.stream
+    }
+
+    /// Runs until `cancel`; then drains what is already committed (bounded by a deadline),
+    /// saves the checkpoint and returns.
+    pub async fn run(mut self, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(self.checkpoint_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
+        let mut dirty = false;
+        let mut from_oldest = false;
+        'outer: loop {
+            let mut stream = self.open(from_oldest);
+            from_oldest = false;
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => {
+                        self.drain(&mut stream).await;
+                        break 'outer;
+                    }
+                    item = stream.next() => match item {
+                        Some(Ok(item)) => {
+                            self.process(item);
+                            dirty = true;
+                            backoff.reset();
+                        }
+                        Some(Err(e)) if e.is_position_lost() || e.is_history_lost() => {
+                            self.record_gap(&e).await;
+                            self.restarts += 1;
+                            from_oldest = true;
+                            continue 'outer;
+                        }
+                        other => {
+                            if cancel.is_cancelled() {
+                                break 'outer;
+                            }
+                            let (reason, error) = match other {
+                                Some(Err(e)) => (RestartReason::Error, e.to_string()),
+                                _ => (RestartReason::CursorDied, "stream ended".to_string()),
+                            };
+                            let wait = backoff.next_wait();
+                            t::FeedRestarted { feed: &self.name, reason, error, retry_in: wait }.emit();
+                            self.restarts += 1;
+                            tokio::select! {
+                                _ = cancel.cancelled() => break 'outer,
+                                _ = tokio::time::sleep(wait) => {}
+                            }
+                            continue 'outer;
+                        }
+                    },
+                    _ = tick.tick() => {
+                        self.on_tick(dirty).await;
+                        dirty = false;
+                    }
+                }
+            }
+        }
+        self.on_tick(true).await;
+        t::FeedStopped {
+            feed: &self.name,
+            events: self.stats.events(),
+        }
+        .emit();
+    }
+
+    /// After cancellation: consume what is already committed, so the checkpoint covers every
+    /// write the ingester flushed, but never wait long.
+    async fn drain(&mut self, stream: &mut BoxStream<'static, Result<Item, StoreError>>) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            self.advance_read_position();
+            match reader::lag(&self.source, &*self.store, self.position.as_ref()).await {
+                Lag::Entries(0) | Lag::Unknown => return,
+                Lag::Entries(_) | Lag::Behind => {}
+            }
+            match tokio::time::timeout_at(deadline, stream.next()).await {
+                Ok(Some(Ok(item))) => self.process(item),
+                _ => return,
+            }
+        }
+    }
+
+    fn process(&mut self, item: Item) {
+        let now = now_us();
+        let committed = item.committed_at_us();
+        let empty = Document::new();
+        let doc = item.doc().unwrap_or(&empty);
+        let stamp = Stamp::of(doc);
+        let t_us = stamp
+            .as_ref()
+            .map(|s| s.received_us)
+            .or(committed)
+            .unwrap_or(now);
+        self.stats.on_event(&Event {
+            t_us,
+            stamp: stamp.as_ref(),
+            doc,
+        });
+        self.meters.events.increment(1);
+        if let Some(c) = committed.filter(|c| *c >= self.started_us) {
+            let us = (now - c).max(0) as u64;
+            self.meters.notification.record(us as f64 / 1e6);
+            if let Ok(mut h) = self.handle.latency_us.lock() {
+                let _ = h.record(us.max(1));
+            }
+            if let Some(s) = &stamp {
+                self.meters
+                    .end_to_end
+                    .record((now - s.received_us).max(0) as f64 / 1e6);
+            }
+        }
+        let position = item.position();
+        self.last_event_us = now;
+        if self.handle.events.receiver_count() > 0 {
+            let mut out = json!({"feed": self.name, "position": position});
+            match &item {
+                Item::Record(r) => out["doc"] = Value::Object(r.doc.clone()),
+                Item::Change(c) => {
+                    out["op"] = json!(c.op.as_str());
+                    out["collection"] = json!(c.collection);
+                    out["key"] = json!(c.key);
+                    out["doc"] = json!(c.after);
+                }
+            }
+            let _ = self.handle.events.send(Arc::new(out));
+        }
+        self.position = Some(position);
+    }
+
+    /// Change feeds: moves the position to where the stream has read, so a feed whose filter
+    /// skips most entries still checkpoints a fresh token (and shows no false lag).
+    fn advance_read_position(&mut self) -> bool {
+        let Some(token) = self
+            .read_up_to
+            .as_ref()
+            .and_then(|c| c.lock().ok()?.clone())
+        else {
+            return false;
+        };
+        let read = FeedPosition::Token(token);
+        let moved = self.position.as_ref() != Some(&read);
+        self.position = Some(read);
+        moved
+    }
+
+    async fn on_tick(&mut self, dirty: bool) {
+        // A moved read position needs a checkpoint, not a stats document: stats documents are
+        // changes themselves, and a change feed reading past its own writes must not loop.
+        let moved = self.advance_read_position();
+        let now = now_us();
+        let lag = reader::lag(&self.source, &*self.store, self.position.as_ref()).await;
+        if lag == Lag::Entries(0) && now - self.last_event_us > 1_000_000 {
+            // A quiet, caught-up stream: let the rate fall to zero and old top-k keys expire.
+            // Never while catching up, or replayed events would land in the wrong seconds.
+            self.stats.advance(now);
+        }
+        let snap = self.stats.snapshot();
+        self.stats.publish();
+        if let Some(l) = lag.entries() {
+            self.meters.lag.set(l as f64);
+        }
+        let headroom = self.headroom(lag, now).await;
+        if let Some(h) = headroom {
+            self.meters.headroom.set(h);
+        }
+        if moved || dirty {
+            self.save_checkpoint(now).await;
+        }
+        if dirty {
+            let doc = json!({
+                "feed": self.name,
+                "kind": self.source.kind().as_str(),
+                "stats": snap,
+                "lag": lag.entries(),
+                "position": self.position,
+                "updated_us": now,
+            });
+            if let Value::Object(doc) = doc
+                && let Err(e) = self
+                    .stats_docs
+                    .set(&self.name, doc, Durability::Acknowledged)
+                    .await
+            {
+                t::FeedWriteFailed {
+                    feed: &self.name,
+                    what: "stats document",
+                    error: e.to_string(),
+                }
+                .emit();
+            }
+        }
+        let restarts = self.restarts;
+        let position = self.position.clone();
+        self.handle.update(|s| {
+            s.events = snap.events;
+            s.stats = Some(snap);
+            s.lag = lag.entries();
+            s.resume_headroom_secs = headroom;
+            s.position = position;
+            s.restarts = restarts;
+        });
+    }
+
+    /// Seconds between the oldest retained entry and now, less the feed's own lag in time.
+    async fn headroom(&self, lag: Lag, now: i64) -> Option<f64> {
+        let oldest_us = reader::oldest_entry_us(&self.source, &*self.store).await?;
+        let behind_us = if lag == Lag::Entries(0) {
+            0
+        } else {
+            now - self.last_event_us.max(oldest_us)
+        };
+        Some(((now - oldest_us) - behind_us) as f64 / 1e6)
+    }
+
+    async fn save_checkpoint(&mut self, now: i64) {
+        let cp = Checkpoint {
+            kind: self.source.kind(),
+            position: self.position.clone(),
+            stats: self.stats.save(),
+            saved_at_us: now,
+        };
+        let saved = match serde_json::to_value(&cp) {
+            Ok(value) => {
+                self.store
+                    .save_checkpoint(&self.name, value, Durability::Journaled)
+                    .await
+            }
+            Err(e) => Err(StoreError::Json(e)),
+        };
+        match saved {
+            Ok(()) => self.meters.checkpoints.increment(1),
+            Err(e) => t::FeedWriteFailed {
+                feed: &self.name,
+                what: "checkpoint",
+                error: e.to_string(),
+            }
+            .emit(),
+        }
+    }
+
+    async fn record_gap(&mut self, e: &StoreError) {
+        let (reason, from, to, missed) = match e {
+            StoreError::PositionLost { after, oldest, .. } => (
+                RestartReason::PositionLost,
+                json!(after.0),
+                json!(oldest.0),
+                Some(oldest.0.saturating_sub(after.0 + 1)),
+            ),
+            StoreError::HistoryLost { token, oldest } => {
+                let missed = token
+                    .0
+                    .parse::<u64>()
+                    .ok()
+                    .zip(oldest.0.parse::<u64>().ok())
+                    .map(|(a, o)| o.saturating_sub(a + 1));
+                (
+                    RestartReason::HistoryLost,
+                    json!(token.0),
+                    json!(oldest.0),
+                    missed,
+                )
+            }
+            _ => return,
+        };
+        t::GapRecorded {
+            feed: &self.name,
+            reason,
+            from: &from,
+            to: &to,
+            missed,
+        }
+        .emit();
+        let now = now_us();
+        let doc = json!({"feed": self.name, "kind": self.source.kind().as_str(), "reason": reason.as_str(),
+                         "from": from, "to": to, "missed": missed, "at_us": now});
+        if let Value::Object(doc) = doc
+            && let Err(e) = self
+                .gaps
+                .set(&format!("{}:{now}", self.name), doc, Durability::Journaled)
+                .await
+        {
+            t::FeedWriteFailed {
+                feed: &self.name,
+                what: "gap document",
+                error: e.to_string(),
+            }
+            .emit();
+        }
+        self.handle.update(|s| s.gaps += 1);
+    }
+}

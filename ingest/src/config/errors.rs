@@ -1,0 +1,349 @@
+//! Turning what went wrong into one line per problem: the dotted key (`store.durability`,
+//! `sources[0].rate_per_sec`), what was found, what is allowed, and where the value came from
+//! (a file or an environment variable).
+
+use std::path::PathBuf;
+
+use figment::error::{Actual, Kind};
+use figment::value::Value;
+use figment::{Figment, Metadata, Profile, Source};
+
+use super::load::{ENV_METADATA_NAME, env_var_name};
+
+/// Why the configuration could not be loaded. Every message is one line.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file given does not exist (figment alone would silently skip it).
+    #[error(
+        "config file {} does not exist (give the path of an existing TOML file, or none to run on the defaults and TAILRACE_* variables)",
+        .path.display()
+    )]
+    MissingFile {
+        /// The path as given.
+        path: PathBuf,
+    },
+    /// The file or an environment variable could not be read into the tree: syntax, unknown
+    /// key, wrong type, unknown enum value. One entry per problem.
+    #[error("{}", .problems.join("; "))]
+    Load {
+        /// One-line descriptions, each naming the key and where it came from.
+        problems: Vec<String>,
+    },
+    /// The tree was read but breaks rules ([`super::Config::validate`]), or some `[[sources]]`
+    /// / `[[feeds]]` table could not be read (reported with the rules the rest breaks, so one
+    /// run shows every problem). One entry per problem.
+    #[error("{}", .problems.join("; "))]
+    Invalid {
+        /// One-line descriptions, each starting with the dotted key.
+        problems: Vec<String>,
+    },
+}
+
+impl ConfigError {
+    /// The individual problems (one for [`ConfigError::MissingFile`]).
+    pub fn problems(&self) -> Vec<String> {
+        match self {
+            ConfigError::MissingFile { .. } => vec![self.to_string()],
+            ConfigError::Load { problems } | ConfigError::Invalid { problems } => problems.clone(),
+        }
+    }
+
+    /// Turns a figment error (possibly several chained) into one-line problems.
+    pub(super) fn from_figment(figment: &Figment, error: figment::Error) -> ConfigError {
+        let problems = error
+            .into_iter()
+            .map(|e| describe_figment_error(figment, &e))
+            .collect();
+        ConfigError::Load { problems }
+    }
+}
+
+/// Whether a path segment is an array index.
+pub(super) fn is_index(segment: &str) -> bool {
+    !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// `store.events.max_docs`, `sources[0].url`: array indices in brackets.
+pub(super) fn dotted_key<S: AsRef<str>>(path: &[S]) -> String {
+    let mut key = String::new();
+    for segment in path {
+        let segment = segment.as_ref();
+        if !key.is_empty() && is_index(segment) {
+            key.push('[');
+            key.push_str(segment);
+            key.push(']');
+        } else {
+            if !key.is_empty() {
+                key.push('.');
+            }
+            key.push_str(segment);
+        }
+    }
+    key
+}
+
+/// Where a value came from, e.g. `file config/tailrace.toml` or `env TAILRACE_STORE__ENGINE`;
+/// `None` for the built-in defaults or when unknown.
+fn origin(md: &Metadata, profile: &Profile, path: &[String]) -> Option<String> {
+    match &md.source {
+        Some(Source::File(file)) => Some(format!("file {}", file.display())),
+        Some(Source::Code(_)) => None,
+        Some(Source::Custom(custom)) => Some(format!("{} {custom}", md.name)),
+        None if md.name == ENV_METADATA_NAME && !path.is_empty() => {
+            Some(format!("env {}", md.interpolate(profile, path)))
+        }
+        None if md.name == ENV_METADATA_NAME => Some("environment variables".to_owned()),
+        None => Some(md.name.to_string()),
+        // `Source` is non-exhaustive.
+        Some(_) => Some(md.name.to_string()),
+    }
+}
+
+/// Where the value that a figment error is about came from.
+pub(super) fn error_origin(error: &figment::Error) -> Option<String> {
+    let profile = error.profile.clone().unwrap_or_default();
+    origin(error.metadata.as_ref()?, &profile, &error.path)
+}
+
+/// Where the value at `path` (or, if it is absent, its nearest present parent) came from.
+pub(super) fn value_origin(figment: &Figment, path: &[String]) -> Option<String> {
+    (1..=path.len()).rev().find_map(|len| {
+        let value = find_value(figment, &path[..len])?;
+        let md = figment.get_metadata(value.tag())?;
+        let profile = value.tag().profile().unwrap_or_default();
+        Some(origin(md, &profile, &path[..len]))
+    })?
+}
+
+/// `sources[1].url` back to `["sources", "1", "url"]`.
+pub(super) fn key_path(key: &str) -> Vec<String> {
+    key.split(['.', '[', ']'])
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Plain words for serde's "expected" strings.
+fn expected_words(expected: &str) -> String {
+    match expected {
+        "u8" | "u16" | "u32" | "u64" | "u128" | "usize" => "a non-negative integer".to_owned(),
+        "i8" | "i16" | "i32" | "i64" | "i128" | "isize" => "an integer".to_owned(),
+        "f32" | "f64" => "a number".to_owned(),
+        "a sequence" => "an array".to_owned(),
+        "a map" => "a table".to_owned(),
+        e if e.starts_with("struct ") => "a table".to_owned(),
+        e => e.to_owned(),
+    }
+}
+
+/// Plain words for what serde found.
+fn actual_words(actual: &Actual) -> String {
+    match actual {
+        Actual::Bool(v) => format!("boolean {v}"),
+        Actual::Unsigned(v) => format!("integer {v}"),
+        Actual::Signed(v) => format!("integer {v}"),
+        Actual::Float(v) => format!("number {v}"),
+        Actual::Char(v) => format!("{:?}", v.to_string()),
+        Actual::Str(v) => format!("string {v:?}"),
+        Actual::Seq => "an array".to_owned(),
+        Actual::Map => "a table".to_owned(),
+        Actual::Unit | Actual::Option => "nothing".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// Comma-separated, as in `a, b, c`.
+pub(super) fn list(items: &[&str]) -> String {
+    items.join(", ")
+}
+
+/// Makes a possibly multi-line message (TOML syntax errors draw a snippet) one line.
+fn one_line(message: &str) -> String {
+    let lines: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        // The snippet: `  |`, `1 | a = `, `  |     ^`.
+        .filter(|l| {
+            !l.starts_with('|')
+                && !l
+                    .split_once(" |")
+                    .is_some_and(|(n, _)| n.trim().bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect();
+    lines.join(": ")
+}
+
+/// The value at `path` in the merged configuration.
+fn find_value(figment: &Figment, path: &[String]) -> Option<Value> {
+    let (first, rest) = path.split_first()?;
+    let mut value: Value = figment.find_value(first).ok()?;
+    for key in rest {
+        value = match value {
+            Value::Dict(_, mut dict) => dict.remove(key)?,
+            Value::Array(_, mut items) => {
+                let index: usize = key.parse().ok()?;
+                if index >= items.len() {
+                    return None;
+                }
+                items.swap_remove(index)
+            }
+            _ => return None,
+        };
+    }
+    Some(value)
+}
+
+/// One line: dotted key, what was found, what is allowed, where it came from.
+pub(super) fn describe_figment_error(figment: &Figment, error: &figment::Error) -> String {
+    let path = &error.path;
+    let key = dotted_key(path);
+    let mut message = match &error.kind {
+        Kind::UnknownField(field, allowed) => {
+            let mut full = path.clone();
+            if full.last() != Some(field) {
+                full.push(field.clone());
+            }
+            let mut text = format!(
+                "unknown key {} (allowed: {})",
+                dotted_key(&full),
+                list(allowed)
+            );
+            let from_env = error
+                .metadata
+                .as_ref()
+                .is_some_and(|md| md.name == ENV_METADATA_NAME);
+            // TAILRACE_STORE_ENGINE: one `_` where the level separator `__` was meant.
+            let meant = allowed.iter().find_map(|a| {
+                let rest = field.strip_prefix(a)?.strip_prefix('_')?;
+                let mut meant = path[..full.len() - 1].to_vec();
+                meant.extend([(*a).to_owned(), rest.to_owned()]);
+                Some(meant)
+            });
+            if let (true, Some(meant)) = (from_env, meant) {
+                text.push_str(&format!(
+                    " (levels are separated by __: did you mean {}?)",
+                    env_var_name(&meant)
+                ));
+            }
+            text
+        }
+        Kind::UnknownVariant(found, allowed) => {
+            format!("{key}: {found:?} is not one of {}", list(allowed))
+        }
+        Kind::MissingField(field) => {
+            let mut full = path.clone();
+            full.push(field.to_string());
+            format!("{}: missing (required)", dotted_key(&full))
+        }
+        Kind::DuplicateField(field) => {
+            let mut full = path.clone();
+            full.push((*field).to_owned());
+            format!("{}: given more than once", dotted_key(&full))
+        }
+        Kind::InvalidType(actual, expected) => {
+            let mut text = format!(
+                "{key}: expected {}, found {}",
+                expected_words(expected),
+                actual_words(actual)
+            );
+            let from_env = error
+                .metadata
+                .as_ref()
+                .is_some_and(|md| md.name == ENV_METADATA_NAME);
+            if from_env && *actual == Actual::Map && expected == "a sequence" {
+                text.push_str(&format!(
+                    " (an array cannot be set element by element: set {} to the whole array, e.g. '[{{ name = \"a\", kind = \"stdin\" }}]')",
+                    env_var_name(path)
+                ));
+            } else if from_env && expected == "a string" {
+                // Environment values are parsed: 123 is a number, true a boolean.
+                text.push_str(&format!(
+                    " (quote it to keep it a string: {}='\"...\"')",
+                    env_var_name(path)
+                ));
+            }
+            text
+        }
+        Kind::InvalidValue(actual, expected) => format!(
+            "{key}: {} is out of range, expected {}",
+            actual_words(actual),
+            expected_words(expected)
+        ),
+        Kind::InvalidLength(len, expected) => {
+            format!("{key}: {len} items, expected {expected}")
+        }
+        Kind::Message(text) if key.is_empty() => {
+            // Not about a key: the file could not be read or parsed.
+            return match error_origin(error) {
+                Some(origin) => format!("{origin}: {}", one_line(text)),
+                None => one_line(text),
+            };
+        }
+        Kind::Message(text) => {
+            match find_value(figment, path).and_then(|v| serde_json::to_string(&v).ok()) {
+                Some(found) if text.contains("socket address") => format!(
+                    "{key}: {found} is not valid: {} (expected ip:port, e.g. 127.0.0.1:9750)",
+                    one_line(text)
+                ),
+                Some(found) => format!("{key}: {found} is not valid: {}", one_line(text)),
+                None => format!("{key}: {}", one_line(text)),
+            }
+        }
+        other => {
+            let text = one_line(&other.to_string());
+            if key.is_empty() {
+                text
+            } else {
+                format!("{key}: {text}")
+            }
+        }
+    };
+    if let Some(origin) = error_origin(error) {
+        message.push_str(" (from ");
+        message.push_str(&origin);
+        message.push(')');
+    }
+    message
+}
+
+/// One line for an error inside a `[[sources]]` / `[[feeds]]` table whose path already starts
+/// with the table (`sources.1.url`): like [`describe_figment_error`], but a missing key says
+/// which kind requires it, and the allowed keys include `name` and `kind`.
+pub(super) fn describe_entry_error(
+    figment: &Figment,
+    error: &figment::Error,
+    kind: Option<&str>,
+) -> String {
+    let key = dotted_key(&error.path);
+    let origin = || {
+        error_origin(error)
+            .or_else(|| value_origin(figment, &error.path))
+            .map(|o| format!(" (from {o})"))
+            .unwrap_or_default()
+    };
+    match &error.kind {
+        Kind::MissingField(field) if kind.is_some() => {
+            let kind = kind.unwrap_or_default();
+            format!("{key}.{field}: required for kind = {kind:?}{}", origin())
+        }
+        Kind::UnknownField(field, allowed) if kind.is_some() => {
+            let mut all = vec!["name", "kind"];
+            all.extend(allowed.iter().copied());
+            let full = if error.path.last() == Some(field) {
+                key
+            } else {
+                format!("{key}.{field}")
+            };
+            format!("unknown key {full} (allowed: {}){}", list(&all), origin())
+        }
+        _ => {
+            let text = describe_figment_error(figment, error);
+            if text.contains(" (from ") {
+                text
+            } else {
+                format!("{text}{}", origin())
+            }
+        }
+    }
+}

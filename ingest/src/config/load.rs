@@ -1,0 +1,175 @@
+//! Loading: the defaults, the file and the environment, layered; then the `[[sources]]` and
+//! `[[feeds]]` tables, each by its kind; then the rules. Every problem found is reported at
+//! once.
+
+use std::path::Path;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
+use serde::Deserialize;
+
+use super::errors::{ConfigError, describe_entry_error, is_index, key_path, value_origin};
+use super::validate::{self, Loaded, Problem};
+use super::{
+    Config, FeedConfig, HttpConfig, IngestConfig, LogConfig, SourceConfig, StatsConfig,
+    StoreConfig, entries,
+};
+
+/// Prefix of the environment variables that override config keys.
+pub const ENV_PREFIX: &str = "TAILRACE_";
+/// Separator between levels in environment variable names (`TAILRACE_STORE__ENGINE`).
+pub const ENV_SEPARATOR: &str = "__";
+/// Variables with [`ENV_PREFIX`] that belong to the CLI, not to the config tree
+/// (`TAILRACE_CONFIG`, `TAILRACE_LOG`), written without the prefix.
+pub const ENV_IGNORED: [&str; 2] = ["config", "log"];
+
+/// Name given to the environment provider's metadata, to recognise it in errors.
+pub(super) const ENV_METADATA_NAME: &str = "environment variable";
+
+/// The environment variable that sets the key at `path` (`TAILRACE_STORE__ENGINE`). An
+/// array comes whole from one variable, so the name stops before the first index.
+pub(super) fn env_var_name<S: AsRef<str>>(path: &[S]) -> String {
+    let keys: Vec<String> = path
+        .iter()
+        .map(AsRef::as_ref)
+        .take_while(|k| !is_index(k))
+        .map(str::to_ascii_uppercase)
+        .collect();
+    format!("{ENV_PREFIX}{}", keys.join(ENV_SEPARATOR))
+}
+
+/// `TAILRACE_*` variables, minus the CLI's own, split into levels at `__`; its metadata
+/// names the variable of a key, so errors can point at it.
+struct EnvProvider;
+
+impl EnvProvider {
+    fn env() -> Env {
+        Env::prefixed(ENV_PREFIX)
+            .ignore(&ENV_IGNORED)
+            .split(ENV_SEPARATOR)
+    }
+}
+
+impl Provider for EnvProvider {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(ENV_METADATA_NAME)
+            .interpolater(|_: &Profile, keys: &[&str]| env_var_name(keys))
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        Self::env().data()
+    }
+}
+
+/// The tree as serde reads it in one go: the `[[sources]]` and `[[feeds]]` tables are kept
+/// as values and read by kind afterwards (see [`entries`]).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Tree {
+    #[serde(default)]
+    http: HttpConfig,
+    #[serde(default)]
+    log: LogConfig,
+    #[serde(default)]
+    store: StoreConfig,
+    #[serde(default)]
+    ingest: IngestConfig,
+    #[serde(default)]
+    stats: StatsConfig,
+    #[serde(default)]
+    sources: Vec<Value>,
+    #[serde(default)]
+    feeds: Vec<Value>,
+}
+
+impl Config {
+    /// Loads the configuration: defaults, then the TOML file at `path` (which must exist),
+    /// then `TAILRACE_*` environment variables; then validates it.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        if let Some(missing) = path.filter(|p| !p.exists()) {
+            return Err(ConfigError::MissingFile {
+                path: missing.to_path_buf(),
+            });
+        }
+        Config::from_figment(Config::figment(path))
+    }
+
+    /// The layered sources without extracting them: defaults, the file (if any, taken as
+    /// given, not searched for in parent directories), then the environment. Does not check
+    /// that the file exists; [`Config::load`] does.
+    pub fn figment(path: Option<&Path>) -> Figment {
+        let figment = Figment::from(Serialized::defaults(Config::default()));
+        let figment = match path {
+            Some(path) => figment.merge(Toml::file_exact(path)),
+            None => figment,
+        };
+        figment.merge(EnvProvider)
+    }
+
+    /// Reads the tree, then every `[[sources]]` / `[[feeds]]` table by its kind, then checks
+    /// the rules; every problem is reported, each saying where its value came from.
+    pub fn from_figment(figment: Figment) -> Result<Config, ConfigError> {
+        let tree: Tree = figment
+            .extract()
+            .map_err(|e| ConfigError::from_figment(&figment, e))?;
+        let sources = read_entries::<SourceConfig>(&figment, "sources", &tree.sources);
+        let feeds = read_entries::<FeedConfig>(&figment, "feeds", &tree.feeds);
+        let mut config = Config {
+            http: tree.http,
+            log: tree.log,
+            store: tree.store,
+            ingest: tree.ingest,
+            stats: tree.stats,
+            sources: Vec::new(),
+            feeds: Vec::new(),
+        };
+        let problems = validate::problems(
+            &config,
+            sources.iter().map(Loaded::as_ref),
+            feeds.iter().map(Loaded::as_ref),
+        );
+        if !problems.is_empty() {
+            return Err(ConfigError::Invalid {
+                problems: problems
+                    .into_iter()
+                    .map(|p| match p {
+                        Problem::Rule { key, message } => {
+                            match value_origin(&figment, &key_path(&key)) {
+                                Some(origin) => format!("{key}: {message} (from {origin})"),
+                                None => format!("{key}: {message}"),
+                            }
+                        }
+                        Problem::Unreadable(line) => line,
+                    })
+                    .collect(),
+            });
+        }
+        config.sources = sources.into_iter().filter_map(Loaded::ok).collect();
+        config.feeds = feeds.into_iter().filter_map(Loaded::ok).collect();
+        Ok(config)
+    }
+}
+
+/// Reads each table of `section` by its kind; a table that cannot be read becomes its error
+/// line (dotted key, what is wrong, where it came from).
+fn read_entries<E: entries::Entry>(
+    figment: &Figment,
+    section: &str,
+    values: &[Value],
+) -> Vec<Loaded<E>> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, value)| match entries::parse::<E>(value) {
+            Ok(entry) => Loaded::Ok(entry),
+            Err(e) => {
+                let entries::EntryError { mut error, kind } = *e;
+                let mut path = vec![section.to_owned(), i.to_string()];
+                path.append(&mut error.path);
+                error.path = path;
+                Loaded::Unreadable(describe_entry_error(figment, &error, kind.as_deref()))
+            }
+        })
+        .collect()
+}

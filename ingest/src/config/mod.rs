@@ -1,0 +1,339 @@
+//! tailrace configuration: one tree, its defaults, loading, validation.
+//!
+//! Sources, later ones overriding earlier ones key by key:
+//!
+//! 1. the built-in defaults ([`Config::default`], also written out with comments in
+//!    `config/tailrace.toml`),
+//! 2. the TOML file, if a path is given (a missing file is an error),
+//! 3. environment variables `TAILRACE_<KEY>` with `__` between levels, e.g.
+//!    `TAILRACE_STORE__ENGINE=mongodb` or `TAILRACE_HTTP__LISTEN=127.0.0.1:0`.
+//!    `TAILRACE_CONFIG` and `TAILRACE_LOG` belong to the CLI and are not config keys.
+//!
+//! Every error is one line that names the dotted key (`store.durability`,
+//! `sources[0].rate_per_sec`), what was found, what is allowed, and where the value
+//! came from (file or environment variable) when that is known.
+//!
+//! Layout: this file holds the tree and its defaults; each source kind's settings live in
+//! its own file under [`crate::source`], each feed kind's in [`feeds`], the statistics' in
+//! [`feeds::stats::StatsConfig`] (crate `feeds`). [`load`] layers and reads the sources,
+//! [`validate`] checks the rules serde cannot express, [`errors`] renders problems,
+//! [`redact`] hides secrets for printing, [`interpolate`] resolves `${VAR}` in header values,
+//! [`entries`] reads and writes `[[sources]]` / `[[feeds]]` tables.
+
+pub mod entries;
+pub mod errors;
+pub mod feeds;
+pub mod interpolate;
+pub mod load;
+pub mod redact;
+#[cfg(test)]
+mod tests;
+pub mod validate;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use self::feeds::{ChangeFeedConfig, ChangeFilterConfig, FeedConfig, FeedKindConfig};
+pub use errors::ConfigError;
+pub use interpolate::interpolate_env;
+pub use load::{ENV_IGNORED, ENV_PREFIX, ENV_SEPARATOR};
+pub use redact::REDACTED;
+pub use validate::Problems;
+
+pub use crate::source::{SourceConfig, SourceKind};
+/// How a feed reads the store (tailable | changes | oplog): the feeds crate's own type.
+pub use ::feeds::FeedKind;
+/// The statistics every feed computes: the feeds crate's own type.
+pub use ::feeds::stats::StatsConfig;
+/// A kind of change a change feed can select (insert | update | replace | delete): the
+/// store's own type.
+pub use store::ChangeOp;
+/// How long a write waits before it is acknowledged (MongoDB's write concerns): the store's
+/// own type, so the configured value is the one the engines use.
+pub use store::Durability;
+
+/// Collections with a fixed size (capped) that a `tailable` feed can follow.
+pub const CAPPED_COLLECTIONS: [&str; 2] = ["events", "dead_letters"];
+
+/// The whole tailrace configuration.
+///
+/// Read it with [`Config::load`] (or [`Config::from_figment`]); it is not `Deserialize` on
+/// its own, because the `[[sources]]` and `[[feeds]]` tables are read in a second step that
+/// keeps every error's key (see [`entries`]).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Config {
+    /// The HTTP server (metrics, health, API).
+    pub http: HttpConfig,
+    /// Logging that is part of the pipeline's behaviour (the periodic status line).
+    pub log: LogConfig,
+    /// Where events, rollups and the change history are stored.
+    pub store: StoreConfig,
+    /// Batching and limits between the sources and the store writer.
+    pub ingest: IngestConfig,
+    /// The statistics computed by the feeds (Bollinger bands, top-k).
+    pub stats: StatsConfig,
+    /// Where events come from; names are unique.
+    pub sources: Vec<SourceConfig>,
+    /// Consumers of the store's tailable cursor / change stream / op log; names are unique.
+    pub feeds: Vec<FeedConfig>,
+}
+
+/// The HTTP server.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Address the server binds: serves /metrics, /healthz, /readyz and /api.
+    /// Port 0 picks a free port (tests).
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+}
+
+/// Pipeline logging.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// One status line (rates, queue depth, lag) every this many seconds, so a running
+    /// pipeline shows it is alive without a metrics scraper; 0 disables it.
+    #[serde(default = "default_status_interval_secs")]
+    pub status_interval_secs: u64,
+}
+
+/// Which storage engine holds the collections.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreEngine {
+    /// In-process engine writing files under `store.path`; needs nothing else running.
+    Embedded,
+    /// A MongoDB replica set at `store.uri` (change streams need a replica set).
+    Mongodb,
+}
+
+impl StoreEngine {
+    /// The lowercase name used in the config file and in metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreEngine::Embedded => "embedded",
+            StoreEngine::Mongodb => "mongodb",
+        }
+    }
+}
+
+impl std::fmt::Display for StoreEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The store.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// The storage engine: `embedded` (no dependencies) or `mongodb`.
+    #[serde(default = "default_engine")]
+    pub engine: StoreEngine,
+    /// Embedded engine: directory of the database files (created if missing).
+    #[serde(default = "default_store_path")]
+    pub path: PathBuf,
+    /// MongoDB engine: connection string; needs a replica set for change streams.
+    #[serde(default = "default_uri")]
+    pub uri: String,
+    /// Database name holding the collections (both engines).
+    #[serde(default = "default_database")]
+    pub database: String,
+    /// Write concern of every write; trades latency for what survives a crash.
+    #[serde(default = "default_durability")]
+    pub durability: Durability,
+    /// Embedded engine: how many entries the op log (change feed history) keeps; a feed
+    /// that falls further behind must resynchronise. At least 1000.
+    #[serde(default = "default_oplog_max_entries")]
+    pub oplog_max_entries: u64,
+    /// The capped collection of ingested events.
+    #[serde(default)]
+    pub events: EventsCollectionConfig,
+    /// The capped collection of rejected events (too large, unparsable), for inspection.
+    #[serde(default)]
+    pub dead_letters: DeadLettersConfig,
+}
+
+/// The capped `events` collection.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventsCollectionConfig {
+    /// Newest documents kept; older ones are evicted. At least 1.
+    #[serde(default = "default_events_max_docs")]
+    pub max_docs: u64,
+    /// Total size bound in bytes; whichever bound is hit first evicts. At least 4096.
+    #[serde(default = "default_events_max_bytes")]
+    pub max_bytes: u64,
+    /// Fields (dotted paths) indexed so that `latest(field = value)` is a lookup, not a scan.
+    #[serde(default = "default_events_indexes")]
+    pub indexes: Vec<String>,
+}
+
+/// The capped `dead_letters` collection.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeadLettersConfig {
+    /// Newest rejected events kept. At least 1.
+    #[serde(default = "default_dead_letters_max_docs")]
+    pub max_docs: u64,
+    /// Total size bound in bytes. At least 4096.
+    #[serde(default = "default_dead_letters_max_bytes")]
+    pub max_bytes: u64,
+}
+
+/// Batching between the sources and the store writer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngestConfig {
+    /// Most events in one write; bigger batches mean fewer, larger commits. 1..=10000.
+    #[serde(default = "default_batch_max_events")]
+    pub batch_max_events: usize,
+    /// A partial batch is written after waiting this long, bounding the added latency.
+    #[serde(default = "default_batch_max_wait_ms")]
+    pub batch_max_wait_ms: u64,
+    /// Capacity of the bounded queue between the sources and the writer; when full, sources
+    /// wait (backpressure). At least `batch_max_events`.
+    #[serde(default = "default_queue_capacity")]
+    pub queue_capacity: usize,
+    /// Events larger than this (bytes of JSON) are rejected into the dead letters. At least 64.
+    #[serde(default = "default_max_event_bytes")]
+    pub max_event_bytes: u64,
+    /// Fields (dotted paths) with per-value counters in the `rollups` collection; for an
+    /// array field each element is counted.
+    #[serde(default = "default_rollup_fields")]
+    pub rollup_fields: Vec<String>,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9750))
+}
+fn default_status_interval_secs() -> u64 {
+    10
+}
+fn default_engine() -> StoreEngine {
+    StoreEngine::Embedded
+}
+fn default_store_path() -> PathBuf {
+    PathBuf::from("data")
+}
+fn default_uri() -> String {
+    "mongodb://localhost:27017/?replicaSet=rs0".to_owned()
+}
+fn default_database() -> String {
+    "tailrace".to_owned()
+}
+fn default_durability() -> Durability {
+    Durability::Journaled
+}
+fn default_oplog_max_entries() -> u64 {
+    1_000_000
+}
+fn default_events_max_docs() -> u64 {
+    100_000
+}
+fn default_events_max_bytes() -> u64 {
+    64 * 1024 * 1024
+}
+fn default_events_indexes() -> Vec<String> {
+    vec!["user.screen_name".into(), "user.id".into(), "id".into()]
+}
+fn default_dead_letters_max_docs() -> u64 {
+    10_000
+}
+fn default_dead_letters_max_bytes() -> u64 {
+    16 * 1024 * 1024
+}
+fn default_batch_max_events() -> usize {
+    256
+}
+fn default_batch_max_wait_ms() -> u64 {
+    5
+}
+fn default_queue_capacity() -> usize {
+    4096
+}
+fn default_max_event_bytes() -> u64 {
+    64 * 1024
+}
+fn default_rollup_fields() -> Vec<String> {
+    vec!["lang".into(), "hashtags".into()]
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            http: HttpConfig::default(),
+            log: LogConfig::default(),
+            store: StoreConfig::default(),
+            ingest: IngestConfig::default(),
+            stats: StatsConfig::default(),
+            sources: vec![SourceConfig::default_sample()],
+            feeds: self::feeds::default_feeds(),
+        }
+    }
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: default_listen(),
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            status_interval_secs: default_status_interval_secs(),
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            engine: default_engine(),
+            path: default_store_path(),
+            uri: default_uri(),
+            database: default_database(),
+            durability: default_durability(),
+            oplog_max_entries: default_oplog_max_entries(),
+            events: EventsCollectionConfig::default(),
+            dead_letters: DeadLettersConfig::default(),
+        }
+    }
+}
+
+impl Default for EventsCollectionConfig {
+    fn default() -> Self {
+        EventsCollectionConfig {
+            max_docs: default_events_max_docs(),
+            max_bytes: default_events_max_bytes(),
+            indexes: default_events_indexes(),
+        }
+    }
+}
+
+impl Default for DeadLettersConfig {
+    fn default() -> Self {
+        DeadLettersConfig {
+            max_docs: default_dead_letters_max_docs(),
+            max_bytes: default_dead_letters_max_bytes(),
+        }
+    }
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        IngestConfig {
+            batch_max_events: default_batch_max_events(),
+            batch_max_wait_ms: default_batch_max_wait_ms(),
+            queue_capacity: default_queue_capacity(),
+            max_event_bytes: default_max_event_bytes(),
+            rollup_fields: default_rollup_fields(),
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! The rules serde cannot express: ranges, combinations, unique names. Each source kind and
+//! feed kind checks its own settings ([`crate::source::SourceSettings::validate`],
+//! [`super::FeedConfig::validate`]); this file checks the rest and collects everything.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use super::{Config, ConfigError, FeedConfig, SourceConfig, StoreEngine};
+
+/// Validation problems: (dotted key, message), in the order they were found.
+#[derive(Default, Debug)]
+pub struct Problems(Vec<(String, String)>);
+
+impl Problems {
+    /// A problem with the value at `key`.
+    pub fn push(&mut self, key: impl fmt::Display, message: impl fmt::Display) {
+        self.0.push((key.to_string(), message.to_string()));
+    }
+
+    /// `value` must be at least `min`.
+    pub fn at_least(&mut self, key: &str, value: u64, min: u64) {
+        if value < min {
+            self.push(key, format!("must be >= {min} (got {value})"));
+        }
+    }
+
+    /// A dotted field path: non-empty segments, not starting with `$`.
+    pub fn field_path(&mut self, key: &str, path: &str) {
+        if let Err(e) = store::update::check_path(path) {
+            self.push(key, e);
+        }
+    }
+
+    /// A list of dotted field paths, none twice.
+    pub fn field_paths(&mut self, key: &str, paths: &[String]) {
+        let mut seen = BTreeSet::new();
+        for (i, path) in paths.iter().enumerate() {
+            self.field_path(&format!("{key}[{i}]"), path);
+            if !seen.insert(path) {
+                self.push(format!("{key}[{i}]"), format!("{path:?} is listed twice"));
+            }
+        }
+    }
+
+    /// `[a-z0-9_-]+`, unique among `names`.
+    fn name(&mut self, key: &str, name: &str, names: &mut BTreeSet<String>) {
+        let valid = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if !valid {
+            self.push(key, format!("{name:?} must match [a-z0-9_-]+"));
+        } else if !names.insert(name.to_owned()) {
+            self.push(
+                key,
+                format!("{name:?} is used twice (names must be unique)"),
+            );
+        }
+    }
+}
+
+/// One problem of a configuration.
+pub(super) enum Problem {
+    /// A broken rule at `key`.
+    Rule { key: String, message: String },
+    /// A `[[sources]]` / `[[feeds]]` table that could not be read, already one line.
+    Unreadable(String),
+}
+
+/// A `[[sources]]` / `[[feeds]]` table as read: the entry, or why it could not be read.
+pub(super) enum Loaded<T> {
+    Ok(T),
+    Unreadable(String),
+}
+
+impl<T> Loaded<T> {
+    pub(super) fn as_ref(&self) -> Loaded<&T> {
+        match self {
+            Loaded::Ok(t) => Loaded::Ok(t),
+            Loaded::Unreadable(e) => Loaded::Unreadable(e.clone()),
+        }
+    }
+
+    pub(super) fn ok(self) -> Option<T> {
+        match self {
+            Loaded::Ok(t) => Some(t),
+            Loaded::Unreadable(_) => None,
+        }
+    }
+}
+
+/// Every problem, in the order of the file: store, ingest, stats, sources, feeds.
+pub(super) fn problems<'a>(
+    c: &Config,
+    sources: impl Iterator<Item = Loaded<&'a SourceConfig>>,
+    feeds: impl Iterator<Item = Loaded<&'a FeedConfig>>,
+) -> Vec<Problem> {
+    let mut p = Problems::default();
+    validate_store(c, &mut p);
+    validate_ingest(c, &mut p);
+    for (field, message) in c.stats.problems() {
+        p.push(format!("stats.{field}"), message);
+    }
+    let mut out: Vec<Problem> = p.drain();
+    let mut names = BTreeSet::new();
+    for (i, source) in sources.enumerate() {
+        match source {
+            Loaded::Ok(s) => {
+                let at = format!("sources[{i}]");
+                p.name(&format!("{at}.name"), &s.name, &mut names);
+                s.settings().validate(&at, &mut p);
+                out.extend(p.drain());
+            }
+            Loaded::Unreadable(line) => out.push(Problem::Unreadable(line)),
+        }
+    }
+    let mut names = BTreeSet::new();
+    for (i, feed) in feeds.enumerate() {
+        match feed {
+            Loaded::Ok(f) => {
+                let at = format!("feeds[{i}]");
+                p.name(&format!("{at}.name"), &f.name, &mut names);
+                f.validate(&at, &mut p);
+                out.extend(p.drain());
+            }
+            Loaded::Unreadable(line) => out.push(Problem::Unreadable(line)),
+        }
+    }
+    out
+}
+
+impl Problems {
+    fn drain(&mut self) -> Vec<Problem> {
+        self.0
+            .drain(..)
+            .map(|(key, message)| Problem::Rule { key, message })
+            .collect()
+    }
+}
+
+impl Config {
+    /// Checks every rule and reports all broken ones at once, each as `key: message`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let found = problems(
+            self,
+            self.sources.iter().map(Loaded::Ok),
+            self.feeds.iter().map(Loaded::Ok),
+        );
+        if found.is_empty() {
+            return Ok(());
+        }
+        Err(ConfigError::Invalid {
+            problems: found
+                .into_iter()
+                .map(|p| match p {
+                    Problem::Rule { key, message } => format!("{key}: {message}"),
+                    Problem::Unreadable(line) => line,
+                })
+                .collect(),
+        })
+    }
+}
+
+/// The scheme of a URL for messages, without echoing the rest (it may hold a password).
+pub fn scheme_of(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, _)) => format!("scheme {scheme:?}"),
+        None => "no scheme".to_owned(),
+    }
+}
+
+fn validate_store(c: &Config, p: &mut Problems) {
+    let s = &c.store;
+    match s.engine {
+        StoreEngine::Embedded => {
+            if s.path.as_os_str().is_empty() {
+                p.push(
+                    "store.path",
+                    "required for engine = \"embedded\" (a directory, e.g. \"data\")",
+                );
+            }
+        }
+        StoreEngine::Mongodb => {
+            if s.uri.trim().is_empty() {
+                p.push(
+                    "store.uri",
+                    "required for engine = \"mongodb\" (e.g. \"mongodb://localhost:27017/?replicaSet=rs0\")",
+                );
+            } else if !(s.uri.starts_with("mongodb://") || s.uri.starts_with("mongodb+srv://")) {
+                p.push(
+                    "store.uri",
+                    format!(
+                        "must start with mongodb:// or mongodb+srv:// (got {})",
+                        scheme_of(&s.uri)
+                    ),
+                );
+            }
+        }
+    }
+    if s.database.is_empty() {
+        p.push("store.database", "must not be empty");
+    } else if s.database.len() >= 64 || s.database.chars().any(|c| "/\\. \"$\0".contains(c)) {
+        p.push(
+            "store.database",
+            format!(
+                "{:?} is not a database name (under 64 bytes, none of / \\ . space \" $)",
+                s.database
+            ),
+        );
+    }
+    p.at_least("store.oplog_max_entries", s.oplog_max_entries, 1000);
+    p.at_least("store.events.max_docs", s.events.max_docs, 1);
+    p.at_least("store.events.max_bytes", s.events.max_bytes, 4096);
+    p.field_paths("store.events.indexes", &s.events.indexes);
+    p.at_least("store.dead_letters.max_docs", s.dead_letters.max_docs, 1);
+    p.at_least(
+        "store.dead_letters.max_bytes",
+        s.dead_letters.max_bytes,
+        4096,
+    );
+}
+
+fn validate_ingest(c: &Config, p: &mut Problems) {
+    let i = &c.ingest;
+    if !(1..=10_000).contains(&i.batch_max_events) {
+        p.push(
+            "ingest.batch_max_events",
+            format!("must be in 1..=10000 (got {})", i.batch_max_events),
+        );
+    }
+    if i.queue_capacity < i.batch_max_events {
+        p.push(
+            "ingest.queue_capacity",
+            format!(
+                "must be >= ingest.batch_max_events = {} (got {})",
+                i.batch_max_events, i.queue_capacity
+            ),
+        );
+    }
+    p.at_least("ingest.max_event_bytes", i.max_event_bytes, 64);
+    if i.max_event_bytes > c.store.events.max_bytes {
+        p.push(
+            "ingest.max_event_bytes",
+            format!(
+                "must be <= store.events.max_bytes = {} (got {}): a larger event could never be stored",
+                c.store.events.max_bytes, i.max_event_bytes
+            ),
+        );
+    }
+    p.field_paths("ingest.rollup_fields", &i.rollup_fields);
+}
