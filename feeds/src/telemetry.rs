@@ -7,7 +7,10 @@
 //! second and are not log-worthy. The statistics publish their own figures (see
 //! [`crate::stats`]), under the names declared here.
 
-use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram};
+use metrics::{
+    Counter, Gauge, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram,
+    gauge, histogram,
+};
 use serde_json::Value;
 
 /// From a write's acknowledgment to a feed holding it.
@@ -132,9 +135,42 @@ impl RestartReason {
     }
 }
 
+/// The per-event and per-tick metric handles of one feed that are not statistics (those
+/// publish their own), registered once: recording through a handle is cheap.
+pub struct FeedMeters {
+    /// [`NOTIFICATION_LATENCY`].
+    pub notification: Histogram,
+    /// [`END_TO_END_LATENCY`].
+    pub end_to_end: Histogram,
+    /// [`FEED_EVENTS`].
+    pub events: Counter,
+    /// [`FEED_CHECKPOINTS`].
+    pub checkpoints: Counter,
+    /// [`FEED_LAG`].
+    pub lag: Gauge,
+    /// [`RESUME_HEADROOM`].
+    pub headroom: Gauge,
+}
+
+impl FeedMeters {
+    /// The handles of `feed` on `engine`; also registers its incident counters at zero.
+    pub fn new(engine: &'static str, feed: &str) -> Self {
+        register_feed(feed);
+        let f = || feed.to_string();
+        FeedMeters {
+            notification: histogram!(NOTIFICATION_LATENCY, "engine" => engine, "feed" => f()),
+            end_to_end: histogram!(END_TO_END_LATENCY, "engine" => engine, "feed" => f()),
+            events: counter!(FEED_EVENTS, "feed" => f()),
+            checkpoints: counter!(FEED_CHECKPOINTS, "feed" => f()),
+            lag: gauge!(FEED_LAG, "feed" => f()),
+            headroom: gauge!(RESUME_HEADROOM, "feed" => f()),
+        }
+    }
+}
+
 /// Registers a feed's counters at zero, so dashboards and alerts see a series before the
 /// first incident.
-pub fn register_feed(feed: &str) {
+fn register_feed(feed: &str) {
     for reason in RestartReason::ALL {
         counter!(FEED_RESTARTS, "feed" => feed.to_string(), "reason" => reason.as_str())
             .absolute(0);

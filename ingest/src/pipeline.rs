@@ -442,8 +442,7 @@ fn spawn_source(
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     let name: Arc<str> = Arc::from(source.name());
-    t::register_source(&name);
-    let read = metrics::counter!(t::SOURCE_EVENTS, "source" => name.to_string());
+    let read = t::register_source(&name);
     tokio::spawn(async move {
         let mut records = source.records();
         loop {
@@ -470,4 +469,46 @@ fn spawn_source(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds stop together under one deadline: a panicked feed and one that never stops are
+    /// both reported, the stuck one is aborted, and the whole wait takes one deadline, not one
+    /// per feed.
+    #[tokio::test(start_paused = true)]
+    async fn feeds_stop_together_and_failures_are_named() {
+        let quick = tokio::spawn(async {});
+        let panics = tokio::spawn(async { panic!("boom") });
+        let stuck = tokio::spawn(std::future::pending::<()>());
+        let stuck2 = tokio::spawn(std::future::pending::<()>());
+        let started = tokio::time::Instant::now();
+        let problems = stop_feeds(vec![
+            ("quick".into(), quick),
+            ("panics".into(), panics),
+            ("stuck".into(), stuck),
+            ("stuck2".into(), stuck2),
+        ])
+        .await;
+        assert_eq!(
+            started.elapsed(),
+            FEEDS_DEADLINE,
+            "two stuck feeds cost one deadline, not two"
+        );
+        assert_eq!(problems.len(), 3, "{problems:#?}");
+        assert!(
+            problems[0].starts_with("feed panics panicked"),
+            "{problems:#?}"
+        );
+        assert!(
+            problems[1].starts_with("feed stuck did not checkpoint within 5 s"),
+            "{problems:#?}"
+        );
+        assert!(
+            problems[2].starts_with("feed stuck2 did not checkpoint"),
+            "{problems:#?}"
+        );
+    }
 }

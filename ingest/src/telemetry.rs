@@ -11,7 +11,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge};
+use metrics::{
+    Counter, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
 
 /// Events read, by source.
 pub const SOURCE_EVENTS: &str = "tailrace_source_events_total";
@@ -186,12 +188,44 @@ impl ReconnectReason {
 }
 
 /// Registers a source's counters at zero, so dashboards and alerts see a series (and a rate
-/// of 0) before the first rejection.
-pub fn register_source(source: &str) {
-    counter!(SOURCE_EVENTS, "source" => source.to_string()).absolute(0);
+/// of 0) before the first rejection; returns the handle that counts its records.
+pub fn register_source(source: &str) -> Counter {
     for reason in RejectReason::ALL {
         counter!(REJECTED, "source" => source.to_string(), "reason" => reason.as_str()).absolute(0);
     }
+    let read = counter!(SOURCE_EVENTS, "source" => source.to_string());
+    read.absolute(0);
+    read
+}
+
+/// Records waiting for the writer, after the ingester took a batch.
+pub fn queue_depth(depth: i64) {
+    gauge!(QUEUE_DEPTH).set(depth.max(0) as f64);
+}
+
+/// A write was acknowledged by the store.
+pub struct WriteAcked<'a> {
+    /// `embedded` or `mongodb`.
+    pub engine: &'static str,
+    /// The collection.
+    pub collection: &'a str,
+    /// Its durability.
+    pub durability: store::Durability,
+    /// From handing it to the store to the acknowledgment.
+    pub latency: Duration,
+}
+
+impl WriteAcked<'_> {
+    /// Records its latency.
+    pub fn emit(self) {
+        histogram!(WRITE_LATENCY, "engine" => self.engine, "collection" => self.collection.to_string(), "durability" => self.durability.as_str())
+            .record(self.latency.as_secs_f64());
+    }
+}
+
+/// The newest sequence number of a source that the store acknowledged.
+pub fn sequence_acked(source: &str, seq: u64) {
+    gauge!(LAST_SEQ, "source" => source.to_string()).set(seq as f64);
 }
 
 /// A record was rejected and kept as a dead letter (counted; not logged: a flood of bad

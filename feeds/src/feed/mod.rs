@@ -17,7 +17,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::stream::{BoxStream, StreamExt};
-use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use store::backoff::Backoff;
@@ -30,7 +29,7 @@ pub use handle::{FeedHandle, FeedStatus};
 pub use reader::FeedSource;
 
 use crate::stats::{Event, RollingStats, StatsConfig};
-use crate::telemetry::{self as t, RestartReason};
+use crate::telemetry::{self as t, FeedMeters, RestartReason};
 use checkpoint::Checkpoint;
 use reader::{Item, Lag};
 
@@ -88,32 +87,6 @@ pub enum FeedError {
     },
 }
 
-/// Metric handles of one feed that are not statistics, registered once (recording through a
-/// handle is cheap).
-struct Meters {
-    notification: Histogram,
-    end_to_end: Histogram,
-    events: Counter,
-    checkpoints: Counter,
-    lag: Gauge,
-    headroom: Gauge,
-}
-
-impl Meters {
-    fn new(engine: &'static str, feed: &str) -> Self {
-        t::register_feed(feed);
-        let f = || feed.to_string();
-        Meters {
-            notification: histogram!(t::NOTIFICATION_LATENCY, "engine" => engine, "feed" => f()),
-            end_to_end: histogram!(t::END_TO_END_LATENCY, "engine" => engine, "feed" => f()),
-            events: counter!(t::FEED_EVENTS, "feed" => f()),
-            checkpoints: counter!(t::FEED_CHECKPOINTS, "feed" => f()),
-            lag: gauge!(t::FEED_LAG, "feed" => f()),
-            headroom: gauge!(t::RESUME_HEADROOM, "feed" => f()),
-        }
-    }
-}
-
 /// A feed ready to run.
 pub struct Feed {
     name: String,
@@ -123,7 +96,7 @@ pub struct Feed {
     gaps: Arc<dyn Keyed>,
     stats_docs: Arc<dyn Keyed>,
     handle: FeedHandle,
-    meters: Meters,
+    meters: FeedMeters,
     /// Events committed before this moment are replays: they get no latency sample.
     started_us: i64,
     stats: RollingStats,
@@ -203,7 +176,7 @@ impl Feed {
                 feed: name.clone(),
                 source,
             })?;
-        let meters = Meters::new(store.engine(), &name);
+        let meters = FeedMeters::new(store.engine(), &name);
         Ok(Feed {
             name,
             source,

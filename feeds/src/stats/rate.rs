@@ -85,7 +85,6 @@ impl RateSeries {
     /// or when `t_us` is not past the open second.
     pub fn advance_to(&mut self, t_us: i64) -> RateUpdate {
         let sec = t_us.div_euclid(US_PER_SEC);
-        // A plain match rather than a let-chain: the workspace MSRV is 1.85.
         match self.current_sec {
             Some(open) if sec > open => self.close_until(open, sec),
             _ => {}

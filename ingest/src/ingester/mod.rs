@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use metrics::{gauge, histogram};
 use serde_json::json;
 use store::backoff::Backoff;
 use store::clock::now_us;
@@ -161,7 +160,6 @@ impl Ingester {
     pub async fn run(self, mut rx: mpsc::Receiver<Handed>) {
         let mut next_seq: HashMap<Arc<str>, u64> = HashMap::new();
         let mut batch: Vec<Handed> = Vec::with_capacity(self.options.batch_max_events);
-        let depth = gauge!(t::QUEUE_DEPTH);
         loop {
             batch.clear();
             // Wait for the first record, then up to batch_max_wait for more.
@@ -185,7 +183,7 @@ impl Ingester {
                 .queue_depth
                 .fetch_sub(batch.len() as i64, Ordering::Relaxed)
                 - batch.len() as i64;
-            depth.set(d.max(0) as f64);
+            t::queue_depth(d);
             self.write_batch(&mut batch, &mut next_seq).await;
         }
         tracing::info!("ingester flushed and stopped");
@@ -269,7 +267,7 @@ impl Ingester {
                 let _ = h.record(us.max(1));
             }
             for (source, seq) in last_seq {
-                gauge!(t::LAST_SEQ, "source" => source.to_string()).set(seq as f64);
+                t::sequence_acked(&source, seq);
             }
         }
     }
@@ -291,10 +289,15 @@ impl Ingester {
             let start = Instant::now();
             match write().await {
                 Ok(_) => {
-                    let secs = start.elapsed().as_secs_f64();
-                    histogram!(t::WRITE_LATENCY, "engine" => self.engine, "collection" => collection.to_string(), "durability" => d.as_str())
-                        .record(secs);
-                    return Some((secs * 1e6) as u64);
+                    let latency = start.elapsed();
+                    t::WriteAcked {
+                        engine: self.engine,
+                        collection,
+                        durability: d,
+                        latency,
+                    }
+                    .emit();
+                    return Some(latency.as_micros() as u64);
                 }
                 Err(e) => {
                     let wait = backoff.next_wait();
