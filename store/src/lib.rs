@@ -35,6 +35,7 @@
 mod contract;
 pub mod embedded;
 mod error;
+pub mod filter;
 #[cfg(feature = "mongodb")]
 pub mod mongo;
 mod types;
@@ -42,6 +43,7 @@ pub mod update;
 
 pub use contract::{Capped, ChangeStream, Keyed, RecordStream, Store};
 pub use error::{Result, StoreError};
+pub use filter::Filter;
 pub use types::{
     CappedSpec, Change, ChangeFilter, ChangeOp, ChangeStart, Document, Durability, Position,
     Record, ResumeToken, Start, Update,
