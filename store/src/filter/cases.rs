@@ -344,6 +344,22 @@ pub fn cases() -> Vec<Case> {
         ],
     );
     t.add(
+        "a float operand against integers beyond 2^53",
+        json!({"n": {"$gt": 9_007_199_254_740_992.0}}),
+        vec![
+            (json!({"n": 9_007_199_254_740_993_i64}), true),
+            (json!({"n": 9_007_199_254_740_992_i64}), false),
+        ],
+    );
+    t.add(
+        "i64::MAX is below 2^63 written as a float",
+        json!({"n": {"$lt": 9_223_372_036_854_775_808.0}}),
+        vec![
+            (json!({"n": i64::MAX}), true),
+            (json!({"n": 9.3e18}), false),
+        ],
+    );
+    t.add(
         "large negative integers",
         json!({"n": {"$lte": i64::MIN}}),
         vec![
