@@ -104,7 +104,15 @@ fn long_tail_names(n: usize) -> Vec<Value> {
         .collect()
 }
 
-/// Every case; see the module doc.
+/// The shared table of filter cases, a few hundred rows covering every operator and rule of
+/// the module doc, with unicode in several scripts, `$`-prefixed and dotted document keys, a
+/// document of ~300 KB and a 500-name `$in` list.
+///
+/// The filter module's tests run every row through [`Filter::matches`](super::Filter::matches).
+/// A MongoDB runner runs the same rows against a server (5.0 or later, which stores the
+/// `$`-prefixed and dotted keys): insert `doc`, `find` with
+/// [`Filter::to_mongo`](super::Filter::to_mongo)`("")`, and expect `expected`. Documents carry
+/// no `_id` and no filter reads one, so the server may add its own.
 pub fn cases() -> Vec<Case> {
     let mut t = Table(Vec::new());
 
