@@ -37,6 +37,7 @@ pub mod clock;
 mod contract;
 pub mod embedded;
 mod error;
+pub mod filter;
 #[cfg(feature = "mongodb")]
 pub mod mongo;
 mod stamp;
@@ -45,6 +46,7 @@ pub mod update;
 
 pub use contract::{Capped, ChangeStream, Keyed, RecordStream, Store};
 pub use error::{Result, StoreError};
+pub use filter::Filter;
 pub use stamp::{STAMP_FIELD, STAMP_SOURCE_PATH, Stamp};
 pub use types::{
     Bounds, CappedSpec, Change, ChangeFilter, ChangeOp, ChangeStart, Document, Durability,
