@@ -576,6 +576,11 @@ class Handler(BaseHTTPRequestHandler):
                 cursor = coll.seq_of(resume)
             except ValueError as e:
                 return self.send_json(400, {"error": f"resume_after: {e}"})
+            if cursor > coll.seq:
+                # An id this server never gave out: the client saw another history (the server
+                # restarted without its data). Waiting for the numbers to catch up would show
+                # nothing for minutes; refusing makes the client start over.
+                return self.send_json(400, {"error": f"resume_after: {resume!r} is ahead of this stream"})
 
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")

@@ -15,8 +15,11 @@ const MAX_EVENTS = 100;
 const INITIAL_EVENTS = 50;
 /** Statistics are rewritten every second: this much silence means the numbers are stale. */
 const STALE_AFTER_MS = 5000;
-/** A stats stream silent this long is dead (stats arrive every second). */
-const STATS_IDLE_MS = 20000;
+/**
+ * A stats stream silent this long is dead: stats arrive every second, and even an idle server
+ * sends a keep-alive comment every 15 s (axum's default), so 45 s is three missed keep-alives.
+ */
+const STATS_IDLE_MS = 45000;
 /** A filtered events stream may be quiet; the server's keep-alive comments keep it alive. */
 const EVENTS_IDLE_MS = 60000;
 /** Recently seen event keys, to count duplicates across reconnects. */
@@ -396,7 +399,9 @@ async function loadStatus() {
 function renderInfo(body) {
   const info = (body && body.info) || {};
   const list = (xs) =>
-    Array.isArray(xs) && xs.length ? xs.map((x) => `${str(x.name)} (${str(x.kind)})`).join(', ') : 'none';
+    Array.isArray(xs) && xs.length
+      ? xs.map((x) => (x && typeof x === 'object' ? `${str(x.name)} (${str(x.kind)})` : str(x))).join(', ')
+      : 'none';
   setText($('info-version'), str(info.version) || '?');
   setText($('info-engine'), str(info.engine) || '?');
   setText($('info-durability'), str(info.durability) || '?');
@@ -560,7 +565,9 @@ function onEventsMessage(ev) {
   events.received++;
   events.thisSecond++;
   if (!remember(msg.key)) {
-    events.duplicates++;
+    // A snapshot sent again (after a gap or a refused resume) repeats by design; a change
+    // delivered twice is a broken resume.
+    if (ev.type === 'change') events.duplicates++;
     return;
   }
   const stamp = msg.doc._tailrace;
@@ -705,6 +712,14 @@ function openEvents(filter) {
           setText($('events-note'), `The server refused the events stream: ${detail.message}`);
         }
       } else if (state === 'resync' && events.stream === candidate) {
+        // The server does not know our id: it is another history (restarted without its
+        // data), whose positions may be lower than the ones shown. Start the list over, or
+        // old events would sit on top of the new ones for good.
+        events.clear = true;
+        events.pending = [];
+        events.recent.clear();
+        events.recentRing.length = 0;
+        events.lastSeq.clear();
         setText($('events-note'), `${fmtClock(Date.now() * 1000)} — resume refused (${detail.message}); started over.`);
       }
       updateConnection();
@@ -958,6 +973,12 @@ function start() {
     idleMs: STATS_IDLE_MS,
     onEvent: onStatsEvent,
     onState: (state) => {
+      if (state === 'resync') {
+        // Another history: feeds it no longer has must leave the tables.
+        stats.feeds.clear();
+        stats.ingest = null;
+        stats.dirty = true;
+      }
       // After a reconnect the server may be a new process: read its status again.
       if (state === 'open' && stats.stream && stats.stream.connections > 1) loadStatus();
       updateConnection();
