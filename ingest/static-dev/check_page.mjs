@@ -121,6 +121,7 @@ async function waitFor(what, ms, fn, arg) {
 
 const snapshot = () => page.evaluate(() => window.tailrace.snapshot());
 
+let lastTask = null;
 async function counters() {
   await cdp.send('HeapProfiler.collectGarbage');
   const dom = await cdp.send('Memory.getDOMCounters');
@@ -131,7 +132,15 @@ async function counters() {
     await new Promise((r) => requestAnimationFrame(() => r()));
     return performance.now() - t;
   });
+  // Main-thread busy share since the previous sample: what the page costs the operator's
+  // machine (TaskDuration is cumulative seconds of main-thread work).
+  const wall = performance.now() / 1000;
+  const busy = lastTask ? (m.TaskDuration - lastTask.task) / (wall - lastTask.wall) : null;
+  lastTask = { task: m.TaskDuration, wall };
+  const points = await page.evaluate(() => window.tailrace.snapshot().points);
   return {
+    busyPct: busy === null ? null : +(busy * 100).toFixed(1),
+    points: Object.values(points).join('/'),
     heapMB: +(m.JSHeapUsedSize / 1048576).toFixed(1),
     nodes: dom.nodes,
     listeners: dom.jsEventListeners,
@@ -402,7 +411,9 @@ async function run() {
       assert(last.nodes <= first.nodes * 1.3 + 500, `DOM nodes bounded: ${first.nodes} → ${last.nodes}`);
       assert(last.listeners <= first.listeners + 2, `listeners bounded: ${first.listeners} → ${last.listeners}`);
       assert(Math.max(...samples.map((x) => x.frameMs)) < 200, `a frame within 200 ms; saw ${samples.map((x) => x.frameMs)}`);
-      return `${s.events.received} events received, heap ${first.heapMB} → ${last.heapMB} MB, nodes ${first.nodes} → ${last.nodes}`;
+      const busy = samples.slice(1).map((x) => x.busyPct);
+      const meanBusy = busy.length ? (busy.reduce((a, b) => a + b, 0) / busy.length).toFixed(1) : '?';
+      return `${s.events.received} events received, heap ${first.heapMB} → ${last.heapMB} MB, nodes ${first.nodes} → ${last.nodes}, main thread busy ${meanBusy}% on average`;
     });
   }
 }
