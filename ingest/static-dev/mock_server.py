@@ -353,10 +353,34 @@ class Collection:
         return [m for _, m in list(self.log)[-limit:]] if limit else [m for _, m in self.log]
 
 
+ODD_EVENTS = [
+    # Valid documents that are not tweets, or tweets with fields of another type: the page
+    # must show them without throwing.
+    lambda rng: {"sensor.id": f"t-{rng.randrange(100)}", "$value": round(rng.uniform(-20, 40), 2), "unit": "°C"},
+    lambda rng: {"user": "plain string user", "text": 42, "lang": None, "retweet_count": "many"},
+    lambda rng: {"user": ["a", "list"], "text": {"nested": "object"}, "lang": ["en", "ja"]},
+    lambda rng: {"text": "👨‍👩‍👧‍👦" * 70, "lang": "und", "user": {"screen_name": "x" * 200}},
+    lambda rng: {"text": "", "user": {}, "hashtags": None},
+]
+
+
+def odd_feed_doc(rng, name, kind):
+    return rng.choice([
+        {"feed": name, "kind": kind, "stats": None, "lag": None, "notify_us": None, "updated_us": now_us()},
+        {"feed": name, "kind": kind, "stats": {"events": None, "rate": None, "rate_bands": None,
+                                              "top": [["ok", 3], [None, 2], [{"k": "v"}, 1], "bad", [], ["no count"]],
+                                              "missing": None, "duplicates": None},
+         "lag": "?", "notify_us": {"p50": None, "p99": 0, "count": 0}, "updated_us": now_us()},
+        {"feed": name, "kind": kind, "stats": {"rate": -5, "rate_bands": {"upper": None, "lower": "x"}},
+         "notify_us": {"p50": -1}, "updated_us": None},
+    ])
+
+
 class World:
     """Everything the mock serves, advanced by two background threads."""
 
-    def __init__(self, rate, seed, burst_probability, late_durability_s):
+    def __init__(self, rate, seed, burst_probability, late_durability_s, odd=0.0):
+        self.odd = odd
         self.lock = threading.Condition()
         self.events = Collection("events", "p", 20_000, keep_current=False)
         self.stats = Collection("stats", "t", 2_000, keep_current=True)
@@ -392,10 +416,13 @@ class World:
                 with self.lock:
                     for _ in range(n):
                         doc = self.gen.event()
+                        if rng.random() < self.odd:
+                            doc = dict(rng.choice(ODD_EVENTS)(rng), _tailrace=doc["_tailrace"])
                         key = str(self.events.seq + 1)
                         self.events.append("insert", key, doc)
-                        self.recent.append((t, doc["retweet_count"], doc["hashtags"]))
-                        for h in doc["hashtags"]:
+                        rt = doc.get("retweet_count")
+                        self.recent.append((t, rt if isinstance(rt, int) else 0, doc.get("hashtags") or []))
+                        for h in doc.get("hashtags") or []:
                             self.top[h] += 1
                         if rng.random() < 0.001:
                             self.rejected += 1
@@ -441,7 +468,16 @@ class World:
                         "notify_us": notify,
                         "updated_us": now_us(),
                     }
+                    if rng.random() < self.odd * 5:
+                        doc = odd_feed_doc(rng, name, kind)
                     self.stats.append("replace", name, doc)
+                if rng.random() < self.odd * 5:
+                    # A key that comes and goes, with `$` and dots in it.
+                    ghost = "$ghost.feed"
+                    if ghost in self.stats.current:
+                        self.stats.append("delete", ghost, None)
+                    else:
+                        self.stats.append("insert", ghost, {"feed": ghost, "kind": "changes", "stats": {}, "updated_us": now_us()})
                 write_us = {"journaled": latency(rng, 710)}
                 if time.monotonic() - self.started >= self.late_durability_s:
                     # A second durability level appears later, as when a source with another
@@ -631,6 +667,9 @@ class Handler(BaseHTTPRequestHandler):
                 if flt is None or (m["doc"] is not None and matches(m["doc"], flt)):
                     send("change", m, coll.id_of(seq))
                     last_write = time.monotonic()
+            if w.odd and batch and random.random() < w.odd * 5:
+                # Event types and fields the page does not know must be ignored, not fatal.
+                self.wfile.write(b'event: lagged\ndata: {"missed": 3}\n\n: a comment\nretry: 1000\nfoo: bar\n\n')
             if time.monotonic() - last_write >= self.keepalive_s:
                 # Like axum's KeepAlive: a comment, so idle filtered streams stay provably alive.
                 self.wfile.write(b": keep-alive\n\n")
@@ -647,10 +686,13 @@ def main():
     ap.add_argument("--late-durability-s", type=float, default=5.0,
                     help="seconds before a second durability level appears in the ingest document")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--odd", type=float, default=0.0,
+                    help="share of odd but valid documents (non-tweets, nulls, wrong types) and "
+                         "unknown event types, to check the page copes; e.g. 0.05")
     ap.add_argument("--verbose", action="store_true", help="log every request to stderr")
     a = ap.parse_args()
 
-    world = World(a.rate, a.seed, a.burst_probability, a.late_durability_s)
+    world = World(a.rate, a.seed, a.burst_probability, a.late_durability_s, a.odd)
     Handler.world = world
     Handler.quiet = not a.verbose
     server = ThreadingHTTPServer((a.host, a.port), Handler)
