@@ -224,7 +224,12 @@ class Chart {
         pxAlign: false,
         cursor: { sync: { key: 'tailrace' }, drag: { x: false, y: false } },
         legend: { live: true },
-        scales: { x: { time: true }, y: yScale },
+        scales: {
+          // At least a minute wide: the first seconds of data are not stretched over the
+          // chart with millisecond ticks, and points enter from the right.
+          x: { time: true, range: (u, min, max) => (min === null ? [0, 60] : [Math.min(min, max - 60), max]) },
+          y: yScale,
+        },
         axes: [
           { stroke: axisStroke, grid, ticks: grid, size: 28 },
           {
