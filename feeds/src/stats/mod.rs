@@ -7,6 +7,7 @@
 //! windows, not by the length of the stream.
 
 pub mod bollinger;
+pub mod heavy_hitters;
 pub mod rate;
 pub mod sequence;
 pub mod topk;
