@@ -88,7 +88,7 @@
 
 use std::borrow::Cow;
 use std::cmp::Reverse;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 
@@ -182,7 +182,7 @@ pub enum StateError {
 }
 
 /// One closed second: its Space-Saving counters, frozen.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 struct Bucket {
     /// Whole second since the Unix epoch.
     sec: i64,
@@ -192,6 +192,18 @@ struct Bucket {
     /// `(key, count, error)`, in the order the live summary had them
     /// (count descending).
     counters: Vec<(String, u64, u64)>,
+    /// The hash of each key (same order), so merging the seconds in `top`
+    /// never hashes a string. Not serialized: the hasher is seeded per
+    /// process, and a restore recomputes them.
+    #[serde(skip)]
+    hashes: Vec<u64>,
+}
+
+impl PartialEq for Bucket {
+    /// The hashes follow from the keys and the (per-process) hasher.
+    fn eq(&self, other: &Self) -> bool {
+        self.sec == other.sec && self.floor == other.floor && self.counters == other.counters
+    }
 }
 
 /// Where a counter sits in the sorted array: its count and the slot of its
@@ -207,8 +219,9 @@ struct Slot {
 #[derive(Clone, Debug)]
 struct Meta {
     key: Box<str>,
-    /// `Live::hasher` applied to `key`, kept so that growing the index and
-    /// removing a replaced key never hash a string again.
+    /// `HeavyHitters::hasher` applied to `key`, kept so that growing the
+    /// index, removing a replaced key and merging in `top` never hash a
+    /// string again.
     hash: u64,
     error: u64,
     pos: u32,
@@ -234,9 +247,6 @@ struct Live {
     /// only, never iterated, so its order cannot leak into results or
     /// checkpoints.
     index: HashTable<u32>,
-    /// SipHash with random keys: hashtags are untrusted input, and a fixed
-    /// hash would let a sender collide them into one long probe sequence.
-    hasher: RandomState,
 }
 
 impl Live {
@@ -247,13 +257,11 @@ impl Live {
             slots: Vec::new(),
             meta: Vec::new(),
             index: HashTable::new(),
-            hasher: RandomState::new(),
         }
     }
 
-    /// Counts one occurrence of an already folded key.
-    fn add(&mut self, key: &str, capacity: usize) {
-        let hash = self.hasher.hash_one(key);
+    /// Counts one occurrence of an already folded key whose hash is `hash`.
+    fn add(&mut self, key: &str, hash: u64, capacity: usize) {
         let Self {
             meta, index, slots, ..
         } = self;
@@ -324,10 +332,16 @@ impl Live {
 
     /// `(key, count, error)` of every counter, in slot order.
     fn counters(&self) -> impl Iterator<Item = (&str, u64, u64)> + '_ {
+        self.hashed()
+            .map(|(key, _, count, error)| (key, count, error))
+    }
+
+    /// `(key, hash, count, error)` of every counter, in slot order.
+    fn hashed(&self) -> impl Iterator<Item = (&str, u64, u64, u64)> + '_ {
         self.slots.iter().filter_map(|s| {
             self.meta
                 .get(s.id as usize)
-                .map(|m| (&*m.key, s.count, m.error))
+                .map(|m| (&*m.key, m.hash, s.count, m.error))
         })
     }
 
@@ -335,18 +349,19 @@ impl Live {
     /// keeping the allocations of the arrays and the index.
     fn close_into(&mut self, sec: i64) -> Bucket {
         let mut meta = std::mem::take(&mut self.meta);
-        let counters = self
-            .slots
-            .iter()
-            .filter_map(|s| {
-                meta.get_mut(s.id as usize)
-                    .map(|m| (std::mem::take(&mut m.key).into_string(), s.count, m.error))
-            })
-            .collect();
+        let mut counters = Vec::with_capacity(self.slots.len());
+        let mut hashes = Vec::with_capacity(self.slots.len());
+        for s in &self.slots {
+            if let Some(m) = meta.get_mut(s.id as usize) {
+                counters.push((std::mem::take(&mut m.key).into_string(), s.count, m.error));
+                hashes.push(m.hash);
+            }
+        }
         let bucket = Bucket {
             sec: self.sec,
             floor: self.floor,
             counters,
+            hashes,
         };
         meta.clear();
         self.meta = meta;
@@ -358,17 +373,16 @@ impl Live {
     }
 
     /// Rebuilds a live summary from its serialized form, which must already
-    /// be validated (sorted, unique keys, within capacity).
+    /// be validated (sorted, unique keys, within capacity) and hashed.
     fn from_bucket(b: Bucket) -> Self {
         let mut live = Live::new(b.sec);
         live.floor = b.floor;
         live.slots.reserve(b.counters.len());
         live.meta.reserve(b.counters.len());
-        for (i, (key, count, error)) in b.counters.into_iter().enumerate() {
+        for (i, ((key, count, error), hash)) in b.counters.into_iter().zip(b.hashes).enumerate() {
             let Ok(id) = u32::try_from(i) else {
                 break; // unreachable: validated against the capacity
             };
-            let hash = live.hasher.hash_one(key.as_str());
             let meta = &live.meta;
             live.index.insert_unique(hash, id, |i: &u32| {
                 meta.get(*i as usize).map_or(0, |m| m.hash)
@@ -456,7 +470,7 @@ struct State {
 ///
 /// See the [module documentation](self) for the algorithm and its error
 /// bound. Keys are case-folded to lowercase on the way in, as in `TopK`.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 #[serde(try_from = "State")]
 pub struct HeavyHitters {
     k: usize,
@@ -470,6 +484,24 @@ pub struct HeavyHitters {
     /// included). `None` only when nothing is in the window, in which case
     /// `closed` is empty too.
     live: Option<Live>,
+    /// Hashes every key once, on the way in; the hash then follows the key
+    /// from the live second into its closed bucket and into `top`. SipHash
+    /// with random keys: hashtags are untrusted input, and a fixed hash would
+    /// let a sender collide them into long probe sequences. Per process, so
+    /// not serialized.
+    #[serde(skip)]
+    hasher: RandomState,
+}
+
+impl PartialEq for HeavyHitters {
+    /// Equal state, whatever the hasher's seed.
+    fn eq(&self, other: &Self) -> bool {
+        self.k == other.k
+            && self.window_secs == other.window_secs
+            && self.capacity == other.capacity
+            && self.closed == other.closed
+            && self.live == other.live
+    }
 }
 
 impl HeavyHitters {
@@ -485,6 +517,7 @@ impl HeavyHitters {
             capacity: capacity.clamp(1, u32::MAX as usize),
             closed: VecDeque::new(),
             live: None,
+            hasher: RandomState::new(),
         }
     }
 
@@ -510,7 +543,8 @@ impl HeavyHitters {
             None => self.live.insert(Live::new(sec)),
         };
         for key in keys {
-            live.add(&fold_key(key), self.capacity);
+            let key = fold_key(key);
+            live.add(&key, self.hasher.hash_one(&*key), self.capacity);
         }
         let newest = live.sec;
         self.expire_before(newest);
@@ -547,38 +581,63 @@ impl HeavyHitters {
         // Per key: sum of its counters, sum of their errors, and the sum of
         // the floors of the seconds where it has a counter, so the floors of
         // the other seconds are `bound - covered`.
-        #[derive(Default)]
-        struct Sum {
+        struct Sum<'a> {
+            key: &'a str,
+            hash: u64,
             count: u64,
             error: u64,
             covered: u64,
         }
-        let mut sums: HashMap<&str, Sum> = HashMap::with_capacity(self.counters());
+        let mut sums: Vec<Sum<'_>> = Vec::with_capacity(self.counters());
+        // Indices into `sums` by the keys' precomputed hashes: the merge
+        // compares a key only when its hash matches.
+        let mut table: HashTable<usize> = HashTable::with_capacity(self.counters());
         let closed = self.closed.iter().flat_map(|b| {
             b.counters
                 .iter()
-                .map(move |(key, count, error)| (key.as_str(), *count, *error, b.floor))
+                .zip(&b.hashes)
+                .map(move |((key, count, error), &hash)| {
+                    (key.as_str(), hash, *count, *error, b.floor)
+                })
         });
         let live = self
             .live
             .iter()
-            .flat_map(|l| l.counters().map(move |(k, c, e)| (k, c, e, l.floor)));
-        for (key, count, error, floor) in closed.chain(live) {
-            let s = sums.entry(key).or_default();
-            s.count = s.count.saturating_add(count);
-            s.error = s.error.saturating_add(error);
-            s.covered = s.covered.saturating_add(floor);
+            .flat_map(|l| l.hashed().map(move |(k, h, c, e)| (k, h, c, e, l.floor)));
+        for (key, hash, count, error, floor) in closed.chain(live) {
+            let found = table
+                .find(hash, |&i| {
+                    sums.get(i).is_some_and(|s| s.hash == hash && s.key == key)
+                })
+                .copied();
+            match found.and_then(|i| sums.get_mut(i)) {
+                Some(s) => {
+                    s.count = s.count.saturating_add(count);
+                    s.error = s.error.saturating_add(error);
+                    s.covered = s.covered.saturating_add(floor);
+                }
+                None => {
+                    table.insert_unique(hash, sums.len(), |&i| sums.get(i).map_or(0, |s| s.hash));
+                    sums.push(Sum {
+                        key,
+                        hash,
+                        count,
+                        error,
+                        covered: floor,
+                    });
+                }
+            }
         }
-        // Hash order is irrelevant from here on: the sort key is total
-        // (keys are unique).
+        // From here on the order is `sums`' (first appearance), and the sort
+        // key is total (keys are unique): nothing depends on hash order.
         let mut all: Vec<(u64, u64, &str)> = sums
             .into_iter()
-            .map(|(key, s)| {
+            .map(|s| {
                 let missing = bound.saturating_sub(s.covered);
                 (
                     s.count.saturating_add(missing),
                     s.error.saturating_add(missing),
-                    key,
+                    s.key,
                 )
             })
             .collect();
@@ -702,12 +761,22 @@ impl TryFrom<State> for HeavyHitters {
         {
             return Err(StateError::Counters { sec: live.sec });
         }
+        let hasher = RandomState::new();
+        let hash = |mut b: Bucket| {
+            b.hashes = b
+                .counters
+                .iter()
+                .map(|(key, _, _)| hasher.hash_one(key.as_str()))
+                .collect();
+            b
+        };
         Ok(Self {
             k: s.k,
             window_secs: s.window_secs,
             capacity: s.capacity,
-            closed: s.closed.into(),
-            live: s.live.map(Live::from_bucket),
+            closed: s.closed.into_iter().map(hash).collect(),
+            live: s.live.map(|b| Live::from_bucket(hash(b))),
+            hasher,
         })
     }
 }
@@ -777,6 +846,7 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::{RngExt, SeedableRng};
     use rand_distr::{Distribution, Exp, Zipf};
+    use std::collections::HashMap;
     use std::ops::Range;
 
     const S: i64 = 1_000_000;
