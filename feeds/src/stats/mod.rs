@@ -18,6 +18,7 @@
 //! | [`sequence`] | per-source sequence completeness | `missing`, `duplicates`, `last_outcome` | `tailrace_feed_missing_events_total`, `tailrace_feed_duplicate_events_total` |
 
 pub mod bollinger;
+pub mod heavy_hitters;
 pub mod rate;
 pub mod sequence;
 pub mod topk;
