@@ -800,7 +800,6 @@ fn tail_stream(inner: Arc<Inner>, shared: Arc<CappedShared>, start: Start) -> Re
                             // The first document after a (re-)open must be the next one; if it
                             // is further on, check whether the next one was evicted (it may
                             // also be a hole left by a failed insert, which is no loss).
-                            // (Nested, not a let chain: the macro expands in an older edition.)
                             if let Some(l) = last.filter(|l| position > l + 1) {
                                 let oldest = oldest_id(&shared.coll, &shared.name).await?;
                                 if let Some(o) = oldest.filter(|o| *o > l + 1) {
