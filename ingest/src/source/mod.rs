@@ -20,6 +20,7 @@ pub mod http;
 pub mod sse;
 pub mod stdin;
 pub mod synthetic;
+pub mod websocket;
 
 use std::time::Duration;
 
