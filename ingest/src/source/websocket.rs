@@ -97,6 +97,8 @@ const EXCERPT_BYTES: usize = 300;
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 /// How long a polite close (our close frame, the server's reply) may take.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// How long to wait for the rest of an oversized message's prefix (it is usually there).
+const PREFIX_WAIT: Duration = Duration::from_secs(1);
 /// Events remembered with the last resume value, to tell a replayed one from a new one that
 /// shares its value; past these bounds later ones are not remembered (they may come twice,
 /// never go missing).
@@ -878,7 +880,11 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Raw> + Send + 's
                                 }
                                 Some(Some(Ok(m))) => m,
                                 Some(Some(Err(e))) => {
-                                    let tracker = &mut ws.get_mut().tracker;
+                                    let tap = ws.get_mut();
+                                    if matches!(e, tungstenite::Error::Capacity(_)) {
+                                        tap.fill_prefix(o.idle_timeout.min(PREFIX_WAIT)).await;
+                                    }
+                                    let tracker = &mut tap.tracker;
                                     match e {
                                         tungstenite::Error::Capacity(CapacityError::MessageTooLong { size, max_size }) => {
                                             let found = tracker.take_bad().filter(|f| matches!(f, Finding::TooLarge { .. }));

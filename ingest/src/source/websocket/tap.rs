@@ -273,6 +273,11 @@ impl Tracker {
         Some(Finding::Cut(msg.prefix))
     }
 
+    /// An oversized message was found and its prefix is not complete yet.
+    pub(super) fn wants_prefix(&self) -> bool {
+        matches!(self.bad, Some(Bad::TooLarge(_))) && !matches!(self.phase, Phase::Done)
+    }
+
     /// Whether the stream stopped inside a frame or a fragmented message.
     pub(super) fn mid_frame(&self) -> bool {
         self.msg.is_some()
@@ -344,6 +349,26 @@ impl<S> Tap<S> {
             inner,
             tracker: Tracker::new(limit),
         }
+    }
+}
+
+impl<S: AsyncRead + Unpin> Tap<S> {
+    /// After tungstenite refused an oversized message on its header: reads on, past
+    /// tungstenite (the connection is dropped anyway), until the tracker holds the message's
+    /// first [`PREFIX_BYTES`], the stream ends, or `within` passes. Reads at most a prefix and
+    /// one chunk more.
+    pub(super) async fn fill_prefix(&mut self, within: std::time::Duration) {
+        use tokio::io::AsyncReadExt;
+        let mut scratch = vec![0u8; PREFIX_BYTES];
+        let _ = tokio::time::timeout(within, async {
+            while self.tracker.wants_prefix() {
+                match self.read(&mut scratch).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
     }
 }
 
