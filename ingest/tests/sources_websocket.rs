@@ -97,6 +97,8 @@ impl Server {
     }
 
     /// Completes the upgrade, recording the request.
+    // The callback's error type is tungstenite's `ErrorResponse`, not ours to shrink.
+    #[allow(clippy::result_large_err)]
     async fn accept(self: &Arc<Self>, tcp: TcpStream) -> Ws {
         let s = self.clone();
         tokio_tungstenite::accept_hdr_async(tcp, move |req: &Request, resp: Response| {
@@ -108,6 +110,7 @@ impl Server {
     }
 
     /// Answers the upgrade with an HTTP error instead.
+    #[allow(clippy::result_large_err)]
     async fn refuse(
         self: &Arc<Self>,
         tcp: TcpStream,
@@ -366,7 +369,7 @@ const TEXTS: [&str; 8] = [
 fn jetstream_event(i: usize) -> String {
     let time_us = 1_725_911_162_000_000u64 + (i as u64 / 3) * 1_250;
     let mut text = TEXTS[i % TEXTS.len()].to_owned();
-    if i % 97 == 0 {
+    if i.is_multiple_of(97) {
         text = text.repeat(400); // ~10-20 KB
     }
     json!({
@@ -487,25 +490,21 @@ async fn jetstream_like_replay_across_server_closes_delivers_every_event_once() 
         !query(&seen[0].uri).contains_key("cursor"),
         "first connection: no cursor"
     );
-    for k in 1..seen.len() {
-        let q = query(&seen[k].uri);
+    for (k, req) in seen.iter().enumerate().skip(1) {
+        let q = query(&req.uri);
         let (_, _, until_before) = served.iter().find(|(c, _, _)| *c == k - 1).unwrap();
         let last = time_us(&events[until_before - 1]);
         assert_eq!(
             q.get("cursor"),
             Some(&last.to_string()),
             "connection {k} resumes at the last event handed over: {}",
-            seen[k].uri
+            req.uri
         );
-        assert_eq!(
-            q["wantedCollections"], "app.bsky.feed.post",
-            "{}",
-            seen[k].uri
-        );
+        assert_eq!(q["wantedCollections"], "app.bsky.feed.post", "{}", req.uri);
         assert!(
-            seen[k].uri.contains("wantedDids=did:plc:a%2Bb"),
+            req.uri.contains("wantedDids=did:plc:a%2Bb"),
             "other parameters kept byte for byte: {}",
-            seen[k].uri
+            req.uri
         );
     }
     log_line(&["jet", "the server closed the connection", "1000 rotating"]).await;
@@ -932,4 +931,120 @@ async fn user_agent_by_default_replaced_when_configured_and_secrets_never_logged
     for secret in ["tok-93f2b", "q-71c3e"] {
         assert!(!text.contains(secret), "{secret} was logged:\n{text}");
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Measurements (run alone, in release):
+//   cargo test --release -p ingest --test sources_websocket -- --ignored --nocapture --test-threads 1
+// ---------------------------------------------------------------------------------------
+
+/// The process's peak resident set, in KiB (Linux).
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run alone, in release"]
+async fn measure_throughput_over_loopback() {
+    const M: usize = 100_000;
+    let events: Arc<Vec<String>> = Arc::new((0..M).map(jetstream_event).collect());
+    let total_bytes: usize = events.iter().map(String::len).sum();
+    for resume in [false, true] {
+        let evs = events.clone();
+        let (_srv, addr) = Server::start(move |_, tcp, srv| {
+            let events = evs.clone();
+            async move {
+                let mut ws = srv.accept(tcp).await;
+                for chunk in events.chunks(64) {
+                    for e in chunk {
+                        ws.feed(Message::text(e.as_str())).await.unwrap();
+                    }
+                    ws.flush().await.unwrap();
+                }
+                stall(ws).await;
+            }
+        })
+        .await;
+        let mut o = options(addr, "/firehose?wantedCollections=app.bsky.feed.post");
+        if resume {
+            o.resume = Some(Resume {
+                field: "time_us".into(),
+                param: "cursor".into(),
+            });
+        }
+        let name = if resume {
+            "measure-resume"
+        } else {
+            "measure-plain"
+        };
+        // Not `source()`: its trace-level log capture would format every message, and that
+        // would be what is measured.
+        recorder();
+        let mut s = Box::new(WebSocketSource::new(name, o)).records();
+        let started = Instant::now();
+        let mut n = 0;
+        while n < M {
+            let r = tokio::time::timeout(Duration::from_secs(120), s.next())
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(matches!(r, Raw::Bytes(_)), "{}", short(&r));
+            n += 1;
+        }
+        let secs = started.elapsed().as_secs_f64();
+        println!(
+            "websocket source, {M} Jetstream-like events ({:.0} B mean), resume={resume}: \
+             {:.3} s, {:.0} events/s, {:.1} MB/s",
+            total_bytes as f64 / M as f64,
+            secs,
+            M as f64 / secs,
+            total_bytes as f64 / secs / 1e6
+        );
+    }
+}
+
+#[tokio::test]
+#[ignore = "a measurement: run alone (peak RSS is per process)"]
+async fn measure_peak_memory_on_a_10_mb_frame() {
+    const BIG: usize = 10 << 20;
+    let before = peak_rss_kib().unwrap();
+    let (_srv, addr) = Server::start(|k, tcp, srv| async move {
+        let mut ws = srv.accept(tcp).await;
+        if k > 0 {
+            send_text(&mut ws, "{\"after\":1}").await;
+            return stall(ws).await;
+        }
+        let tcp = ws.get_mut();
+        tcp.write_all(&raw_frame_header(1, BIG)).await.unwrap();
+        let chunk = vec![b'x'; 64 << 10];
+        let mut written = 0;
+        while written < BIG && tcp.write_all(&chunk).await.is_ok() {
+            written += chunk.len();
+        }
+    })
+    .await;
+    let mut o = options(addr, "/big");
+    o.max_frame = 64 << 10;
+    let mut s = source("measure-big", o);
+    let got = take(&mut s, 2).await;
+    assert!(matches!(
+        &got[0],
+        Raw::Invalid {
+            reason: "too_large",
+            ..
+        }
+    ));
+    let after = peak_rss_kib().unwrap();
+    println!(
+        "10 MB frame against a 64 KB limit: peak RSS {before} KiB before, {after} KiB after \
+         (+{} KiB)",
+        after.saturating_sub(before)
+    );
+    assert!(
+        after - before < 4096,
+        "the frame was not buffered: +{} KiB",
+        after - before
+    );
 }
