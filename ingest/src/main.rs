@@ -76,6 +76,12 @@ fn main() -> ExitCode {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("TAILRACE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    // At trace level tungstenite logs the whole upgrade request, header values (tokens) and
+    // query included: never below debug, whatever TAILRACE_LOG asks.
+    let filter = match "tungstenite::handshake=debug".parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

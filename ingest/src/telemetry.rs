@@ -23,6 +23,8 @@ pub const REJECTED: &str = "tailrace_events_rejected_total";
 pub const SOURCE_RECONNECTS: &str = "tailrace_source_reconnects_total";
 /// 1 while a source holds a live connection (http) or a running program (command).
 pub const SOURCE_CONNECTED: &str = "tailrace_source_connected";
+/// Events a source dropped because it had already handed them over (a replay after a resume).
+pub const DUPLICATES_DROPPED: &str = "tailrace_source_duplicates_dropped_total";
 /// Records waiting for the writer.
 pub const QUEUE_DEPTH: &str = "tailrace_ingest_queue_depth";
 /// From handing a batch to the store to its acknowledgment.
@@ -50,7 +52,11 @@ pub fn describe() {
     );
     describe_counter!(
         SOURCE_RECONNECTS,
-        "Reconnects of network sources and restarts of command sources, by source and reason (connect_error, http_status, idle_timeout, read_error, closed, exited)."
+        "Reconnects of http and websocket sources and restarts of command sources, by source and reason (connect_error, http_status, idle_timeout, read_error, closed, exited)."
+    );
+    describe_counter!(
+        DUPLICATES_DROPPED,
+        "Events dropped by a source because it had already handed them over (replayed after a resume from a cursor), by source."
     );
     describe_gauge!(
         SOURCE_CONNECTED,
@@ -107,11 +113,13 @@ pub enum RejectReason {
     Truncated,
     /// An SSE event without data.
     EmptyEvent,
+    /// A binary WebSocket frame (events are JSON text).
+    BinaryFrame,
 }
 
 impl RejectReason {
     /// Every reason, for registering the counters at zero.
-    pub const ALL: [RejectReason; 8] = [
+    pub const ALL: [RejectReason; 9] = [
         RejectReason::MalformedJson,
         RejectReason::InvalidUtf8,
         RejectReason::NotObject,
@@ -120,6 +128,7 @@ impl RejectReason {
         RejectReason::InvalidKey,
         RejectReason::Truncated,
         RejectReason::EmptyEvent,
+        RejectReason::BinaryFrame,
     ];
 
     /// The label value, as stored in dead letters.
@@ -133,6 +142,7 @@ impl RejectReason {
             RejectReason::InvalidKey => "invalid_key",
             RejectReason::Truncated => "truncated",
             RejectReason::EmptyEvent => "empty_event",
+            RejectReason::BinaryFrame => "binary_frame",
         }
     }
 }
@@ -282,6 +292,11 @@ impl SourceReconnecting<'_> {
             .increment(1);
         tracing::info!(source = %self.source, reason = self.reason.as_str(), "reconnecting in {:.1} s", self.delay.as_secs_f64());
     }
+}
+
+/// The counter of events a resuming source dropped as already handed over.
+pub fn duplicates_dropped(source: &str) -> Counter {
+    counter!(DUPLICATES_DROPPED, "source" => source.to_string())
 }
 
 /// Whether a source holds a live connection (or a running program), as a gauge.

@@ -728,7 +728,7 @@ fn source_required_fields_per_kind() {
     assert_eq!(
         message,
         "sources[0].kind: \"smoke-signals\" is not one of synthetic, http, file, stdin, \
-         command (from TOML source string)"
+         command, websocket (from TOML source string)"
     );
 }
 

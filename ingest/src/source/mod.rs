@@ -14,7 +14,7 @@
 //! points at them). A user's own source is any type implementing [`Source`] (see
 //! `examples/custom_source.rs`).
 //!
-//! Layout: [`synthetic`], [`http`], [`file`], [`stdin`], [`command`]; the byte-stream sources
+//! Layout: [`synthetic`], [`http`], [`websocket`], [`file`], [`stdin`], [`command`]; the byte-stream sources
 //! share [`framing`] (bounded NDJSON lines) and the http source's SSE mode uses [`sse`].
 
 pub mod command;
@@ -24,6 +24,7 @@ pub mod http;
 pub mod sse;
 pub mod stdin;
 pub mod synthetic;
+pub mod websocket;
 
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
@@ -128,6 +129,8 @@ pub enum SourceKind {
     Stdin(stdin::StdinConfig),
     /// Newline-delimited JSON on the standard output of a program.
     Command(command::CommandConfig),
+    /// JSON text frames of a WebSocket, resumable from a cursor.
+    Websocket(websocket::WebSocketConfig),
 }
 
 impl SourceKind {
@@ -139,6 +142,7 @@ impl SourceKind {
             SourceKind::File(c) => c,
             SourceKind::Stdin(c) => c,
             SourceKind::Command(c) => c,
+            SourceKind::Websocket(c) => c,
         }
     }
 
@@ -149,6 +153,7 @@ impl SourceKind {
             SourceKind::File(c) => c,
             SourceKind::Stdin(c) => c,
             SourceKind::Command(c) => c,
+            SourceKind::Websocket(c) => c,
         }
     }
 

@@ -1,0 +1,1266 @@
+//! The `websocket` source: a long-lived WebSocket connection (`ws://` or `wss://`), one JSON
+//! event per text frame (or several NDJSON lines in one frame), with reconnects, keep-alive,
+//! an optional subscribe message, and resumption from a cursor taken from the events
+//! themselves (Bluesky Jetstream's `?cursor=<time_us>`).
+//!
+//! One connection at a time, on tokio-tungstenite. Whatever goes wrong — no connection, an
+//! HTTP answer instead of `101 Switching Protocols`, no answer to the upgrade within
+//! `connect_timeout`, no frame within `idle_timeout`, a read error or a connection cut inside a
+//! frame, the server closing — is logged in one line (status and a short body excerpt for HTTP
+//! answers; never header values, never the URL's query), counted in
+//! `tailrace_source_reconnects_total{source,reason}`, and followed by a reconnect after an
+//! exponential backoff with jitter ([`Backoff`]; a `Retry-After` takes precedence). The stream
+//! of records never ends and never fails.
+//!
+//! Records:
+//! - a text frame is split into lines with the NDJSON rules (blank lines skipped); each line is
+//!   a [`Raw::Bytes`] for the ingester to parse and validate (non-JSON text arrives there
+//!   unchanged and becomes a `malformed_json` dead letter);
+//! - a binary frame is `Raw::Invalid { reason: BinaryFrame }`;
+//! - a frame or message over `max_frame` is `too_large`, with the prefix that had arrived when
+//!   tungstenite refused it (tungstenite checks the size on the frame header, so the payload is
+//!   never buffered beyond the limit); tungstenite cannot skip the rest of a frame, so the
+//!   connection is dropped and reopened (`read_error`);
+//! - a text frame that is not UTF-8 is `invalid_utf8`, with its bytes: tungstenite fails the
+//!   connection on it (as RFC 6455 requires) without keeping the bytes, so a tap under it keeps
+//!   them (`websocket/tap.rs`); the connection is reopened (`read_error`);
+//! - a data message cut by the end of the connection is `truncated`, with what came of it;
+//! - pings, pongs and close frames are not records. Pings are answered by tungstenite itself
+//!   (it queues the pong and sends it on the next read, and this source is always reading).
+//!
+//! Resume and duplicates (see [`Resumer`]): with `resume = { field, param }`, every connection
+//! after the first carries `param=<field of the last event handed over>` (the first one
+//! carries `start` when set). A Jetstream-like server replays from the cursor *inclusively*,
+//! so right after a reconnect the source drops, and counts in
+//! `tailrace_source_duplicates_dropped_total{source}`, exactly the events it can prove it
+//! already handed over: those whose value is below the cursor (the values are monotonic, which
+//! is what makes them a cursor), and those whose value equals the cursor and whose content is
+//! one it handed over with that value. Anything else is handed over: an event whose value is
+//! greater than the cursor is never dropped, and several events sharing one value are told
+//! apart by content. The first event past the cursor ends the replay window; from then on
+//! nothing is filtered, so a field that is not monotonic after all costs duplicates, not
+//! losses.
+//!
+//! TLS: rustls with the ring provider chosen explicitly in the `ClientConfig` (never
+//! aws-lc-rs), and certificates checked by `rustls-platform-verifier`, the verifier reqwest
+//! already uses for the `http` source: one root store mechanism in the process (the system's
+//! CA store on Linux, so a corporate CA installed there works for both sources).
+//!
+//! What this source is not: it does not follow redirects (a 3xx is an `http_status`), does
+//! not negotiate compression (`permessage-deflate`) or subprotocols, and does not speak
+//! HTTP/2 WebSockets.
+
+mod tap;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use futures::SinkExt;
+use futures::stream::{BoxStream, Stream, StreamExt};
+use reqwest::Url;
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use store::backoff::Backoff;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::error::{CapacityError, ProtocolError};
+use tokio_tungstenite::tungstenite::http::{HeaderName, HeaderValue, header};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig as ProtocolConfig;
+use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_util::either::Either;
+
+use self::tap::{Finding, Tap};
+use super::framing::{self, Frame, PREFIX_BYTES};
+use super::http::{
+    DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_RECONNECT_MAX_MS,
+    default_reconnect_max_ms, resolve_headers, validate_headers,
+};
+use super::{BuildContext, Raw, RejectReason, Source, SourceError, SourceSettings, USER_AGENT};
+use crate::config::redact::redact_url;
+use crate::config::{Problems, REDACTED};
+use crate::telemetry::{self as t, ReconnectReason};
+
+/// Bytes of an error answer's body shown in the log.
+const EXCERPT_BYTES: usize = 300;
+/// The longest `Retry-After` honoured (a larger one is clamped).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+/// How long a polite close (our close frame, the server's reply) may take.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// How long to wait for the rest of an oversized message's prefix (it is usually there).
+const PREFIX_WAIT: Duration = Duration::from_secs(1);
+/// Events remembered with the last resume value, to tell a replayed one from a new one that
+/// shares its value; past these bounds later ones are not remembered (they may come twice,
+/// never go missing).
+const MAX_TIES: usize = 256;
+const MAX_TIE_BYTES: usize = 1 << 20;
+
+/// Where a resumable stream keeps its cursor: a field of each event, sent back as a query
+/// parameter on reconnect (`resume = { field = "time_us", param = "cursor" }`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resume {
+    /// Dotted path of the cursor in each event (`time_us` for Jetstream, `meta.seq`).
+    pub field: String,
+    /// Query parameter that carries it back (`cursor` for Jetstream).
+    pub param: String,
+}
+
+/// Settings of a websocket source. Plain fields, so a config table maps onto them one to one.
+#[derive(Clone)]
+pub struct WebSocketOptions {
+    /// `ws://` or `wss://` endpoint, query included (e.g. Jetstream's `wantedCollections`).
+    pub url: String,
+    /// Extra headers on the upgrade request, values already resolved. Sent marked sensitive
+    /// and never logged. A `User-Agent` here replaces [`USER_AGENT`].
+    pub headers: Vec<(String, String)>,
+    /// A text message sent right after every (re)connect: exchange feeds stay silent until
+    /// they are told what to send.
+    pub subscribe: Option<String>,
+    /// Bound on TCP connect + TLS + the upgrade's answer.
+    pub connect_timeout: Duration,
+    /// No frame of any kind (pings and pongs count) for this long: the connection is stalled,
+    /// dropped and reopened.
+    pub idle_timeout: Duration,
+    /// Send a ping this often (`None`: never). A server that answers keeps a quiet connection
+    /// within `idle_timeout`, and the ping keeps proxies from timing it out.
+    pub ping_interval: Option<Duration>,
+    /// First wait before a reconnect (doubles on each failure, with jitter).
+    pub reconnect_min: Duration,
+    /// Longest wait before a reconnect.
+    pub reconnect_max: Duration,
+    /// Largest frame and message, in bytes; also tungstenite's limits, so a larger one is
+    /// refused on its header instead of being buffered.
+    pub max_frame: usize,
+    /// Resume from a cursor taken from the events (see the module doc).
+    pub resume: Option<Resume>,
+    /// The cursor of the first connection (e.g. the last one stored before a restart).
+    pub start: Option<String>,
+}
+
+impl fmt::Debug for WebSocketOptions {
+    /// Header values and the URL's query may hold tokens: both are left out.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("WebSocketOptions")
+            .field("url", &super::http::url_for_logs(&self.url))
+            .field("headers", &names)
+            .field("subscribe", &self.subscribe.as_ref().map(|s| s.len()))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("ping_interval", &self.ping_interval)
+            .field("reconnect_min", &self.reconnect_min)
+            .field("reconnect_max", &self.reconnect_max)
+            .field("max_frame", &self.max_frame)
+            .field("resume", &self.resume)
+            .field("start", &self.start)
+            .finish()
+    }
+}
+
+impl WebSocketOptions {
+    /// Options with the defaults: 10 s connect, 90 s idle (the `http` source's), a ping every
+    /// 30 s, reconnects from 100 ms doubling to 30 s, no subscribe message, no resume.
+    pub fn new(url: impl Into<String>, max_frame: usize) -> Self {
+        WebSocketOptions {
+            url: url.into(),
+            headers: Vec::new(),
+            subscribe: None,
+            connect_timeout: Duration::from_millis(DEFAULT_CONNECT_TIMEOUT_MS),
+            idle_timeout: Duration::from_millis(DEFAULT_IDLE_TIMEOUT_MS),
+            ping_interval: Some(Duration::from_secs(30)),
+            reconnect_min: Duration::from_millis(100),
+            reconnect_max: Duration::from_millis(DEFAULT_RECONNECT_MAX_MS),
+            max_frame,
+            resume: None,
+            start: None,
+        }
+    }
+
+    /// Every problem that would keep the source from ever connecting, each with its key.
+    pub fn validate(&self) -> Result<(), Vec<WebSocketError>> {
+        let mut problems = Vec::new();
+        if let Err(e) = Target::parse(&self.url) {
+            problems.push(e);
+        }
+        for (name, value) in &self.headers {
+            if HeaderName::from_bytes(name.as_bytes()).is_err()
+                || HeaderValue::from_str(value).is_err()
+            {
+                problems.push(WebSocketError::Header { name: name.clone() });
+            }
+        }
+        if let Some(r) = &self.resume
+            && (r.param.is_empty() || r.field.is_empty() || r.field.split('.').any(str::is_empty))
+        {
+            problems.push(WebSocketError::Resume);
+        }
+        if self.idle_timeout.is_zero() || self.connect_timeout.is_zero() {
+            problems.push(WebSocketError::Timeout);
+        }
+        if self.max_frame == 0 {
+            problems.push(WebSocketError::MaxFrame);
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+/// A setting the source cannot work with (found by [`WebSocketOptions::validate`]).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WebSocketError {
+    /// The URL does not parse, or is not `ws://`/`wss://` with a host.
+    #[error("url: {0}; expected ws://host[:port]/path?query or wss://…")]
+    Url(String),
+    /// A header name or value that HTTP cannot carry (the value is not echoed).
+    #[error("headers.{name}: not a valid header name or value")]
+    Header {
+        /// The header's name.
+        name: String,
+    },
+    /// An empty resume field, path segment or parameter.
+    #[error("resume: field and param must be non-empty (field a dotted path like \"time_us\")")]
+    Resume,
+    /// A zero timeout would reconnect in a loop.
+    #[error("connect_timeout and idle_timeout must be above zero")]
+    Timeout,
+    /// A zero frame limit would refuse everything.
+    #[error("max_frame must be above zero")]
+    MaxFrame,
+}
+
+fn default_ping_interval_ms() -> u64 {
+    30_000
+}
+fn default_reconnect_min_ms() -> u64 {
+    100
+}
+fn default_connect_timeout_ms() -> u64 {
+    DEFAULT_CONNECT_TIMEOUT_MS
+}
+fn default_idle_timeout_ms() -> u64 {
+    DEFAULT_IDLE_TIMEOUT_MS
+}
+
+/// Settings of a websocket source (`kind = "websocket"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebSocketConfig {
+    /// The `ws://` or `wss://` endpoint, query included (required).
+    pub url: String,
+    /// Extra headers on the upgrade request; `${NAME}` is read from the environment, as for
+    /// `http`. Redacted when printed. A `User-Agent` here replaces tailrace's own.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// A text message sent right after every (re)connect (exchange feeds need one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscribe: Option<String>,
+    /// Give up a connection attempt (TCP, TLS and the upgrade's answer) after this long (ms).
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// No frame of any kind for this long (ms) means a stalled connection: it is reopened.
+    #[serde(default = "default_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+    /// Send a ping this often (ms); 0 = never.
+    #[serde(default = "default_ping_interval_ms")]
+    pub ping_interval_ms: u64,
+    /// The first wait before a reconnect (ms); waits double up to `reconnect_max_ms`, with
+    /// jitter.
+    #[serde(default = "default_reconnect_min_ms")]
+    pub reconnect_min_ms: u64,
+    /// The longest wait between reconnects (ms).
+    #[serde(default = "default_reconnect_max_ms")]
+    pub reconnect_max_ms: u64,
+    /// Largest frame, in bytes; 0 (the default) = the ingester's `max_event_bytes`. Larger
+    /// frames become `too_large` dead letters without being held whole in memory.
+    #[serde(default)]
+    pub max_frame_bytes: usize,
+    /// Resume from a cursor: `{ field = "time_us", param = "cursor" }` puts the last event's
+    /// `time_us` into the `cursor` query parameter of every reconnect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Resume>,
+}
+
+impl WebSocketConfig {
+    /// A websocket source of `url` with every other setting at its default.
+    pub fn new(url: impl Into<String>) -> Self {
+        WebSocketConfig {
+            url: url.into(),
+            headers: BTreeMap::new(),
+            subscribe: None,
+            connect_timeout_ms: default_connect_timeout_ms(),
+            idle_timeout_ms: default_idle_timeout_ms(),
+            ping_interval_ms: default_ping_interval_ms(),
+            reconnect_min_ms: default_reconnect_min_ms(),
+            reconnect_max_ms: default_reconnect_max_ms(),
+            max_frame_bytes: 0,
+            resume: None,
+        }
+    }
+
+    fn options(&self, headers: Vec<(String, String)>, max_line: usize) -> WebSocketOptions {
+        let max_frame = if self.max_frame_bytes == 0 {
+            max_line
+        } else {
+            self.max_frame_bytes
+        };
+        let mut o = WebSocketOptions::new(self.url.clone(), max_frame);
+        o.headers = headers;
+        o.subscribe = self.subscribe.clone();
+        o.connect_timeout = Duration::from_millis(self.connect_timeout_ms);
+        o.idle_timeout = Duration::from_millis(self.idle_timeout_ms);
+        o.ping_interval =
+            (self.ping_interval_ms > 0).then(|| Duration::from_millis(self.ping_interval_ms));
+        o.reconnect_min = Duration::from_millis(self.reconnect_min_ms);
+        o.reconnect_max = Duration::from_millis(self.reconnect_max_ms);
+        o.resume = self.resume.clone();
+        o
+    }
+}
+
+impl SourceSettings for WebSocketConfig {
+    fn validate(&self, at: &str, p: &mut Problems) {
+        validate_headers(at, &self.headers, p);
+        // The header values are checked above (their `${VAR}` are resolved at start); here
+        // the rest, as the source itself would refuse it.
+        if let Err(problems) = self.options(Vec::new(), 1).validate() {
+            for e in problems {
+                let (key, message) = match &e {
+                    WebSocketError::Url(_) => ("url", e.to_string()),
+                    WebSocketError::Header { .. } => continue,
+                    WebSocketError::Resume => ("resume", e.to_string()),
+                    WebSocketError::Timeout => ("idle_timeout_ms", e.to_string()),
+                    WebSocketError::MaxFrame => ("max_frame_bytes", e.to_string()),
+                };
+                let message = message
+                    .split_once(": ")
+                    .filter(|(k, _)| *k == key)
+                    .map_or(message.clone(), |(_, m)| m.to_owned());
+                p.push(format!("{at}.{key}"), message);
+            }
+        }
+        p.at_least(&format!("{at}.reconnect_min_ms"), self.reconnect_min_ms, 1);
+        if self.reconnect_max_ms < self.reconnect_min_ms {
+            p.push(
+                format!("{at}.reconnect_max_ms"),
+                format!(
+                    "must be >= reconnect_min_ms = {} (got {})",
+                    self.reconnect_min_ms, self.reconnect_max_ms
+                ),
+            );
+        }
+        if let Some(r) = &self.resume {
+            p.field_path(&format!("{at}.resume.field"), &r.field);
+        }
+    }
+
+    fn build(&self, name: &str, ctx: &BuildContext) -> Result<Box<dyn Source>, SourceError> {
+        let headers = resolve_headers(name, ctx, &self.headers)?;
+        Ok(Box::new(WebSocketSource::new(
+            name,
+            self.options(headers, ctx.max_line),
+        )))
+    }
+
+    fn describe(&self) -> String {
+        super::http::url_for_logs(&self.url)
+    }
+
+    fn redact(&mut self) {
+        self.url = redact_url(&self.url);
+        for value in self.headers.values_mut() {
+            *value = REDACTED.to_owned();
+        }
+    }
+}
+
+/// The websocket source.
+pub struct WebSocketSource {
+    name: String,
+    options: WebSocketOptions,
+}
+
+impl WebSocketSource {
+    /// A websocket source (check the options with [`WebSocketOptions::validate`] first: with an
+    /// unusable URL the source logs why and yields nothing).
+    pub fn new(name: impl Into<String>, options: WebSocketOptions) -> Self {
+        WebSocketSource {
+            name: name.into(),
+            options,
+        }
+    }
+}
+
+impl Source for WebSocketSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &str {
+        "websocket"
+    }
+
+    fn records(self: Box<Self>) -> BoxStream<'static, Raw> {
+        run(self.name, self.options).boxed()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The resume URL
+// ---------------------------------------------------------------------------------------
+
+/// `url` with the query parameter `param` set to `value`: an existing one is replaced in
+/// place (and any repeat of it removed), every other parameter is kept byte for byte, and
+/// `value` is form-encoded. The fragment, if any, is kept.
+pub fn resume_url(url: &str, param: &str, value: &str) -> String {
+    let (before_fragment, fragment) = match url.split_once('#') {
+        Some((u, f)) => (u, Some(f)),
+        None => (url, None),
+    };
+    let (base, query) = match before_fragment.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (before_fragment, None),
+    };
+    let ours = format!(
+        "{}={}",
+        form_urlencoded::byte_serialize(param.as_bytes()).collect::<String>(),
+        form_urlencoded::byte_serialize(value.as_bytes()).collect::<String>()
+    );
+    let mut parts: Vec<&str> = Vec::new();
+    let mut placed = false;
+    for piece in query.into_iter().flat_map(|q| q.split('&')) {
+        let is_ours = !piece.is_empty()
+            && form_urlencoded::parse(piece.as_bytes())
+                .next()
+                .is_some_and(|(k, _)| k == param);
+        if !is_ours {
+            parts.push(piece);
+        } else if !placed {
+            parts.push(&ours);
+            placed = true;
+        }
+    }
+    if !placed {
+        if parts.len() == 1 && parts[0].is_empty() {
+            // `…?` with nothing after it.
+            parts.clear();
+        }
+        parts.push(&ours);
+    }
+    let mut out = format!("{base}?{}", parts.join("&"));
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Resume values and duplicates
+// ---------------------------------------------------------------------------------------
+
+/// A cursor value: its text (what goes into the URL) and, when it reads as a number, the
+/// number (what orders it).
+#[derive(Clone, Debug, PartialEq)]
+struct Cursor {
+    text: String,
+    num: Option<Num>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Num {
+    Int(i128),
+    Float(f64),
+}
+
+impl Cursor {
+    fn new(text: String) -> Self {
+        let num = if let Ok(i) = text.parse::<i128>() {
+            Some(Num::Int(i))
+        } else {
+            text.parse::<f64>()
+                .ok()
+                .filter(|f| f.is_finite())
+                .map(Num::Float)
+        };
+        Cursor { text, num }
+    }
+
+    /// Numbers by value; anything else only as equal or not (`None`: no order known).
+    fn order(&self, other: &Cursor) -> Option<std::cmp::Ordering> {
+        use std::cmp::Ordering::Equal;
+        match (self.num, other.num) {
+            (Some(Num::Int(a)), Some(Num::Int(b))) => Some(a.cmp(&b)),
+            (Some(a), Some(b)) => as_f64(a).partial_cmp(&as_f64(b)),
+            _ if self.text == other.text => Some(Equal),
+            _ => None,
+        }
+    }
+}
+
+fn as_f64(n: Num) -> f64 {
+    match n {
+        Num::Int(i) => i as f64,
+        Num::Float(f) => f,
+    }
+}
+
+/// What to do with an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Hand it over.
+    Hand,
+    /// Already handed over: drop it (and count it).
+    Duplicate,
+}
+
+/// The cursor and the replay filter of a resumable source (see the module doc).
+#[derive(Debug)]
+pub struct Resumer {
+    path: Vec<String>,
+    /// The value of the last event handed over that had one (or `start`).
+    last: Option<Cursor>,
+    /// The events handed over with `last` as their value (bounded).
+    ties: Vec<Vec<u8>>,
+    ties_bytes: usize,
+    /// While replaying after a (re)connect: the cursor that was sent.
+    replay: Option<Cursor>,
+}
+
+impl Resumer {
+    /// Resumes from `field` (a dotted path), starting at `start` if given.
+    pub fn new(field: &str, start: Option<String>) -> Self {
+        Resumer {
+            path: field.split('.').map(str::to_owned).collect(),
+            last: start.map(Cursor::new),
+            ties: Vec::new(),
+            ties_bytes: 0,
+            replay: None,
+        }
+    }
+
+    /// The cursor to send on the next connection, if any; opens the replay window.
+    pub fn connecting(&mut self) -> Option<&str> {
+        self.replay = self.last.clone();
+        self.last.as_ref().map(|c| c.text.as_str())
+    }
+
+    /// The verdict on the next event (bytes as received), updating the cursor when it is
+    /// handed over.
+    pub fn admit(&mut self, event: &[u8]) -> Verdict {
+        let Some(value) = resume_value(event, &self.path).map(Cursor::new) else {
+            // No cursor in it (or not JSON): nothing to judge it by.
+            return Verdict::Hand;
+        };
+        if let Some(sent) = &self.replay {
+            match value.order(sent) {
+                Some(std::cmp::Ordering::Less) => return Verdict::Duplicate,
+                Some(std::cmp::Ordering::Equal) => {
+                    if self.ties.iter().any(|t| same_event(t, event)) {
+                        return Verdict::Duplicate;
+                    }
+                    // A new event sharing the cursor's value: hand it over, remember it.
+                    self.tie(event);
+                    return Verdict::Hand;
+                }
+                // Past the cursor: the replay is over; from here nothing is filtered.
+                _ => self.replay = None,
+            }
+        }
+        if self.last.as_ref().is_some_and(|l| l.text == value.text) {
+            self.tie(event);
+        } else {
+            self.last = Some(value);
+            self.ties.clear();
+            self.ties_bytes = 0;
+            self.tie(event);
+        }
+        Verdict::Hand
+    }
+
+    fn tie(&mut self, event: &[u8]) {
+        if self.ties.len() < MAX_TIES && self.ties_bytes + event.len() <= MAX_TIE_BYTES {
+            self.ties_bytes += event.len();
+            self.ties.push(event.to_vec());
+        }
+    }
+}
+
+/// The same event: the same bytes, or (a server may re-serialize a replay) the same JSON.
+fn same_event(a: &[u8], b: &[u8]) -> bool {
+    a == b
+        || matches!(
+            (serde_json::from_slice::<Value>(a), serde_json::from_slice::<Value>(b)),
+            (Ok(x), Ok(y)) if x == y
+        )
+}
+
+/// The scalar at `path` in the JSON object `bytes`, as text (a number as written by
+/// serde_json, a string as is); `None` when absent, not a scalar, or not JSON. Walks the
+/// document without building it: other fields are skipped, not allocated.
+pub fn resume_value(bytes: &[u8], path: &[String]) -> Option<String> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let found = PathSeed(path).deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    found
+}
+
+struct PathSeed<'p>(&'p [String]);
+
+impl<'de> DeserializeSeed<'de> for PathSeed<'_> {
+    type Value = Option<String>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(PathVisitor(self.0))
+    }
+}
+
+struct PathVisitor<'p>(&'p [String]);
+
+impl PathVisitor<'_> {
+    fn leaf(&self, text: impl FnOnce() -> String) -> Option<String> {
+        self.0.is_empty().then(text)
+    }
+}
+
+impl<'de> Visitor<'de> for PathVisitor<'_> {
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found = None;
+        while let Some(is_next) = map.next_key_seed(KeyIs(self.0.first().map(String::as_str)))? {
+            if is_next {
+                // The last of duplicate keys wins, as in the stored document.
+                found = map.next_value_seed(PathSeed(&self.0[1..]))?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(self.leaf(|| v.to_string()))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(self.leaf(|| v.to_string()))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(self.leaf(|| {
+            serde_json::Number::from_f64(v).map_or_else(|| v.to_string(), |n| n.to_string())
+        }))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(self.leaf(|| v.to_owned()))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+}
+
+/// Deserializes an object key as "is it `want`?", without allocating it.
+struct KeyIs<'p>(Option<&'p str>);
+
+impl<'de> DeserializeSeed<'de> for KeyIs<'_> {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeyIs<'_> {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object key")
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<bool, E> {
+        Ok(self.0 == Some(v))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Connecting
+// ---------------------------------------------------------------------------------------
+
+/// Where to connect, from the URL.
+#[derive(Debug)]
+struct Target {
+    host: String,
+    port: u16,
+    tls: bool,
+}
+
+impl Target {
+    fn parse(url: &str) -> Result<Target, WebSocketError> {
+        let u = Url::parse(url).map_err(|e| WebSocketError::Url(e.to_string()))?;
+        let tls = match u.scheme() {
+            "ws" => false,
+            "wss" => true,
+            other => return Err(WebSocketError::Url(format!("scheme {other:?}"))),
+        };
+        let host = match u.host_str() {
+            // `[::1]` in a URL, `::1` to connect to.
+            Some(h) if !h.is_empty() => h.trim_start_matches('[').trim_end_matches(']').to_owned(),
+            _ => return Err(WebSocketError::Url("no host".into())),
+        };
+        let port = u
+            .port_or_known_default()
+            .unwrap_or(if tls { 443 } else { 80 });
+        Ok(Target { host, port, tls })
+    }
+}
+
+/// The transport under tungstenite: TCP, or TLS over TCP, tapped (see `tap`).
+type Transport = Tap<Either<TcpStream, TlsStream<TcpStream>>>;
+type Ws = WebSocketStream<Transport>;
+
+/// Why a connection attempt failed.
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    #[error("cannot connect: {0}")]
+    Tcp(std::io::Error),
+    #[error("TLS handshake failed: {0}")]
+    Tls(std::io::Error),
+    #[error("TLS setup failed: {0}")]
+    TlsConfig(String),
+    #[error("the WebSocket upgrade failed: {0}")]
+    Upgrade(tungstenite::Error),
+    #[error("the server answered {status} instead of switching protocols")]
+    Status {
+        status: tungstenite::http::StatusCode,
+        retry_after: Option<Duration>,
+        body: String,
+    },
+    #[error("no answer within {} ms", .0.as_millis())]
+    Timeout(Duration),
+}
+
+/// The rustls client config of every wss connection: ring, explicitly (so the process's
+/// default provider does not matter), and the platform verifier reqwest uses.
+fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            use rustls_platform_verifier::BuilderVerifierExt;
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .and_then(|b| b.with_platform_verifier())
+                .map(|b| Arc::new(b.with_no_client_auth()))
+                .map_err(|e| e.to_string())
+        })
+        .clone()
+}
+
+/// TCP, TLS for `wss`, and the upgrade, all within `connect_timeout`.
+async fn connect(
+    target: &Target,
+    request: tungstenite::handshake::client::Request,
+    max_frame: usize,
+    timeout: Duration,
+) -> Result<Ws, ConnectError> {
+    let attempt = async {
+        let tcp = TcpStream::connect((target.host.as_str(), target.port))
+            .await
+            .map_err(ConnectError::Tcp)?;
+        // Events are small and must not wait for Nagle.
+        let _ = tcp.set_nodelay(true);
+        let stream = if target.tls {
+            let config = tls_config().map_err(ConnectError::TlsConfig)?;
+            let name = rustls::pki_types::ServerName::try_from(target.host.clone())
+                .map_err(|e| ConnectError::TlsConfig(e.to_string()))?;
+            let tls = TlsConnector::from(config)
+                .connect(name, tcp)
+                .await
+                .map_err(ConnectError::Tls)?;
+            Either::Right(tls)
+        } else {
+            Either::Left(tcp)
+        };
+        let config = ProtocolConfig::default()
+            .max_frame_size(Some(max_frame))
+            .max_message_size(Some(max_frame));
+        let tapped = Tap::new(stream, max_frame);
+        match tokio_tungstenite::client_async_with_config(request, tapped, Some(config)).await {
+            Ok((ws, _response)) => Ok(ws),
+            Err(tungstenite::Error::Http(resp)) => {
+                let retry_after = resp
+                    .headers()
+                    .get(header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| super::http::retry_after(v, SystemTime::now()))
+                    .map(|d| d.min(MAX_RETRY_AFTER));
+                Err(ConnectError::Status {
+                    status: resp.status(),
+                    retry_after,
+                    body: excerpt(resp.body().as_deref().unwrap_or_default()),
+                })
+            }
+            Err(e) => Err(ConnectError::Upgrade(e)),
+        }
+    };
+    match tokio::time::timeout(timeout, attempt).await {
+        Ok(r) => r,
+        Err(_) => Err(ConnectError::Timeout(timeout)),
+    }
+}
+
+/// A short, single-line excerpt of an error body.
+fn excerpt(body: &[u8]) -> String {
+    let cut = body.len() > EXCERPT_BYTES;
+    let text: String = String::from_utf8_lossy(&body[..body.len().min(EXCERPT_BYTES)])
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    if cut { format!("{text}…") } else { text }
+}
+
+/// The upgrade request: the URL (with the cursor), the default `User-Agent`, the headers
+/// (sensitive).
+fn request(
+    url: &str,
+    headers: &[(String, String)],
+) -> Result<tungstenite::handshake::client::Request, tungstenite::Error> {
+    let mut req = url.into_client_request()?;
+    let map = req.headers_mut();
+    map.insert(header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
+    for (name, value) in headers {
+        // Checked by `validate`; an invalid one is skipped (its value is never echoed).
+        match (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            (Ok(n), Ok(mut v)) => {
+                v.set_sensitive(true);
+                map.insert(n, v);
+            }
+            _ => tracing::error!(header = %name, "invalid header name or value; not sent"),
+        }
+    }
+    Ok(req)
+}
+
+// ---------------------------------------------------------------------------------------
+// The loop
+// ---------------------------------------------------------------------------------------
+
+/// The lines of a text frame as records (NDJSON rules: blank lines skipped, `\r\n` allowed).
+fn lines(text: &[u8]) -> impl Iterator<Item = Raw> + '_ {
+    text.split(|&b| b == b'\n').filter_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        framing::ndjson(Frame::Line(line.to_vec()))
+    })
+}
+
+/// A dead letter for what the tap found (or, if it disagrees, what tungstenite said).
+fn finding_record(found: Option<Finding>, fallback: RejectReason) -> Raw {
+    match found {
+        Some(Finding::TooLarge { prefix, .. }) => Raw::Invalid {
+            bytes: prefix,
+            reason: RejectReason::TooLarge,
+        },
+        Some(Finding::InvalidUtf8(bytes)) => Raw::Invalid {
+            bytes,
+            reason: RejectReason::InvalidUtf8,
+        },
+        Some(Finding::Cut(bytes)) => Raw::Invalid {
+            bytes,
+            reason: RejectReason::Truncated,
+        },
+        None => Raw::Invalid {
+            bytes: Vec::new(),
+            reason: fallback,
+        },
+    }
+}
+
+fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Raw> + Send + 'static {
+    async_stream::stream! {
+        let shown_url = super::http::url_for_logs(&o.url);
+        let target = match Target::parse(&o.url) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(source = %name, url = %shown_url, error = %e, "the source stops");
+                return;
+            }
+        };
+        let max_frame = o.max_frame.max(1);
+        let connected = t::SourceLink::new(&name);
+        let duplicates = t::duplicates_dropped(&name);
+        let mut backoff = Backoff::new(o.reconnect_min, o.reconnect_max);
+        let mut resumer = o.resume.as_ref().map(|r| (r.param.clone(), Resumer::new(&r.field, o.start.clone())));
+        let mut ever_connected = false;
+        loop {
+            let url = match &mut resumer {
+                Some((param, r)) => match r.connecting() {
+                    Some(cursor) => resume_url(&o.url, param, cursor),
+                    None => o.url.clone(),
+                },
+                None => o.url.clone(),
+            };
+            let (ended, wait): (ReconnectReason, Option<Duration>) = match request(&url, &o.headers) {
+                Err(e) => {
+                    // Not a transient failure, but the stream must not end: log, back off, retry.
+                    tracing::error!(source = %name, url = %shown_url, error = %e, "cannot build the upgrade request");
+                    (ReconnectReason::ConnectError, None)
+                }
+                Ok(req) => match connect(&target, req, max_frame, o.connect_timeout).await {
+                    Err(ConnectError::Status { status, retry_after, body }) => {
+                        tracing::warn!(source = %name, url = %shown_url, status = %status, body = %body, retry_after = ?retry_after, "the server refused the WebSocket upgrade");
+                        (ReconnectReason::HttpStatus, retry_after)
+                    }
+                    Err(e) => {
+                        let first = if ever_connected { "" } else { " (never connected yet: check the url and that the server is up)" };
+                        tracing::warn!(source = %name, url = %shown_url, error = %e, "cannot connect{first}");
+                        (ReconnectReason::ConnectError, None)
+                    }
+                    Ok(mut ws) => {
+                        ever_connected = true;
+                        connected.up();
+                        tracing::info!(source = %name, url = %shown_url, "connected");
+                        let mut healthy = false;
+                        let mut subscribed = true;
+                        if let Some(sub) = &o.subscribe
+                            && let Err(e) = ws.send(Message::text(sub.as_str())).await
+                        {
+                            tracing::warn!(source = %name, url = %shown_url, error = %e, "cannot send the subscribe message; reconnecting");
+                            subscribed = false;
+                        }
+                        let mut ping = o.ping_interval.filter(|p| !p.is_zero()).map(|p| {
+                            let mut i = tokio::time::interval_at(Instant::now() + p, p);
+                            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                            i
+                        });
+                        let mut deadline = Instant::now() + o.idle_timeout;
+                        let ended = loop {
+                            if !subscribed {
+                                break ReconnectReason::ReadError;
+                            }
+                            let next = tokio::select! {
+                                biased;
+                                m = ws.next() => Some(m),
+                                _ = tokio::time::sleep_until(deadline) => None,
+                                _ = async { match &mut ping { Some(p) => { p.tick().await; } None => std::future::pending().await } } => {
+                                    if let Err(e) = ws.send(Message::Ping(Default::default())).await {
+                                        tracing::warn!(source = %name, url = %shown_url, error = %e, "cannot send a ping; reconnecting");
+                                        break ReconnectReason::ReadError;
+                                    }
+                                    continue;
+                                }
+                            };
+                            let message = match next {
+                                None => {
+                                    if let Some(cut) = ws.get_mut().tracker.take_cut() {
+                                        yield finding_record(Some(cut), RejectReason::Truncated);
+                                    }
+                                    tracing::warn!(source = %name, url = %shown_url, "no frame for {} ms: the connection is stalled; reconnecting", o.idle_timeout.as_millis());
+                                    break ReconnectReason::IdleTimeout;
+                                }
+                                Some(None) => {
+                                    tracing::warn!(source = %name, url = %shown_url, "the connection ended; reconnecting");
+                                    break ReconnectReason::Closed;
+                                }
+                                Some(Some(Ok(m))) => m,
+                                Some(Some(Err(e))) => {
+                                    let tap = ws.get_mut();
+                                    if matches!(e, tungstenite::Error::Capacity(_)) {
+                                        tap.fill_prefix(o.idle_timeout.min(PREFIX_WAIT)).await;
+                                    }
+                                    let tracker = &mut tap.tracker;
+                                    match e {
+                                        tungstenite::Error::Capacity(CapacityError::MessageTooLong { size, max_size }) => {
+                                            let found = tracker.take_bad().filter(|f| matches!(f, Finding::TooLarge { .. }));
+                                            yield finding_record(found, RejectReason::TooLarge);
+                                            tracing::warn!(source = %name, url = %shown_url, "a message of {size} bytes is over the limit of {max_size}; kept its first bytes as a dead letter; reconnecting (tungstenite cannot skip the rest of it)");
+                                        }
+                                        tungstenite::Error::Utf8(detail) => {
+                                            let found = tracker.take_bad().filter(|f| matches!(f, Finding::InvalidUtf8(_)));
+                                            yield finding_record(found, RejectReason::InvalidUtf8);
+                                            tracing::warn!(source = %name, url = %shown_url, "a text message is not UTF-8 ({detail}); kept it as a dead letter; reconnecting (the protocol requires closing)");
+                                        }
+                                        tungstenite::Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) if !tracker.mid_frame() => {
+                                            tracing::warn!(source = %name, url = %shown_url, "the server closed the connection without a close frame; reconnecting");
+                                            break ReconnectReason::Closed;
+                                        }
+                                        e => {
+                                            if let Some(cut) = tracker.take_cut() {
+                                                yield finding_record(Some(cut), RejectReason::Truncated);
+                                            }
+                                            let how = if matches!(e, tungstenite::Error::Protocol(ProtocolError::ResetWithoutClosingHandshake)) {
+                                                "the connection was cut inside a frame".to_owned()
+                                            } else {
+                                                e.to_string()
+                                            };
+                                            tracing::warn!(source = %name, url = %shown_url, "read failed: {how}; reconnecting");
+                                        }
+                                    }
+                                    break ReconnectReason::ReadError;
+                                }
+                            };
+                            match message {
+                                Message::Text(text) => {
+                                    for raw in lines(text.as_bytes()) {
+                                        if let (Raw::Bytes(b), Some((_, r))) = (&raw, &mut resumer)
+                                            && r.admit(b) == Verdict::Duplicate
+                                        {
+                                            duplicates.increment(1);
+                                            continue;
+                                        }
+                                        yield raw;
+                                    }
+                                }
+                                Message::Binary(bytes) => {
+                                    let keep = bytes.len().min(PREFIX_BYTES);
+                                    yield Raw::Invalid { bytes: bytes[..keep].to_vec(), reason: RejectReason::BinaryFrame };
+                                }
+                                Message::Close(frame) => {
+                                    let why = frame.map(|f| {
+                                        let reason: String = f.reason.chars().take(123).collect();
+                                        format!("{} {}", u16::from(f.code), reason)
+                                    }).unwrap_or_else(|| "no code".into());
+                                    tracing::warn!(source = %name, url = %shown_url, close = %why.trim_end(), "the server closed the connection; reconnecting");
+                                    // Sends tungstenite's reply to the close and waits for the end.
+                                    let _ = tokio::time::timeout(CLOSE_GRACE, ws.close(None)).await;
+                                    break ReconnectReason::Closed;
+                                }
+                                Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
+                            }
+                            if !healthy {
+                                // A frame that is not a close: the server works, so the next
+                                // reconnect waits the shortest time again.
+                                healthy = true;
+                                backoff.reset();
+                            }
+                            // Time spent handing records over (backpressure) is not idleness.
+                            deadline = Instant::now() + o.idle_timeout;
+                        };
+                        connected.down();
+                        (ended, None)
+                    }
+                },
+            };
+            let delay = wait.unwrap_or_else(|| backoff.next_wait());
+            t::SourceReconnecting { source: &name, reason: ended, delay }.emit();
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_url_replaces_the_parameter_and_keeps_the_rest_byte_for_byte() {
+        let base = "wss://jetstream2.us-east.bsky.network/subscribe";
+        assert_eq!(
+            resume_url(
+                &format!("{base}?wantedCollections=app.bsky.feed.post"),
+                "cursor",
+                "1725911162329308"
+            ),
+            format!("{base}?wantedCollections=app.bsky.feed.post&cursor=1725911162329308")
+        );
+        // Replaced in place, a repeat removed, the others untouched (even oddly encoded ones).
+        assert_eq!(
+            resume_url(
+                "ws://h/s?a=1&cursor=5&b=x%3Ay+z&cursor=6&wantedDids=did:plc:abc#frag",
+                "cursor",
+                "7"
+            ),
+            "ws://h/s?a=1&cursor=7&b=x%3Ay+z&wantedDids=did:plc:abc#frag"
+        );
+        // No query, an empty query.
+        assert_eq!(resume_url("ws://h/s", "c", "1"), "ws://h/s?c=1");
+        assert_eq!(resume_url("ws://h/s?", "c", "1"), "ws://h/s?c=1");
+        // An encoded key still matches; the value is form-encoded.
+        assert_eq!(
+            resume_url("ws://h/?my%20cursor=1&x=2", "my cursor", "a b&c=d/é"),
+            "ws://h/?my+cursor=a+b%26c%3Dd%2F%C3%A9&x=2"
+        );
+        // A parameter whose name merely starts like ours is kept.
+        assert_eq!(
+            resume_url("ws://h/?cursorx=1", "cursor", "2"),
+            "ws://h/?cursorx=1&cursor=2"
+        );
+    }
+
+    #[test]
+    fn resume_values_are_found_at_dotted_paths_without_building_the_document() {
+        let path = |p: &str| p.split('.').map(str::to_owned).collect::<Vec<_>>();
+        let ev = br#"{"did":"did:plc:x","time_us":1725911162329308,"commit":{"rev":"3l3qo2vutsw2b","record":{"$type":"app.bsky.feed.post","text":"\u65e5\u672c \ud83e\udd80"}},"f":1.5e3,"neg":-4,"s":"abc","n":null,"a":[1]}"#;
+        assert_eq!(
+            resume_value(ev, &path("time_us")).as_deref(),
+            Some("1725911162329308")
+        );
+        assert_eq!(
+            resume_value(ev, &path("commit.rev")).as_deref(),
+            Some("3l3qo2vutsw2b")
+        );
+        assert_eq!(
+            resume_value(ev, &path("commit.record.$type")).as_deref(),
+            Some("app.bsky.feed.post")
+        );
+        assert_eq!(resume_value(ev, &path("f")).as_deref(), Some("1500.0"));
+        assert_eq!(resume_value(ev, &path("neg")).as_deref(), Some("-4"));
+        assert_eq!(resume_value(ev, &path("s")).as_deref(), Some("abc"));
+        for absent in ["n", "a", "commit", "nope", "time_us.x", "commit.nope"] {
+            assert_eq!(resume_value(ev, &path(absent)), None, "{absent}");
+        }
+        assert_eq!(resume_value(b"not json", &path("a")), None);
+        assert_eq!(resume_value(b"{\"a\":1} trailing", &path("a")), None);
+        assert_eq!(resume_value(b"[{\"a\":1}]", &path("a")), None);
+        // An escaped key matches its unescaped name.
+        assert_eq!(
+            resume_value(br#"{"t\u0069me":9}"#, &path("time")).as_deref(),
+            Some("9")
+        );
+    }
+
+    fn ev(t: u64, n: u32) -> Vec<u8> {
+        format!("{{\"time_us\":{t},\"n\":{n},\"text\":\"🦀 ж\"}}").into_bytes()
+    }
+
+    #[test]
+    fn a_replay_drops_what_was_handed_over_and_nothing_else() {
+        let mut r = Resumer::new("time_us", None);
+        assert_eq!(r.connecting(), None, "no cursor before any event");
+        // Three events share time 20; the connection drops after the second.
+        for e in [ev(10, 1), ev(20, 2), ev(20, 3)] {
+            assert_eq!(r.admit(&e), Verdict::Hand);
+        }
+        assert_eq!(r.connecting(), Some("20"));
+        // The replay from 20 inclusive: 2 and 3 again, then 4 (same time, new), then later ones.
+        let replay = [
+            (ev(20, 2), Verdict::Duplicate),
+            (ev(20, 3), Verdict::Duplicate),
+            (ev(20, 4), Verdict::Hand),
+            (ev(30, 5), Verdict::Hand),
+            // After the window closed nothing is filtered, even a value that went back.
+            (ev(25, 6), Verdict::Hand),
+            (ev(30, 5), Verdict::Hand),
+        ];
+        for (e, want) in replay {
+            assert_eq!(r.admit(&e), want, "{}", String::from_utf8_lossy(&e));
+        }
+        // Re-serialized by the server (other key order, spacing): still the same event.
+        let mut r = Resumer::new("time_us", None);
+        r.admit(br#"{"time_us":7,"a":1,"b":"x"}"#);
+        r.connecting();
+        assert_eq!(
+            r.admit(br#"{ "b": "x", "a": 1, "time_us": 7 }"#),
+            Verdict::Duplicate
+        );
+        // Below the cursor: replayed (a server that rounds its cursor down).
+        assert_eq!(r.admit(br#"{"time_us":6}"#), Verdict::Duplicate);
+        // Without the field: handed over, cursor unchanged.
+        assert_eq!(r.admit(br#"{"kind":"identity"}"#), Verdict::Hand);
+        assert_eq!(r.admit(b"not json"), Verdict::Hand);
+        assert_eq!(r.connecting(), Some("7"));
+    }
+
+    #[test]
+    fn a_start_cursor_drops_only_what_is_below_it() {
+        let mut r = Resumer::new("time_us", Some("1725911162329308".into()));
+        assert_eq!(r.connecting(), Some("1725911162329308"));
+        assert_eq!(
+            r.admit(&ev(1725911162329307, 1)),
+            Verdict::Duplicate,
+            "below the stored cursor"
+        );
+        assert_eq!(
+            r.admit(&ev(1725911162329308, 2)),
+            Verdict::Hand,
+            "at the stored cursor: nothing proves it was stored, so it may come twice"
+        );
+        assert_eq!(r.admit(&ev(1725911162329309, 3)), Verdict::Hand);
+        assert_eq!(r.connecting(), Some("1725911162329309"));
+    }
+
+    #[test]
+    fn string_cursors_are_compared_only_for_equality() {
+        let mut r = Resumer::new("id", None);
+        r.admit(br#"{"id":"b"}"#);
+        r.connecting();
+        assert_eq!(r.admit(br#"{"id":"b"}"#), Verdict::Duplicate);
+        assert_eq!(
+            r.admit(br#"{"id":"a"}"#),
+            Verdict::Hand,
+            "no order is assumed between strings"
+        );
+    }
+
+    #[test]
+    fn text_frames_split_into_ndjson_lines() {
+        let got: Vec<Raw> = lines(b"{\"a\":1}\r\n\n  \n{\"b\":2}\nnot json").collect();
+        assert_eq!(
+            got,
+            vec![
+                Raw::Bytes(b"{\"a\":1}".to_vec()),
+                Raw::Bytes(b"{\"b\":2}".to_vec()),
+                Raw::Bytes(b"not json".to_vec()),
+            ]
+        );
+        assert_eq!(lines(b"").count(), 0);
+    }
+
+    #[test]
+    fn options_are_validated_and_never_print_secrets() {
+        let mut o = WebSocketOptions::new("wss://h.example/s?token=q-71c3e", 1000);
+        assert_eq!(o.validate(), Ok(()));
+        o.headers
+            .push(("Authorization".into(), "Bearer tok-93f2b".into()));
+        let shown = format!("{o:?}");
+        assert!(
+            !shown.contains("tok-93f2b") && !shown.contains("q-71c3e"),
+            "{shown}"
+        );
+        o.url = "https://h.example/s".into();
+        o.headers.push(("bad header".into(), "x".into()));
+        o.resume = Some(Resume {
+            field: "a..b".into(),
+            param: "cursor".into(),
+        });
+        o.max_frame = 0;
+        let problems = o.validate().unwrap_err();
+        assert_eq!(problems.len(), 4, "{problems:?}");
+        assert!(matches!(problems[0], WebSocketError::Url(_)));
+    }
+
+    #[test]
+    fn the_tls_config_builds() {
+        // The provider is ring by construction; `cargo tree -p ingest -i aws-lc-rs` proves no
+        // other one is built. Here: the platform verifier initialises.
+        assert!(tls_config().is_ok(), "{:?}", tls_config().err());
+    }
+}
