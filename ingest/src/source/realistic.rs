@@ -1128,10 +1128,76 @@ mod tests {
         )
     }
 
-    /// The words of a text: tokens that are not hashtags, mentions or links.
-    fn word_tokens(text: &str) -> impl Iterator<Item = &str> {
-        text.split(|c: char| c.is_whitespace() || c == '\u{200B}')
-            .filter(|t| !t.starts_with('#') && !t.starts_with('@') && !t.starts_with("https://"))
+    /// Features a text can hold: bit `i` of [`features`] is `FEATURES[i]`.
+    const FEATURES: [&str; 18] = [
+        "hebrew",
+        "arabic",
+        "persian",
+        "han",
+        "kana",
+        "hangul",
+        "thai",
+        "devanagari",
+        "cyrillic",
+        "greek",
+        "zwj",
+        "skin tone",
+        "regional indicator",
+        "tag sequence",
+        "combining mark",
+        "line break",
+        "invisible",
+        "emoji",
+    ];
+
+    /// The features of [`FEATURES`] one character shows. (`matches!` on code points: range
+    /// methods are calls in a debug build, and this runs on every character of the sample.)
+    fn features(c: char) -> u32 {
+        let bit = |on: bool, i: u32| u32::from(on) << i;
+        let u = c as u32;
+        bit(matches!(u, 0x5D0..=0x5EA), 0)
+            | bit(matches!(u, 0x620..=0x64A), 1)
+            | bit(matches!(c, 'پ' | 'چ' | 'ژ' | 'گ'), 2)
+            | bit(matches!(u, 0x4E00..=0x9FFF), 3)
+            | bit(matches!(u, 0x3041..=0x30FF), 4)
+            | bit(matches!(u, 0xAC00..=0xD7A3), 5)
+            | bit(matches!(u, 0xE01..=0xE5B), 6)
+            | bit(matches!(u, 0x900..=0x97F), 7)
+            | bit(matches!(u, 0x400..=0x4FF), 8)
+            | bit(matches!(u, 0x370..=0x3FF), 9)
+            | bit(u == 0x200D, 10)
+            | bit(matches!(u, 0x1F3FB..=0x1F3FF), 11)
+            | bit(matches!(u, 0x1F1E6..=0x1F1FF), 12)
+            | bit(u == 0xE007F, 13)
+            | bit(is_combining(c), 14)
+            | bit(c == '\n', 15)
+            | bit(matches!(u, 0x200B | 0x200E | 0x200F | 0xA0 | 0x3000), 16)
+            | bit(is_emoji(c), 17)
+    }
+
+    /// One pass over a text: the features it holds (bits of [`FEATURES`]) and whether its
+    /// words — tokens that are not hashtags, mentions or links — hold a non-Latin letter.
+    fn scan(text: &str) -> (u32, bool) {
+        let (mut bits, mut foreign) = (0u32, false);
+        let mut token_start = true;
+        let mut skip = false;
+        for (i, c) in text.char_indices() {
+            if c.is_ascii() {
+                bits |= u32::from(c == '\n') << 15;
+            } else {
+                bits |= features(c);
+            }
+            if c.is_whitespace() || c == '\u{200B}' {
+                token_start = true;
+                continue;
+            }
+            if token_start {
+                skip = c == '#' || c == '@' || text[i..].starts_with("https://");
+                token_start = false;
+            }
+            foreign |= !skip && c.is_alphabetic() && !is_latin(c);
+        }
+        (bits, foreign)
     }
 
     /// What 200,000 default events look like, computed once for the tests that read it.
@@ -1144,13 +1210,23 @@ mod tests {
         non_latin_words: u64,
         /// Latin-language events whose words hold a non-Latin letter (should be none).
         foreign_in_latin: Vec<String>,
-        with_emoji: u64,
         longest: usize,
         longest_text: String,
         at_most_10: u64,
         at_least_240: u64,
-        /// Events holding each feature, by name.
+        /// Events holding each feature of [`FEATURES`], by name.
         present: HashMap<&'static str, u64>,
+        /// Events with decomposed Latin (a base letter, then a combining acute or tilde).
+        nfd: u64,
+    }
+
+    fn count(map: &mut HashMap<String, u64>, key: &str) {
+        match map.get_mut(key) {
+            Some(n) => *n += 1,
+            None => {
+                map.insert(key.to_owned(), 1);
+            }
+        }
     }
 
     fn sample() -> &'static Sample {
@@ -1160,26 +1236,26 @@ mod tests {
             let mut s = Sample {
                 events: 0,
                 tag_uses: 0,
-                tags: HashMap::new(),
-                users: HashMap::new(),
+                tags: HashMap::with_capacity(150_000),
+                users: HashMap::with_capacity(200_000),
                 non_latin_words: 0,
                 foreign_in_latin: Vec::new(),
-                with_emoji: 0,
                 longest: 0,
                 longest_text: String::new(),
                 at_most_10: 0,
                 at_least_240: 0,
                 present: HashMap::new(),
+                nfd: 0,
             };
+            let mut feature_events = [0u64; FEATURES.len()];
             for _ in 0..EVENTS {
                 let e = g.event(CREATED);
                 s.events += 1;
                 for t in e["hashtags"].as_array().unwrap() {
-                    *s.tags.entry(t.as_str().unwrap().to_owned()).or_default() += 1;
+                    count(&mut s.tags, t.as_str().unwrap());
                     s.tag_uses += 1;
                 }
-                let name = e["user"]["screen_name"].as_str().unwrap();
-                *s.users.entry(name.to_owned()).or_default() += 1;
+                count(&mut s.users, e["user"]["screen_name"].as_str().unwrap());
                 let text = e["text"].as_str().unwrap();
                 let n = text.chars().count();
                 if n > s.longest {
@@ -1188,49 +1264,20 @@ mod tests {
                 }
                 s.at_most_10 += u64::from(n <= 10);
                 s.at_least_240 += u64::from(n >= 240);
-                let foreign = word_tokens(text)
-                    .any(|w| w.chars().any(|c| c.is_alphabetic() && !is_latin(c)));
+                let (bits, foreign) = scan(text);
+                for (bit, events) in feature_events.iter_mut().enumerate() {
+                    *events += u64::from(bits & (1 << bit) != 0);
+                }
                 s.non_latin_words += u64::from(foreign);
                 let lang = e["lang"].as_str().unwrap();
-                let script = tables::LANGS[lang_index(lang).unwrap()].script;
-                if script == Script::Latin && foreign {
+                if foreign && tables::LANGS[lang_index(lang).unwrap()].script == Script::Latin {
                     s.foreign_in_latin.push(text.to_owned());
                 }
-                s.with_emoji += u64::from(text.chars().any(is_emoji));
-                let features: [(&'static str, fn(char) -> bool); 13] = [
-                    ("hebrew", |c| ('\u{5D0}'..='\u{5EA}').contains(&c)),
-                    ("arabic", |c| ('\u{620}'..='\u{64A}').contains(&c)),
-                    ("persian", |c| "پچژگ".contains(c)),
-                    ("han", |c| ('\u{4E00}'..='\u{9FFF}').contains(&c)),
-                    ("kana", |c| ('\u{3041}'..='\u{30FF}').contains(&c)),
-                    ("hangul", |c| ('\u{AC00}'..='\u{D7A3}').contains(&c)),
-                    ("thai", |c| ('\u{E01}'..='\u{E5B}').contains(&c)),
-                    ("devanagari", |c| ('\u{900}'..='\u{97F}').contains(&c)),
-                    ("cyrillic", |c| ('\u{400}'..='\u{4FF}').contains(&c)),
-                    ("greek", |c| ('\u{370}'..='\u{3FF}').contains(&c)),
-                    ("zwj", |c| c == '\u{200D}'),
-                    ("skin tone", |c| ('\u{1F3FB}'..='\u{1F3FF}').contains(&c)),
-                    ("regional indicator", |c| ('\u{1F1E6}'..='\u{1F1FF}').contains(&c)),
-                ];
-                for (feature, f) in features {
-                    if text.chars().any(f) {
-                        *s.present.entry(feature).or_default() += 1;
-                    }
-                }
-                if text.chars().any(is_combining) {
-                    *s.present.entry("combining mark").or_default() += 1;
-                }
-                // Decomposed Latin: a base letter followed by a combining acute, grave, ...
                 if text.contains("e\u{301}") || text.contains("a\u{303}") || text.contains("a\u{301}") {
-                    *s.present.entry("nfd").or_default() += 1;
-                }
-                if text.contains('\n') {
-                    *s.present.entry("line break").or_default() += 1;
-                }
-                if text.contains('\u{E007F}') {
-                    *s.present.entry("tag sequence").or_default() += 1;
+                    s.nfd += 1;
                 }
             }
+            s.present = FEATURES.into_iter().zip(feature_events).collect();
             s
         })
     }
@@ -1403,7 +1450,7 @@ mod tests {
         );
 
         let p = shape.emoji_share;
-        let share = s.with_emoji as f64 / s.events as f64;
+        let share = s.present["emoji"] as f64 / s.events as f64;
         let sigma = (p * (1.0 - p) / s.events as f64).sqrt();
         assert!(
             (share - p).abs() < 5.0 * sigma,
@@ -1411,28 +1458,11 @@ mod tests {
             5.0 * sigma
         );
 
-        for feature in [
-            "hebrew",
-            "arabic",
-            "persian",
-            "han",
-            "kana",
-            "hangul",
-            "thai",
-            "devanagari",
-            "cyrillic",
-            "greek",
-            "zwj",
-            "skin tone",
-            "regional indicator",
-            "combining mark",
-            "nfd",
-            "line break",
-            "tag sequence",
-        ] {
-            let n = s.present.get(feature).copied().unwrap_or(0);
+        for feature in FEATURES {
+            let n = s.present[feature];
             assert!(n > 0, "some texts should hold {feature}; none of {} did", s.events);
         }
+        assert!(s.nfd > 0, "some Latin texts should be decomposed (NFD); none were");
     }
 
     /// Whether `#tag` occurs in `text` as a whole hashtag: what follows it cannot continue it.
