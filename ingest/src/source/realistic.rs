@@ -79,7 +79,7 @@ pub struct Shape {
     pub hashtags: u64,
     /// Zipf exponent `s` of hashtag ranks: rank `k` is drawn with probability ∝ `k^-s`.
     /// Default 1.0 (Zipf's law): with 2,000,000 tags the top one is 1/H ≈ 6.6% of all tag
-    /// uses (H = Σ k^-s ≈ 15.09), and 200,000 events show ~95,000 distinct tags.
+    /// uses (H = Σ k^-s ≈ 15.09), and 200,000 events show ~105,000 distinct tags.
     pub hashtag_exponent: f64,
     /// Distinct users (authors and mentioned accounts), 1..=[`MAX_VOCABULARY`].
     /// Default 5,000,000.
@@ -208,9 +208,24 @@ impl Shape {
         let vocabulary = |n: u64| (1..=MAX_VOCABULARY).contains(&n);
         let exponent = |s: f64| (0.0..=10.0).contains(&s);
         let share = |p: f64| (0.0..=1.0).contains(&p);
-        range("hashtags", vocabulary(self.hashtags), self.hashtags.to_string(), "1..=2^40");
-        range("users", vocabulary(self.users), self.users.to_string(), "1..=2^40");
-        range("words", vocabulary(self.words), self.words.to_string(), "1..=2^40");
+        range(
+            "hashtags",
+            vocabulary(self.hashtags),
+            self.hashtags.to_string(),
+            "1..=2^40",
+        );
+        range(
+            "users",
+            vocabulary(self.users),
+            self.users.to_string(),
+            "1..=2^40",
+        );
+        range(
+            "words",
+            vocabulary(self.words),
+            self.words.to_string(),
+            "1..=2^40",
+        );
         for (field, s) in [
             ("hashtag_exponent", self.hashtag_exponent),
             ("user_exponent", self.user_exponent),
@@ -326,14 +341,16 @@ impl Shape {
             100.0,
             d.retweet_tail_exponent,
         );
-        let usable = |w: &[f64]| w.iter().all(|x| x.is_finite() && *x >= 0.0) && w.iter().any(|x| *x > 0.0);
+        let usable =
+            |w: &[f64]| w.iter().all(|x| x.is_finite() && *x >= 0.0) && w.iter().any(|x| *x > 0.0);
         if !usable(&self.tags_per_event) {
             self.tags_per_event = d.tags_per_event;
         }
         if !usable(&self.mentions_per_event) {
             self.mentions_per_event = d.mentions_per_event;
         }
-        self.languages.retain(|(code, _)| lang_index(code).is_some());
+        self.languages
+            .retain(|(code, _)| lang_index(code).is_some());
         let weights: Vec<f64> = self.languages.iter().map(|(_, w)| *w).collect();
         if !usable(&weights) {
             self.languages = d.languages;
@@ -467,16 +484,18 @@ impl Realistic {
             Emoji::Tone(s) => {
                 run.push_str(s);
                 if self.rng.random::<f64>() < 0.35 {
-                    run.push(tables::SKIN_TONES[self.rng.random_range(0..tables::SKIN_TONES.len())]);
+                    run.push(
+                        tables::SKIN_TONES[self.rng.random_range(0..tables::SKIN_TONES.len())],
+                    );
                 }
             }
             Emoji::Flag => {
                 let country = tables::FLAGS[self.rng.random_range(0..tables::FLAGS.len())];
                 // Regional indicator symbols: U+1F1E6 is A.
                 run.extend(
-                    country
-                        .bytes()
-                        .filter_map(|b| char::from_u32(0x1F1E6 + u32::from(b.saturating_sub(b'A')))),
+                    country.bytes().filter_map(|b| {
+                        char::from_u32(0x1F1E6 + u32::from(b.saturating_sub(b'A')))
+                    }),
                 );
             }
         }
@@ -605,14 +624,25 @@ impl Realistic {
                 out.push_char(char::from(BASE62[self.rng.random_range(0..BASE62.len())]));
             }
         }
-        debug_assert!(out.chars <= MAX_TEXT_CHARS, "{} chars: {:?}", out.chars, out.s);
+        debug_assert!(
+            out.chars <= MAX_TEXT_CHARS,
+            "{} chars: {:?}",
+            out.chars,
+            out.s
+        );
         out.s
     }
 
     /// Words of `lang` up to `budget` characters (at least one word, cut if it must be), with
     /// punctuation, line breaks and odd spaces. `inline` is an emoji run (already paid for by
     /// the caller) placed after the first sentence end; returns whether it was placed.
-    fn words(&mut self, lang_i: usize, budget: usize, inline: Option<&str>, out: &mut Text) -> bool {
+    fn words(
+        &mut self,
+        lang_i: usize,
+        budget: usize,
+        inline: Option<&str>,
+        out: &mut Text,
+    ) -> bool {
         let lang = &tables::LANGS[lang_i];
         let table = &TABLES.langs[lang_i];
         let decomposed =
@@ -755,7 +785,9 @@ pub fn hashtag(rank: u64) -> String {
             s.push_str(tables::TAG_WORDS[((h >> 16) % tables::TAG_WORDS.len() as u64) as usize]);
         }
         if (h >> 24) % 100 < 8 {
-            s.push_str(tables::TAG_NUMBERS[((h >> 32) % tables::TAG_NUMBERS.len() as u64) as usize]);
+            s.push_str(
+                tables::TAG_NUMBERS[((h >> 32) % tables::TAG_NUMBERS.len() as u64) as usize],
+            );
         }
     } else if (h >> 24) % 100 < 5 {
         // Years and counters only: the `_live`-style suffixes are Latin.
@@ -807,8 +839,8 @@ pub fn user_id(rank: u64) -> u64 {
     }
 }
 
-/// Followers of user `rank`: log-normal (median ~120, a long tail to hundreds of millions),
-/// higher for more active users; fixed per user.
+/// Followers of user `rank`: log-normal around 120 (σ 1.6 in the logarithm, capped at 300
+/// million), higher for more active users; fixed per user.
 fn followers(rank: u64, users: u64) -> u64 {
     let h = mix(rank ^ FOLLOWERS_SALT);
     // Box–Muller from two hash-derived uniforms; u1 > 0, so the logarithm is finite.
@@ -816,7 +848,9 @@ fn followers(rank: u64, users: u64) -> u64 {
     let u2 = unit(mix(h));
     let z = (-2.0 * u1.ln()).sqrt() * (TAU * u2).cos();
     let activity = (users.max(1) as f64 / rank.max(1) as f64).ln().max(0.0);
-    (120f64.ln() + 0.3 * activity + 1.6 * z).exp().min(300_000_000.0) as u64
+    (120f64.ln() + 0.3 * activity + 1.6 * z)
+        .exp()
+        .min(300_000_000.0) as u64
 }
 
 /// Replaces the last ASCII vowel with an accented form chosen by `h`.
@@ -897,7 +931,11 @@ fn unit(h: u64) -> f64 {
 /// xor-shifts, each invertible modulo `2^bits`.
 fn permute(x: u64, bits: u32) -> u64 {
     let bits = bits.clamp(1, 64);
-    let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+    let mask = if bits == 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    };
     let shift = bits.div_ceil(2);
     let mut x = x & mask;
     for m in [
@@ -1010,8 +1048,14 @@ struct Tables {
 }
 
 static TABLES: LazyLock<Tables> = LazyLock::new(|| Tables {
-    langs: tables::LANGS.iter().map(|l| syllables(&l.syllables)).collect(),
-    tags: tables::TAG_STYLES.iter().map(|t| syllables(&t.syllables)).collect(),
+    langs: tables::LANGS
+        .iter()
+        .map(|l| syllables(&l.syllables))
+        .collect(),
+    tags: tables::TAG_STYLES
+        .iter()
+        .map(|t| syllables(&t.syllables))
+        .collect(),
     tag_pick: Cumulative::new(tables::TAG_STYLES.iter().map(|t| t.weight)),
     names: syllables(&Spec::Parts {
         prefixes: &[""],
@@ -1100,7 +1144,12 @@ mod tests {
         let differ = (0..100)
             .filter(|_| a.event(CREATED)["text"] != c.event(CREATED)["text"])
             .count();
-        assert_eq!(differ, 100, "seeds 7 and 8 gave {} equal texts of 100", 100 - differ);
+        assert_eq!(
+            differ,
+            100,
+            "seeds 7 and 8 gave {} equal texts of 100",
+            100 - differ
+        );
     }
 
     /// Latin letters: Basic Latin to Latin Extended-B, IPA, combining diacritics (they go on
@@ -1111,7 +1160,10 @@ mod tests {
 
     /// Code points only emoji sequences use in these texts.
     fn is_emoji(c: char) -> bool {
-        matches!(c as u32, 0x1F000..=0x1FAFF | 0x2764 | 0x2728 | 0x263A | 0x20E3 | 0x2B1B)
+        matches!(
+            c as u32,
+            0x1F000..=0x1FAFF | 0x2764 | 0x2728 | 0x263A | 0x20E3 | 0x2B1B
+        )
     }
 
     fn is_combining(c: char) -> bool {
@@ -1273,7 +1325,10 @@ mod tests {
                 if foreign && tables::LANGS[lang_index(lang).unwrap()].script == Script::Latin {
                     s.foreign_in_latin.push(text.to_owned());
                 }
-                if text.contains("e\u{301}") || text.contains("a\u{303}") || text.contains("a\u{301}") {
+                if text.contains("e\u{301}")
+                    || text.contains("a\u{303}")
+                    || text.contains("a\u{301}")
+                {
                     s.nfd += 1;
                 }
             }
@@ -1339,7 +1394,7 @@ mod tests {
         let distinct = counts.len() as f64;
         let expected = expected_distinct(n, s, h, draws);
         // The variance of a count of distinct values is below its mean.
-        let tolerance = 5.0 * expected.sqrt() + 0.005 * expected;
+        let tolerance = 5.0 * expected.sqrt();
         assert!(
             (distinct - expected).abs() < tolerance,
             "{what}: expected {expected:.0} ± {tolerance:.0} distinct among {draws} draws, saw {distinct}"
@@ -1347,9 +1402,10 @@ mod tests {
         // Ranks whose expected count is at least 50, so sampling noise stays small.
         let max_rank = ((draws as f64 * p1 / 50.0).powf(1.0 / s)) as usize;
         let slope = loglog_slope(counts, max_rank);
+        // Over seeds 1..=12 the slope stayed within 0.02 of -s for tags and users.
         assert!(
-            (slope + s).abs() < 0.1,
-            "{what}: rank-frequency slope over ranks 1..={max_rank} should be -{s} ± 0.1, was {slope:.3}"
+            (slope + s).abs() < 0.05,
+            "{what}: rank-frequency slope over ranks 1..={max_rank} should be -{s} ± 0.05, was {slope:.3}"
         );
     }
 
@@ -1364,14 +1420,24 @@ mod tests {
             s.tags.len()
         );
         let weights = &shape.tags_per_event;
-        let mean_tags: f64 = weights.iter().enumerate().map(|(k, w)| k as f64 * w).sum::<f64>()
+        let mean_tags: f64 = weights
+            .iter()
+            .enumerate()
+            .map(|(k, w)| k as f64 * w)
+            .sum::<f64>()
             / weights.iter().sum::<f64>();
         let per_event = s.tag_uses as f64 / s.events as f64;
         assert!(
             (per_event - mean_tags).abs() < 0.02,
             "tags per event should average {mean_tags:.3}, averaged {per_event:.3}"
         );
-        check_zipf("hashtags", &s.tags, s.tag_uses, shape.hashtags, shape.hashtag_exponent);
+        check_zipf(
+            "hashtags",
+            &s.tags,
+            s.tag_uses,
+            shape.hashtags,
+            shape.hashtag_exponent,
+        );
     }
 
     #[test]
@@ -1384,7 +1450,13 @@ mod tests {
             s.events,
             s.users.len()
         );
-        check_zipf("authors", &s.users, s.events, shape.users, shape.user_exponent);
+        check_zipf(
+            "authors",
+            &s.users,
+            s.events,
+            shape.users,
+            shape.user_exponent,
+        );
     }
 
     #[test]
@@ -1460,9 +1532,16 @@ mod tests {
 
         for feature in FEATURES {
             let n = s.present[feature];
-            assert!(n > 0, "some texts should hold {feature}; none of {} did", s.events);
+            assert!(
+                n > 0,
+                "some texts should hold {feature}; none of {} did",
+                s.events
+            );
         }
-        assert!(s.nfd > 0, "some Latin texts should be decomposed (NFD); none were");
+        assert!(
+            s.nfd > 0,
+            "some Latin texts should be decomposed (NFD); none were"
+        );
     }
 
     /// Whether `#tag` occurs in `text` as a whole hashtag: what follows it cannot continue it.
@@ -1523,7 +1602,10 @@ mod tests {
                             x["coordinates"][k].as_f64().unwrap(),
                             y["coordinates"][k].as_f64().unwrap(),
                         );
-                        assert!((x - y).abs() < 1e-9, "event {i}: coordinate {x} came back {y}");
+                        assert!(
+                            (x - y).abs() < 1e-9,
+                            "event {i}: coordinate {x} came back {y}"
+                        );
                     }
                 }
                 (x, y) => panic!("event {i}: coordinates {x:?} came back {y:?}"),
@@ -1553,7 +1635,11 @@ mod tests {
             );
             assert!(uid < 1 << 63, "user ids fit a signed 64-bit integer: {uid}");
             let seen = by_name.entry(name.to_owned()).or_insert((uid, followers));
-            assert_eq!(*seen, (uid, followers), "user {name} keeps its id and followers");
+            assert_eq!(
+                *seen,
+                (uid, followers),
+                "user {name} keeps its id and followers"
+            );
             let seen = names_by_id.entry(uid).or_insert_with(|| name.to_owned());
             assert_eq!(seen, name, "user id {uid} keeps its name");
 
@@ -1561,7 +1647,10 @@ mod tests {
             assert!(lang_index(lang).is_some(), "unknown lang {lang}");
             let text = e["text"].as_str().unwrap();
             assert!(!text.is_empty(), "event {i} has an empty text");
-            assert!(text.chars().count() <= MAX_TEXT_CHARS, "{text:?} is over 280 chars");
+            assert!(
+                text.chars().count() <= MAX_TEXT_CHARS,
+                "{text:?} is over 280 chars"
+            );
             let first = text.chars().next().unwrap();
             assert!(
                 !is_combining(first),
@@ -1569,7 +1658,9 @@ mod tests {
             );
             for c in text.chars() {
                 assert!(
-                    c == '\n' || !(c.is_control() || matches!(c as u32, 0xFFFE | 0xFFFF | 0xFDD0..=0xFDEF)),
+                    c == '\n'
+                        || !(c.is_control()
+                            || matches!(c as u32, 0xFFFE | 0xFFFF | 0xFDD0..=0xFDEF)),
                     "no control characters or noncharacters: U+{:04X} in {text:?}",
                     c as u32
                 );
@@ -1582,7 +1673,9 @@ mod tests {
                 );
                 assert!(
                     !tag.is_empty()
-                        && tag.chars().all(|c| c == '_' || c.is_alphanumeric() || is_combining(c)),
+                        && tag
+                            .chars()
+                            .all(|c| c == '_' || c.is_alphanumeric() || is_combining(c)),
                     "hashtags hold letters, digits, marks and _ only: {tag:?}"
                 );
             }
@@ -1616,17 +1709,29 @@ mod tests {
             .into_iter()
             .collect();
         let tags: HashSet<String> = ranks.iter().map(|&r| hashtag(r).to_lowercase()).collect();
-        assert_eq!(tags.len(), ranks.len(), "hashtags of distinct ranks collide (lowercased)");
+        assert_eq!(
+            tags.len(),
+            ranks.len(),
+            "hashtags of distinct ranks collide (lowercased)"
+        );
         let names: HashSet<String> = ranks
             .iter()
             .map(|&r| screen_name(r, shape.users).to_lowercase())
             .collect();
-        assert_eq!(names.len(), ranks.len(), "screen names of distinct ranks collide");
+        assert_eq!(
+            names.len(),
+            ranks.len(),
+            "screen names of distinct ranks collide"
+        );
         let ids: HashSet<u64> = ranks.iter().map(|&r| user_id(r)).collect();
         assert_eq!(ids.len(), ranks.len(), "user ids of distinct ranks collide");
         for table in &TABLES.tags {
             let unique: HashSet<&Box<str>> = table.iter().collect();
-            assert_eq!(unique.len(), table.len(), "a tag syllable table has duplicates");
+            assert_eq!(
+                unique.len(),
+                table.len(),
+                "a tag syllable table has duplicates"
+            );
         }
         for word in tables::TAG_WORDS {
             let lower = word.to_lowercase();
@@ -1635,16 +1740,28 @@ mod tests {
                     tables::LATIN_NAME_CONSONANTS.as_bytes().contains(&p[0])
                         && b"aeiou".contains(&p[1])
                 });
-            assert!(!cv, "tag word {word:?} reads as name syllables: tags could collide");
+            assert!(
+                !cv,
+                "tag word {word:?} reads as name syllables: tags could collide"
+            );
         }
         // Frequent tags are short, as real ones are.
-        let short = (1..=100).filter(|&r| hashtag(r).chars().count() <= 6).count();
-        assert!(short >= 60, "most of the top 100 tags have ≤ 6 chars, {short} did");
+        let short = (1..=100)
+            .filter(|&r| hashtag(r).chars().count() <= 6)
+            .count();
+        assert!(
+            short >= 60,
+            "most of the top 100 tags have ≤ 6 chars, {short} did"
+        );
     }
 
     #[test]
     fn a_shape_reports_every_problem_and_a_broken_one_still_generates() {
-        assert_eq!(Shape::default().validate(), Ok(()), "the default shape is valid");
+        assert_eq!(
+            Shape::default().validate(),
+            Ok(()),
+            "the default shape is valid"
+        );
         let broken = Shape {
             hashtags: 0,
             user_exponent: f64::NAN,
@@ -1665,12 +1782,22 @@ mod tests {
             .collect();
         assert_eq!(
             fields,
-            ["hashtags", "user_exponent", "emoji_share", "tags_per_event", "xx"],
+            [
+                "hashtags",
+                "user_exponent",
+                "emoji_share",
+                "tags_per_event",
+                "xx"
+            ],
             "every problem, in field order: {problems:?}"
         );
         let mut g = Realistic::new(1, broken);
         assert_eq!(g.shape().hashtags, 1, "hashtags clamped to 1");
-        assert_eq!(g.shape().languages, Shape::default().languages, "unknown languages dropped");
+        assert_eq!(
+            g.shape().languages,
+            Shape::default().languages,
+            "unknown languages dropped"
+        );
         for _ in 0..200 {
             let e = g.event(CREATED);
             assert!(e["text"].as_str().unwrap().chars().count() <= MAX_TEXT_CHARS);
@@ -1696,12 +1823,23 @@ mod tests {
         for _ in 0..2_000 {
             let e = g.event(CREATED);
             let text = e["text"].as_str().unwrap();
-            assert!(text.chars().count() <= MAX_TEXT_CHARS, "{} chars: {text:?}", text.chars().count());
+            assert!(
+                text.chars().count() <= MAX_TEXT_CHARS,
+                "{} chars: {text:?}",
+                text.chars().count()
+            );
             let tags = e["hashtags"].as_array().unwrap();
-            assert!(!tags.is_empty() && tags.len() < 40, "some of 40 tags fit, {} kept", tags.len());
+            assert!(
+                !tags.is_empty() && tags.len() < 40,
+                "some of 40 tags fit, {} kept",
+                tags.len()
+            );
             for tag in tags {
                 let tag = tag.as_str().unwrap();
-                assert!(tag_in_text(tag, text), "hashtag {tag:?} is in the text: {text:?}");
+                assert!(
+                    tag_in_text(tag, text),
+                    "hashtag {tag:?} is in the text: {text:?}"
+                );
             }
         }
     }
@@ -1725,7 +1863,9 @@ mod tests {
         let mut old = super::super::synthetic::Generator::new(1);
         let start = Instant::now();
         for _ in 0..n {
-            bytes += std::hint::black_box(old.event()).as_object().map_or(0, |m| m.len());
+            bytes += std::hint::black_box(old.event())
+                .as_object()
+                .map_or(0, |m| m.len());
         }
         let small = start.elapsed();
         let json: usize = (0..10_000)
