@@ -804,7 +804,9 @@ pub fn screen_name(rank: u64, users: u64) -> String {
     let bits = (64 - users.max(2).leading_zeros()).max(8);
     let x = permute(rank.max(1) - 1, bits) + 1;
     let mut s = String::with_capacity(MAX_SCREEN_NAME);
-    spell(x, &TABLES.names, false, &mut s);
+    // Scrambled too: `x` fills only the low part of its length class, whose top syllable
+    // would otherwise be one of the first few ("...ba", "...ci").
+    spell(x, &TABLES.names, true, &mut s);
     let h = mix(rank ^ NAME_SALT);
     // Every name syllable is two ASCII bytes.
     let syllables = s.len() / 2;
@@ -927,8 +929,8 @@ fn unit(h: u64) -> f64 {
     (h >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// A bijection of `[0, 2^bits)` that looks random: multiplications by odd constants and
-/// xor-shifts, each invertible modulo `2^bits`.
+/// A bijection of `[0, 2^bits)` that looks random: an addition, multiplications by odd
+/// constants and xor-shifts, each invertible modulo `2^bits`.
 fn permute(x: u64, bits: u32) -> u64 {
     let bits = bits.clamp(1, 64);
     let mask = if bits == 64 {
@@ -937,7 +939,8 @@ fn permute(x: u64, bits: u32) -> u64 {
         (1u64 << bits) - 1
     };
     let shift = bits.div_ceil(2);
-    let mut x = x & mask;
+    // The offset keeps 0 from mapping to 0 (rank 1 would get the round id 7e17).
+    let mut x = x.wrapping_add(0x2545_F491_4F6C_DD1D) & mask;
     for m in [
         0x9E37_79B9_7F4A_7C15u64,
         0xBF58_476D_1CE4_E5B9,
