@@ -21,6 +21,7 @@ pub mod command;
 pub mod file;
 pub mod framing;
 pub mod http;
+pub mod realistic;
 pub mod sse;
 pub mod stdin;
 pub mod synthetic;
