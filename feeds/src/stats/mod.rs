@@ -14,7 +14,7 @@
 //! |---|---|---|---|
 //! | [`rate`] | events per closed second, Bollinger bands over it | `rate`, `rate_bands` | `tailrace_rate_events_per_second`, `tailrace_bollinger{series="rate"}` |
 //! | [`bollinger`] | Bollinger bands over `value_field` | `value_bands` | `tailrace_bollinger{series="value"}` |
-//! | [`topk`] | top-k values of `topk_field` over a sliding window | `top` | `tailrace_topk_events` |
+//! | [`topk`] (counted by [`heavy_hitters`]) | top-k values of `topk_field` over a sliding window | `top` | `tailrace_topk_events` |
 //! | [`sequence`] | per-source sequence completeness | `missing`, `duplicates`, `last_outcome` | `tailrace_feed_missing_events_total`, `tailrace_feed_duplicate_events_total` |
 
 pub mod bollinger;
@@ -102,6 +102,9 @@ fn default_topk_field() -> String {
 fn default_topk_window_secs() -> u64 {
     60
 }
+fn default_topk_capacity() -> usize {
+    heavy_hitters::DEFAULT_CAPACITY
+}
 fn default_checkpoint_interval_ms() -> u64 {
     1000
 }
@@ -132,6 +135,11 @@ pub struct StatsConfig {
     /// Sliding window of the top-k counts, in seconds. At least 1.
     #[serde(default = "default_topk_window_secs")]
     pub topk_window_secs: u64,
+    /// Counters the top-k keeps per second of its window: the counts are exact while a
+    /// second holds at most this many distinct values, and otherwise overestimate by at most
+    /// (values counted in the window) / this. Bounds the saved state too. At least `topk`.
+    #[serde(default = "default_topk_capacity")]
+    pub topk_capacity: usize,
     /// How often each feed saves its position and state, so a restart resumes there. At least 1.
     #[serde(default = "default_checkpoint_interval_ms")]
     pub checkpoint_interval_ms: u64,
@@ -146,6 +154,7 @@ impl Default for StatsConfig {
             topk: default_topk(),
             topk_field: default_topk_field(),
             topk_window_secs: default_topk_window_secs(),
+            topk_capacity: default_topk_capacity(),
             checkpoint_interval_ms: default_checkpoint_interval_ms(),
         }
     }
@@ -169,6 +178,12 @@ impl StatsConfig {
         }
         if let Err(e) = store::update::check_path(&self.topk_field) {
             p.push(("topk_field", e));
+        }
+        if self.topk_capacity < self.topk.max(1) {
+            p.push((
+                "topk_capacity",
+                format!("must be >= topk = {} (got {})", self.topk, self.topk_capacity),
+            ));
         }
         if self.topk_window_secs < 1 {
             p.push((
@@ -381,6 +396,7 @@ mod tests {
             topk: 10,
             topk_field: "hashtags".into(),
             topk_window_secs: 60,
+            topk_capacity: 1024,
             checkpoint_interval_ms: 1000,
         };
         assert_eq!(c, expected, "empty config");
