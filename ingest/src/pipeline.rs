@@ -133,7 +133,7 @@ pub fn events_spec(c: &Config) -> CappedSpec {
 }
 
 /// What a configured feed reads.
-fn feed_source(
+pub(crate) fn feed_source(
     f: &FeedConfig,
     events: &Arc<dyn store::Capped>,
     dead_letters: &Arc<dyn store::Capped>,

@@ -4,10 +4,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use super::dataset::Dataset;
+
 /// Arguments of `tailrace bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// What to measure: writes, reads, notify, insert, update, outbox, or all of them.
+    /// What to measure: writes, reads, notify, insert, update, outbox, catchup, replay, or all
+    /// of them.
     #[arg(value_enum)]
     pub scenario: Scenario,
     /// Directory for the JSON results and SVG plots (created if missing).
@@ -41,6 +44,14 @@ pub struct BenchArgs {
     /// time). A closed-loop run with no think time follows in any case.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub think: Option<Duration>,
+    /// What insert, catchup and notify's flat-out runs write: realistic (long-tail hashtags
+    /// over 2,000,000 values and users over 5,000,000, every script and emoji) or small (the
+    /// original synthetic tweets: 24 hashtags, 5,000 users).
+    #[arg(long, value_enum, default_value_t = Dataset::Realistic)]
+    pub dataset: Dataset,
+    /// Replay: the tailrace binary to run (default: this one).
+    #[arg(long)]
+    pub binary: Option<PathBuf>,
     /// Every size tiny, then check that the JSON and plots written are well-formed (for CI;
     /// the numbers mean nothing).
     #[arg(long)]
@@ -61,6 +72,8 @@ impl BenchArgs {
             concurrency: None,
             duration: None,
             think: None,
+            dataset: Dataset::Realistic,
+            binary: None,
             quick: false,
         }
     }
@@ -81,19 +94,26 @@ pub enum Scenario {
     Update,
     /// "The 20 newest messages of a sender" through the HTTP API, 1..300 clients.
     Outbox,
+    /// Each feed kind resuming 1,000,000 events behind its checkpoint: its catch-up rate.
+    Catchup,
+    /// 60,000 tweets replayed from a file through the real binary, hashtags of growing
+    /// cardinality (issue 10's table).
+    Replay,
     /// Every scenario, one after the other.
     All,
 }
 
 impl Scenario {
     /// Every runnable scenario, in the order `all` runs them.
-    pub const EACH: [Scenario; 6] = [
+    pub const EACH: [Scenario; 8] = [
         Scenario::Writes,
         Scenario::Reads,
         Scenario::Notify,
         Scenario::Insert,
         Scenario::Update,
         Scenario::Outbox,
+        Scenario::Catchup,
+        Scenario::Replay,
     ];
 
     /// The lowercase name (file names, JSON).
@@ -105,6 +125,8 @@ impl Scenario {
             Scenario::Insert => "insert",
             Scenario::Update => "update",
             Scenario::Outbox => "outbox",
+            Scenario::Catchup => "catchup",
+            Scenario::Replay => "replay",
             Scenario::All => "all",
         }
     }

@@ -9,6 +9,16 @@
 //! document) or batched (the configured `ingest.batch_max_events`). The single-client
 //! variants are time-boxed (`--duration`): one fsync-bound commit per event would take minutes.
 //!
+//! The content comes from `--dataset` ([`super::dataset`]): `realistic` (the default; long-tail
+//! hashtags and users, every script) or `small` (the original synthetic tweets).
+//!
+//! **End to end**: the configured feeds (by default a tailable feed on `events` and a change
+//! feed on the rollups) run during every variant, as in the pipeline ([`super::observe`]).
+//! Beside the writer's rate each variant reports, per feed, its lag in events (the largest,
+//! sampled every 10 ms, and the lag when the writer finished), its notification latency
+//! (commit → the feed holds the event) over the run, and when it had caught up (held the
+//! last event); the feeds' rate is the events over the time until both had.
+//!
 //! Each variant gets a fresh store. Events are handed over as NDJSON bytes (what the http,
 //! file and command sources hand over), pre-encoded so the producer costs nothing. The
 //! latency per iteration is the `events` append of each batch, measured by wrapping the
@@ -23,15 +33,16 @@ use serde_json::{Value, json};
 use store::{Capped, CappedSpec, Document, Durability, Position, Record, RecordStream, Start};
 use tokio::sync::mpsc;
 
+use super::dataset::Docs;
 use super::floors::{self, Floor};
-use super::measure::{Samples, fmt_rate, fmt_ratio, fmt_us, thousands};
+use super::measure::{Samples, Summary, fmt_rate, fmt_ratio, fmt_us, thousands};
+use super::observe::{self, Collections, Sampler, Timeline};
 use super::plot::{self, Line};
 use super::report::{Report, Series, Table, Target};
 use super::writes::events_like;
 use super::{Bench, BenchError, Result, Scenario, new_report};
 use crate::ingester::{Handed, IngestOptions, IngestStats, Ingester};
 use crate::source::Raw;
-use crate::source::synthetic::Generator;
 use store::clock::now_us;
 
 /// Published bulk-insert rates.
@@ -92,6 +103,29 @@ impl Capped for TimedCapped {
     }
 }
 
+/// How long the feeds may take to hold the last event after the writer finished.
+const FEEDS_CATCH_UP: Duration = Duration::from_secs(120);
+/// How often feed lag is sampled.
+const LAG_EVERY: Duration = Duration::from_millis(10);
+
+/// What one feed did during a variant.
+struct FeedOutcome {
+    name: String,
+    kind: &'static str,
+    /// Largest lag sampled (events).
+    lag_max: u64,
+    /// Lag when the writer finished (events).
+    lag_at_writer_end: u64,
+    /// Seconds from the start of the variant until the feed held the last event; `None`
+    /// when it had not within [`FEEDS_CATCH_UP`].
+    caught_up_secs: Option<f64>,
+    /// Commit → the feed holds the event, for events committed while the feed ran.
+    notify: Samples,
+    /// Gaps the feed recorded (it was overtaken by eviction) and stream restarts.
+    gaps: u64,
+    restarts: u64,
+}
+
 /// One variant's outcome.
 struct Outcome {
     name: String,
@@ -102,6 +136,18 @@ struct Outcome {
     appends: Samples,
     docs_per_append: f64,
     time_boxed: bool,
+    feeds: Vec<FeedOutcome>,
+    timeline: Timeline,
+}
+
+impl Outcome {
+    /// Seconds until every feed held the last event (`None`: one never did).
+    fn all_caught_up_secs(&self) -> Option<f64> {
+        self.feeds
+            .iter()
+            .map(|f| f.caught_up_secs)
+            .try_fold(self.secs, |a, b| b.map(|b| a.max(b)))
+    }
 }
 
 async fn variant(
@@ -143,7 +189,7 @@ async fn variant(
             inner: events.clone(),
             appends: appends.clone(),
         }),
-        dead_letters,
+        dead_letters: dead_letters.clone(),
         rollups: rollups.clone(),
         // The pipeline's own options, so the bench cannot drift from production; only the
         // batch size (single client) and the durability (always journaled) are the bench's.
@@ -161,7 +207,7 @@ async fn variant(
     };
 
     // Pre-encoded NDJSON lines, so the producer only hands them over.
-    let mut g = Generator::new(if random { 21 } else { 22 });
+    let mut g = Docs::new(bench.args.dataset, if random { 21 } else { 22 });
     let payloads: Vec<Vec<u8>> = if random {
         (0..docs)
             .map(|_| serde_json::to_vec(&g.event()).unwrap_or_default())
@@ -170,6 +216,28 @@ async fn variant(
         let one = serde_json::to_vec(&g.event()).unwrap_or_default();
         vec![one; docs as usize]
     };
+
+    // The feeds start first, as in the pipeline, and read the collections the ingester writes.
+    let running = observe::start(
+        bench,
+        &Collections {
+            store: store.clone(),
+            events: events.clone(),
+            dead_letters,
+            rollups: rollups.name().to_string(),
+        },
+        None,
+    )
+    .await?;
+    let sampler = {
+        let stats = stats.clone();
+        Sampler::spawn(
+            running.probes(),
+            move || stats.written.load(Ordering::Relaxed).max(0) as u64,
+            LAG_EVERY,
+        )
+    };
+
     let source: Arc<str> = Arc::from("bench");
     // A single client waits for each event's acknowledgment before sending the next: a
     // queue of one. Batched clients may have the whole configured queue in flight.
@@ -177,6 +245,7 @@ async fn variant(
     let (tx, rx) = mpsc::channel::<Handed>(capacity);
     let pb = bench.progress(docs, &format!("insert {name}"));
     let started = Instant::now();
+    let started_us = now_us();
     let run = tokio::spawn(ingester.run(rx));
     let mut sent = 0u64;
     let mut time_boxed = false;
@@ -207,6 +276,45 @@ async fn variant(
     let secs = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
 
+    // The writer is done: how far behind is each feed, and when does it hold the last event?
+    let lag_at_writer_end: Vec<u64> = running
+        .feeds
+        .iter()
+        .map(|f| sent.saturating_sub(f.probe.last_seq()))
+        .collect();
+    running.watch_for(sent);
+    let all_held = running.wait_for(sent, FEEDS_CATCH_UP).await;
+    let timeline = sampler.finish().await;
+    let watched = running.stop().await?;
+    if !all_held {
+        tracing::warn!(
+            variant = %name,
+            "a feed had not caught up {} s after the writer finished",
+            FEEDS_CATCH_UP.as_secs()
+        );
+    }
+    let feeds = watched
+        .iter()
+        .zip(lag_at_writer_end)
+        .enumerate()
+        .map(|(i, (w, at_end))| {
+            let status = w.handle.status();
+            FeedOutcome {
+                name: w.name.clone(),
+                kind: w.kind.as_str(),
+                lag_max: timeline.max_lag(i).max(at_end),
+                lag_at_writer_end: at_end,
+                caught_up_secs: w
+                    .probe
+                    .reached_at_us()
+                    .map(|t| ((t - started_us) as f64 / 1e6).max(secs)),
+                notify: w.probe.latency(),
+                gaps: status.gaps,
+                restarts: status.restarts,
+            }
+        })
+        .collect();
+
     // Every event went through: the source's rollup counted each one.
     let counted = rollups
         .get("source:bench")
@@ -226,6 +334,7 @@ async fn variant(
     }
     let docs_per_append =
         recorded.iter().map(|a| a.1).sum::<usize>() as f64 / recorded.len().max(1) as f64;
+    drop(watched);
     drop(events);
     drop(rollups);
     store.close().await?;
@@ -240,6 +349,17 @@ async fn variant(
         appends: samples,
         docs_per_append,
         time_boxed,
+        feeds,
+        timeline,
+    })
+}
+
+/// A feed's figures for the JSON.
+fn feed_json(f: &FeedOutcome) -> Value {
+    json!({
+        "feed": f.name, "kind": f.kind, "lag_max_events": f.lag_max,
+        "lag_at_writer_end_events": f.lag_at_writer_end, "caught_up_secs": f.caught_up_secs,
+        "notification_us": f.notify.summary(), "gaps": f.gaps, "restarts": f.restarts,
     })
 }
 
@@ -248,12 +368,14 @@ pub async fn run(bench: &Bench) -> Result<Report> {
     let docs = bench.docs(100_000, 300);
     let time_box = bench.duration(Duration::from_secs(10), Duration::from_millis(300));
     let n_floor = bench.iterations(1000, 20);
+    let dataset = bench.args.dataset;
     let mut report = new_report(
         bench,
         Scenario::Insert,
         &format!(
-            "{} events through the ingester (validate, stamp, capped events, change log, rollups), journaled",
-            thousands(docs)
+            "{} {} events through the ingester (validate, stamp, capped events, change log, rollups), journaled, with the feeds running",
+            thousands(docs),
+            dataset.as_str()
         ),
     );
     let c = &bench.config;
@@ -262,6 +384,10 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         "batch_max_wait_ms": c.ingest.batch_max_wait_ms, "rollup_fields": c.ingest.rollup_fields,
         "events_max_docs": (docs / 2).max(1000), "single_client_time_box_secs": time_box.as_secs_f64(),
         "handed_over_as": "NDJSON bytes (parsed and validated by the ingester)",
+        "dataset": dataset.describe(),
+        "feeds": c.feeds.iter().map(|f| json!({"name": f.name, "kind": f.kind().as_str()})).collect::<Vec<_>>(),
+        "stats": c.stats,
+        "lag_sampled_every_ms": LAG_EVERY.as_millis() as u64,
     });
     let floor_dir = bench.data_dir("insert-floor");
     let floor = floors::fdatasync(&floor_dir, n_floor).await?;
@@ -282,10 +408,12 @@ pub async fn run(bench: &Bench) -> Result<Report> {
     }
     for o in &outcomes {
         let s = o.appends.summary();
+        let caught_up = o.all_caught_up_secs();
         report.series.push(Series {
             name: o.name.clone(),
             params: json!({"content": if o.random { "random" } else { "static" },
-                           "client": if o.batched { "batched" } else { "single" }}),
+                           "client": if o.batched { "batched" } else { "single" },
+                           "dataset": dataset.as_str()}),
             latency_us: s,
             ops: o.sent,
             elapsed_secs: o.secs,
@@ -293,16 +421,31 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             floor: Some("fdatasync_512b".into()),
             ratio_to_floor: Some(s.p50 / floor_p50),
             extra: json!({"latency_is": "one events append (a batch) as the ingester waits for it",
-                          "docs_per_append": o.docs_per_append, "time_boxed": o.time_boxed}),
+                          "docs_per_append": o.docs_per_append, "time_boxed": o.time_boxed,
+                          "feeds": o.feeds.iter().map(feed_json).collect::<Vec<_>>(),
+                          "all_feeds_caught_up_secs": caught_up,
+                          "end_to_end_per_sec": caught_up.map(|t| o.sent as f64 / t.max(1e-9))}),
             ..Series::default()
         });
     }
     report.references(&REFERENCES);
-    if let Some(s) = report.series.iter().find(|s| s.name == "random, batched") {
+    if let Some((s, o)) = report
+        .series
+        .iter()
+        .zip(&outcomes)
+        .find(|(s, _)| s.name == "random, batched")
+    {
         report.targets.push(Target::at_least(
             "random content, batched, journaled ≥ 100,000 docs/s through the ingester",
             s.throughput_per_sec,
             100_000.0,
+            "docs/s",
+        ));
+        report.targets.push(Target::at_least(
+            "random content, batched, journaled, both feeds caught up: ≥ 55,000 events/s end to end",
+            o.all_caught_up_secs()
+                .map_or(0.0, |t| o.sent as f64 / t.max(1e-9)),
+            55_000.0,
             "docs/s",
         ));
     }
@@ -312,6 +455,25 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             humantime::format_duration(time_box)
         ));
     }
+    for o in &outcomes {
+        for f in o.feeds.iter().filter(|f| f.caught_up_secs.is_none()) {
+            report.notes.push(format!(
+                "{}: feed {} had not caught up {} s after the writer finished",
+                o.name,
+                f.name,
+                FEEDS_CATCH_UP.as_secs()
+            ));
+        }
+        for f in o.feeds.iter().filter(|f| f.gaps > 0) {
+            report.notes.push(format!(
+                "{}: feed {} was overtaken by eviction {} time(s) and skipped events (gaps)",
+                o.name, f.name, f.gaps
+            ));
+        }
+    }
+    report.notes.push(
+        "feed lag is in events: the newest acknowledged sequence number less the highest the feed holds, sampled every 10 ms, and taken exactly when the writer finished".into(),
+    );
 
     // One pair of plots per client mode: a batched run has a few hundred appends, a single
     // client tens of thousands, and on one axis the first would be a sliver.
@@ -341,6 +503,48 @@ pub async fn run(bench: &Bench) -> Result<Report> {
                 .extend(plot::latency_pair(&bench.out, prefix, title, &lines)?);
         }
     }
+    let lag_lines: Vec<(String, Vec<(f64, f64)>)> = outcomes
+        .iter()
+        .filter(|o| o.batched)
+        .flat_map(|o| {
+            o.feeds
+                .iter()
+                .enumerate()
+                .map(|(i, f)| (format!("{}: {}", o.name, f.name), o.timeline.lag_points(i)))
+        })
+        // A line needs two points to be drawn.
+        .filter(|(_, pts)| pts.len() >= 2)
+        .collect();
+    if !lag_lines.is_empty() {
+        let file = "insert-feed-lag.svg";
+        plot::timeline(
+            &bench.out.join(file),
+            "insert, batched: feed lag while writing and catching up",
+            ("seconds since the writer started", "lag (events)"),
+            &lag_lines,
+        )?;
+        report.plots.push(file.into());
+    }
+    let notify_lines: Vec<Line<'_>> = outcomes
+        .iter()
+        .filter(|o| o.batched)
+        .flat_map(|o| {
+            o.feeds.iter().map(|f| Line {
+                name: format!("{}: {}", o.name, f.name),
+                values: f.notify.as_slice(),
+            })
+        })
+        .filter(|l| !l.values.is_empty())
+        .collect();
+    if !notify_lines.is_empty() {
+        let file = "insert-notify-cdf.svg";
+        plot::cdf(
+            &bench.out.join(file),
+            "insert, batched: notification latency (commit → feed holds it) CDF",
+            &notify_lines,
+        )?;
+        report.plots.push(file.into());
+    }
 
     report.print_header();
     let mut t = Table::new(&[
@@ -353,8 +557,11 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         "p99",
         "max",
         "p50 ×fsync",
+        "feeds caught up",
+        "end to end/s",
     ]);
     for (s, o) in report.series.iter().zip(&outcomes) {
+        let caught_up = o.all_caught_up_secs();
         t.row(vec![
             s.name.clone(),
             thousands(s.ops),
@@ -365,9 +572,40 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             fmt_us(s.latency_us.p99),
             fmt_us(s.latency_us.max),
             s.ratio_to_floor.map(fmt_ratio).unwrap_or_default(),
+            caught_up.map_or_else(|| "never".into(), |t| format!("{t:.2} s")),
+            caught_up.map_or_else(|| "—".into(), |t| fmt_rate(o.sent as f64 / t.max(1e-9))),
         ]);
     }
     t.print();
+    let mut f = Table::new(&[
+        "content, client",
+        "feed",
+        "lag max",
+        "lag at writer end",
+        "caught up at",
+        "notify p50",
+        "p99",
+        "max",
+        "gaps",
+    ]);
+    for o in &outcomes {
+        for feed in &o.feeds {
+            let n: Summary = feed.notify.summary();
+            f.row(vec![
+                o.name.clone(),
+                format!("{} ({})", feed.name, feed.kind),
+                thousands(feed.lag_max),
+                thousands(feed.lag_at_writer_end),
+                feed.caught_up_secs
+                    .map_or_else(|| "never".into(), |t| format!("{t:.2} s")),
+                fmt_us(n.p50),
+                fmt_us(n.p99),
+                fmt_us(n.max),
+                feed.gaps.to_string(),
+            ]);
+        }
+    }
+    f.print();
     report.print_footer();
     Ok(report)
 }

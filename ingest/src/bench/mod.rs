@@ -15,24 +15,31 @@
 //! | [`insert`] | 100,000 events through the real [`Ingester`](crate::ingester::Ingester) | `fdatasync` |
 //! | [`update`] | `$inc` of a random key, 1..32 clients | — |
 //! | [`outbox`] | "the 20 newest of a sender" through the HTTP API, 1..300 clients | loopback round trip |
+//! | [`catchup`] | each feed kind resuming 1,000,000 events behind its checkpoint | — |
+//! | [`replay`] | 60,000 tweets from a file through the real binary, hashtags of growing cardinality | — |
 //!
 //! Layout: [`args`] (the command line), [`measure`] (samples and their summary),
 //! [`floors`], [`machine`] (what the results were measured on), [`report`] (tables, JSON,
 //! published references), [`plot`] (SVG), [`check`] (the `--quick` well-formedness check),
-//! and one file per scenario. The engine is opened only through
+//! [`dataset`] (`--dataset small|realistic`), [`observe`] (the real feeds run beside a
+//! scenario and watched: lag, notification latency, catch-up), and one file per scenario. The engine is opened only through
 //! [`pipeline::open_store`](crate::pipeline::open_store) and used only through the store
 //! contract, so the same scenarios run on every engine.
 
 pub mod args;
+pub mod catchup;
 pub mod check;
+pub mod dataset;
 pub mod floors;
 pub mod insert;
 pub mod machine;
 pub mod measure;
 pub mod notify;
+pub mod observe;
 pub mod outbox;
 pub mod plot;
 pub mod reads;
+pub mod replay;
 pub mod report;
 pub mod update;
 pub mod writes;
@@ -240,7 +247,7 @@ pub async fn run(config: Config, args: BenchArgs) -> Result<()> {
     let scenarios = args.scenario.expand();
     let bench = Bench::new(config, args)?;
     eprintln!(
-        "tailrace bench {} — engine {}, durability {}, {} build, results in {}{}",
+        "tailrace bench {} — engine {}, durability {}, dataset {}, {} build, results in {}{}",
         scenarios
             .iter()
             .map(|s| s.as_str())
@@ -248,6 +255,7 @@ pub async fn run(config: Config, args: BenchArgs) -> Result<()> {
             .join(", "),
         bench.engine_name(),
         bench.config.store.durability.as_str(),
+        bench.args.dataset.as_str(),
         machine::build_profile(),
         bench.out.display(),
         if bench.args.quick {
@@ -266,6 +274,8 @@ pub async fn run(config: Config, args: BenchArgs) -> Result<()> {
             Scenario::Insert => insert::run(&bench).await?,
             Scenario::Update => update::run(&bench).await?,
             Scenario::Outbox => outbox::run(&bench).await?,
+            Scenario::Catchup => catchup::run(&bench).await?,
+            Scenario::Replay => replay::run(&bench).await?,
             Scenario::All => continue,
         };
         let path = report.write(&bench.out)?;

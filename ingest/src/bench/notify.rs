@@ -13,6 +13,11 @@
 //!
 //! The floor is a cross-thread wake of a parked task through a tokio broadcast channel, the
 //! primitive the embedded engine publishes commits with.
+//!
+//! The flat-out runs write `--dataset` (realistic by default: tweets with every script and
+//! emoji to the capped collection, and for the change feeds `hashtags:<tag>` keys with the
+//! realistic hashtag law, mostly new keys); the 70/s runs always write the small dataset, so
+//! they stay comparable with the targets measured on it (at 70/s the content does not matter).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,13 +32,12 @@ use store::{
 };
 use tokio::sync::watch;
 
+use super::dataset::{Dataset, Docs};
 use super::floors::{self, Floor};
 use super::measure::{Samples, fmt_rate, fmt_ratio, fmt_us};
 use super::plot::{self, Line};
 use super::report::{Report, Series, Table, Target};
-use super::writes::event;
 use super::{Bench, BenchError, Result, Scenario, new_report, wall_us};
-use crate::source::synthetic::Generator;
 
 /// The low rate: the original sample stream's 70 events/s.
 pub const LOW_RATE: f64 = 70.0;
@@ -120,21 +124,15 @@ fn open_stream(
 }
 
 /// One write of event `seq` to what `kind` reads.
-async fn write_one(
-    t: &Targets,
-    kind: Kind,
-    g: &mut Generator,
-    seq: u64,
-    d: Durability,
-) -> Result<()> {
+async fn write_one(t: &Targets, kind: Kind, g: &mut Docs, seq: u64, d: Durability) -> Result<()> {
     match kind {
         Kind::Tailable => {
-            let mut doc = event(g, seq);
+            let mut doc = g.stamped(seq);
             doc.insert("bench_seq".into(), json!(seq));
             t.capped.append(vec![doc], d).await?;
         }
         Kind::Changes | Kind::Oplog => {
-            let key = format!("k{}", seq % 1000);
+            let key = g.key(seq);
             let u = Update::inc("n", 1).and_set("bench_seq", seq);
             t.keyed.update(vec![KeyUpdate::new(key, u)], d).await?;
         }
@@ -150,6 +148,8 @@ struct Load {
     rate: Option<f64>,
     writers: usize,
     duration: Duration,
+    /// What the writers write.
+    dataset: Dataset,
 }
 
 /// Runs the writers of `load` while one consumer holds the events.
@@ -165,6 +165,7 @@ async fn phase(
         rate,
         writers,
         duration,
+        dataset,
     } = load;
     let mut stream = open_stream(store, t, kind);
     let (total_tx, mut total_rx) = watch::channel::<Option<u64>>(None);
@@ -210,7 +211,7 @@ async fn phase(
         let (t, next_seq) = (t.clone(), next_seq.clone());
         let period = rate.map(|r| Duration::from_secs_f64(1.0 / r));
         handles.push(tokio::spawn(async move {
-            let mut g = Generator::new(100 + w as u64);
+            let mut g = Docs::new(dataset, 100 + w as u64);
             let mut acks: Vec<(u64, f64)> = Vec::new();
             let start = tokio::time::Instant::now();
             let mut i = 0u32;
@@ -324,6 +325,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
     report.params = json!({
         "duration_secs": duration.as_secs_f64(), "low_rate": LOW_RATE, "max_writers": writers,
         "durability": d.as_str(), "kinds": kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
+        "flat_out_dataset": bench.args.dataset.describe(), "low_rate_dataset": "small",
     });
     let dir = bench.data_dir("notify");
     let store = bench.open_store("notify").await?;
@@ -337,7 +339,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         keyed: store.keyed("bench_notify_kv").await?,
     });
     // Warm-up: statements, pages, the writer thread.
-    let mut g = Generator::new(3);
+    let mut g = Docs::new(Dataset::Small, 3);
     for seq in 0..20 {
         write_one(&t, Kind::Tailable, &mut g, seq, d).await?;
         write_one(&t, Kind::Changes, &mut g, seq, d).await?;
@@ -369,11 +371,13 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             rate: Some(LOW_RATE),
             writers: 1,
             duration,
+            dataset: Dataset::Small,
         };
         phases.push(phase(bench, &store, &t, kind, low).await?);
         let max = Load {
             rate: None,
             writers,
+            dataset: bench.args.dataset,
             ..low
         };
         phases.push(phase(bench, &store, &t, kind, max).await?);
@@ -392,7 +396,8 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         report.series.push(Series {
             name: p.label.clone(),
             params: json!({"kind": p.kind.as_str(), "rate": if low { json!(LOW_RATE) } else { Value::Null },
-                           "writers": if low { 1 } else { writers }}),
+                           "writers": if low { 1 } else { writers },
+                           "dataset": if low { "small" } else { bench.args.dataset.as_str() }}),
             latency_us: s,
             ops: p.received,
             failures: p.written.saturating_sub(p.received),

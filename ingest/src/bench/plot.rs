@@ -281,6 +281,52 @@ pub fn xy(
     Ok(())
 }
 
+/// Y against time (feed lag, catch-up progress), both axes linear from 0.
+pub fn timeline(
+    path: &Path,
+    title: &str,
+    (x_desc, y_desc): (&str, &str),
+    lines: &[(String, Vec<(f64, f64)>)],
+) -> Result<()> {
+    let err = plot_err(path);
+    let points = || lines.iter().flat_map(|l| l.1.iter());
+    let xhi = points().map(|p| p.0).fold(0f64, f64::max).max(1e-3);
+    let yhi = points().map(|p| p.1).fold(0f64, f64::max).max(1.0);
+    let root = area(path)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0f64..xhi * 1.02, 0f64..yhi * 1.1)
+        .map_err(|e| err(e.to_string()))?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .y_label_formatter(&|v| super::measure::thousands(v.round().max(0.0) as u64))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(|e| err(e.to_string()))?;
+    for (i, (name, pts)) in lines.iter().enumerate() {
+        let c = color(i);
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
+            .map_err(|e| err(e.to_string()))?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| err(e.to_string()))?;
+    root.present().map_err(|e| err(e.to_string()))?;
+    Ok(())
+}
+
 /// Writes the per-iteration and CDF plots of a scenario (or one group of it) as
 /// `<prefix>-latency.svg` and `<prefix>-cdf.svg`; returns the file names.
 pub fn latency_pair(
