@@ -28,7 +28,8 @@ use store::{Capped, Durability, Keyed, Store};
 use tokio::sync::mpsc;
 
 use super::dataset::Docs;
-use super::measure::{Samples, fmt_rate, fmt_us, thousands};
+use super::machine::Usage;
+use super::measure::{Samples, fmt_bytes, fmt_rate, fmt_us, thousands};
 use super::observe::{self, Collections, Sampler};
 use super::plot::{self, Line};
 use super::report::{Report, Series, Table, Target};
@@ -52,8 +53,8 @@ struct Outcome {
     /// Seconds from starting the feeds until all of them held the last event (or the timeout).
     secs: f64,
     caught_up: bool,
-    /// The process's CPU seconds over the run.
-    cpu_secs: Option<f64>,
+    /// The process's CPU seconds and bytes written over the run.
+    usage: Usage,
     /// µs per event over each sampling interval with progress (all feeds of the run).
     slices: Samples,
     lag_lines: Vec<(String, Vec<(f64, f64)>)>,
@@ -71,13 +72,8 @@ struct FeedRun {
     restarts: u64,
 }
 
-/// The CPU seconds this process has used so far (user + system, all threads).
-fn cpu_seconds() -> Option<f64> {
-    metrics_process::collector::collect().cpu_seconds_total
-}
-
 /// Writes `count` events of source `bench` through the real ingester, acknowledged, as fast
-/// as it takes them; returns the seconds it took.
+/// as it takes them; returns the seconds it took and what it used.
 async fn load(
     bench: &Bench,
     c: &Collections,
@@ -85,7 +81,7 @@ async fn load(
     seed: u64,
     count: u64,
     what: &str,
-) -> Result<f64> {
+) -> Result<(f64, Usage)> {
     let stats = Arc::new(IngestStats::default());
     let ingester = Ingester {
         events: c.events.clone(),
@@ -100,6 +96,7 @@ async fn load(
     };
     let (tx, rx) = mpsc::channel::<Handed>(bench.config.ingest.queue_capacity);
     let pb = bench.progress(count, what);
+    let before = Usage::now();
     let started = Instant::now();
     let run = tokio::spawn(ingester.run(rx));
     let mut docs = Docs::new(bench.args.dataset, seed);
@@ -129,7 +126,7 @@ async fn load(
             "catchup: loading {count} events wrote {written}"
         )));
     }
-    Ok(started.elapsed().as_secs_f64())
+    Ok((started.elapsed().as_secs_f64(), Usage::since(before)))
 }
 
 /// Runs the feeds named in `names` from their checkpoints, `behind` events behind, until they
@@ -143,7 +140,7 @@ async fn catch_up(
     behind: u64,
     timeout: Duration,
 ) -> Result<Outcome> {
-    let cpu_before = cpu_seconds();
+    let before = Usage::now();
     let started = Instant::now();
     let started_us = now_us();
     let running = observe::start(bench, c, Some(names)).await?;
@@ -151,7 +148,7 @@ async fn catch_up(
     let sampler = Sampler::spawn(running.probes(), move || last, SAMPLE_EVERY);
     let caught_up = running.wait_for(last, timeout).await;
     let secs = started.elapsed().as_secs_f64();
-    let cpu_secs = cpu_before.zip(cpu_seconds()).map(|(a, b)| b - a);
+    let usage = Usage::since(before);
     let timeline = sampler.finish().await;
     let watched = running.stop().await?;
     let feeds: Vec<FeedRun> = watched
@@ -207,7 +204,7 @@ async fn catch_up(
         secs: if caught_up { end } else { secs },
         caught_up,
         feeds,
-        cpu_secs,
+        usage,
         slices,
         lag_lines,
     })
@@ -287,7 +284,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
     }
 
     // 2. With no feed running, the store fills.
-    let load_secs = load(
+    let (load_secs, load_usage) = load(
         bench,
         &c,
         &rollups,
@@ -337,8 +334,9 @@ pub async fn run(bench: &Bench) -> Result<Report> {
                 "time_to_lag_0_secs": o.caught_up.then_some(o.secs),
                 "events_per_sec_per_feed": n as f64 / o.secs.max(1e-9),
                 "wall_us_per_event": o.secs * 1e6 / (n as f64 * o.feeds.len() as f64),
-                "cpu_secs": o.cpu_secs,
-                "cpu_us_per_event": o.cpu_secs.map(|c| c * 1e6 / (n as f64 * o.feeds.len() as f64)),
+                "cpu_secs": o.usage.cpu_secs,
+                "cpu_us_per_event": o.usage.per_event(n * o.feeds.len() as u64).0,
+                "written_bytes": o.usage.write_bytes,
                 "feeds": o.feeds.iter().map(|f| json!({
                     "feed": f.name, "kind": f.kind, "time_to_lag_0_secs": f.secs,
                     "events_per_sec": f.secs.map(|t| n as f64 / t.max(1e-9)),
@@ -362,12 +360,19 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             ));
         }
     }
+    let (load_cpu, load_bytes) = load_usage.per_event(n);
     report.notes.push(format!(
-        "loading {} events with no feed running took {:.1} s ({}, acknowledged, through the ingester)",
+        "loading {} events with no feed running took {:.1} s ({}, acknowledged, through the ingester; per event {} µs of CPU and {} bytes written to storage)",
         thousands(n),
         load_secs,
-        fmt_rate(n as f64 / load_secs.max(1e-9))
+        fmt_rate(n as f64 / load_secs.max(1e-9)),
+        load_cpu.map_or_else(|| "?".into(), |c| format!("{c:.1}")),
+        load_bytes.map_or_else(|| "?".into(), |b| thousands(b as u64)),
     ));
+    report.params["load"] = json!({
+        "secs": load_secs, "per_sec": n as f64 / load_secs.max(1e-9),
+        "cpu_us_per_event": load_cpu, "written_bytes_per_event": load_bytes,
+    });
     report.notes.push(
         "CPU time is the whole process's over the run: the feed(s), the checkpoints and stats documents they write (the writer thread), the sampler".into(),
     );
@@ -417,6 +422,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         "events/s per feed",
         "wall µs/event",
         "CPU µs/event",
+        "written",
         "slice p50",
         "slice p99",
         "gaps",
@@ -438,6 +444,9 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             s.extra["cpu_us_per_event"]
                 .as_f64()
                 .map_or_else(|| "—".into(), |v| format!("{v:.2}")),
+            o.usage
+                .write_bytes
+                .map_or_else(|| "—".into(), |b| fmt_bytes(b as f64)),
             fmt_us(s.latency_us.p50),
             fmt_us(s.latency_us.p99),
             o.feeds.iter().map(|f| f.gaps).sum::<u64>().to_string(),

@@ -35,7 +35,8 @@ use tokio::sync::mpsc;
 
 use super::dataset::Docs;
 use super::floors::{self, Floor};
-use super::measure::{Samples, Summary, fmt_rate, fmt_ratio, fmt_us, thousands};
+use super::machine::Usage;
+use super::measure::{Samples, Summary, fmt_bytes, fmt_rate, fmt_ratio, fmt_us, thousands};
 use super::observe::{self, Collections, Sampler, Timeline};
 use super::plot::{self, Line};
 use super::report::{Report, Series, Table, Target};
@@ -138,6 +139,8 @@ struct Outcome {
     time_boxed: bool,
     feeds: Vec<FeedOutcome>,
     timeline: Timeline,
+    /// What the process used from the first event handed over until the feeds held the last.
+    usage: Usage,
 }
 
 impl Outcome {
@@ -244,6 +247,7 @@ async fn variant(
     let capacity = if batched { c.ingest.queue_capacity } else { 1 };
     let (tx, rx) = mpsc::channel::<Handed>(capacity);
     let pb = bench.progress(docs, &format!("insert {name}"));
+    let before = Usage::now();
     let started = Instant::now();
     let started_us = now_us();
     let run = tokio::spawn(ingester.run(rx));
@@ -284,6 +288,7 @@ async fn variant(
         .collect();
     running.watch_for(sent);
     let all_held = running.wait_for(sent, FEEDS_CATCH_UP).await;
+    let usage = Usage::since(before);
     let timeline = sampler.finish().await;
     let watched = running.stop().await?;
     if !all_held {
@@ -351,6 +356,7 @@ async fn variant(
         time_boxed,
         feeds,
         timeline,
+        usage,
     })
 }
 
@@ -424,6 +430,10 @@ pub async fn run(bench: &Bench) -> Result<Report> {
                           "docs_per_append": o.docs_per_append, "time_boxed": o.time_boxed,
                           "feeds": o.feeds.iter().map(feed_json).collect::<Vec<_>>(),
                           "all_feeds_caught_up_secs": caught_up,
+                          "cpu_secs": o.usage.cpu_secs,
+                          "cpu_us_per_event": o.usage.per_event(o.sent).0,
+                          "written_bytes": o.usage.write_bytes,
+                          "written_bytes_per_event": o.usage.per_event(o.sent).1,
                           "end_to_end_per_sec": caught_up.map(|t| o.sent as f64 / t.max(1e-9))}),
             ..Series::default()
         });
@@ -471,6 +481,9 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             ));
         }
     }
+    report.notes.push(
+        "CPU and bytes written are the whole process's (ingester, writer, feeds and their checkpoints) from the first event handed over until both feeds held the last, per event".into(),
+    );
     report.notes.push(
         "feed lag is in events: the newest acknowledged sequence number less the highest the feed holds, sampled every 10 ms, and taken exactly when the writer finished".into(),
     );
@@ -559,6 +572,8 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         "p50 ×fsync",
         "feeds caught up",
         "end to end/s",
+        "CPU µs/event",
+        "written/event",
     ]);
     for (s, o) in report.series.iter().zip(&outcomes) {
         let caught_up = o.all_caught_up_secs();
@@ -574,6 +589,14 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             s.ratio_to_floor.map(fmt_ratio).unwrap_or_default(),
             caught_up.map_or_else(|| "never".into(), |t| format!("{t:.2} s")),
             caught_up.map_or_else(|| "—".into(), |t| fmt_rate(o.sent as f64 / t.max(1e-9))),
+            o.usage
+                .per_event(o.sent)
+                .0
+                .map_or_else(|| "—".into(), |c| format!("{c:.1}")),
+            o.usage
+                .per_event(o.sent)
+                .1
+                .map_or_else(|| "—".into(), fmt_bytes),
         ]);
     }
     t.print();

@@ -92,6 +92,54 @@ pub fn load_average() -> Option<[f64; 3]> {
     Some([it.next()??, it.next()??, it.next()??])
 }
 
+/// What this process has used so far: CPU seconds (user + system, all threads) and bytes it
+/// caused to be written to storage (`write_bytes` of `/proc/self/io`: data written back to the
+/// disk, the engine's WAL and checkpoints included, whatever the page cache later absorbs).
+/// Taken before and after a run, the difference is that run's cost.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Usage {
+    /// CPU seconds, when readable (clock ticks: 10 ms resolution).
+    pub cpu_secs: Option<f64>,
+    /// Bytes written to storage, when readable.
+    pub write_bytes: Option<u64>,
+}
+
+impl Usage {
+    /// This process's usage now.
+    pub fn now() -> Usage {
+        let write_bytes = read("/proc/self/io").and_then(|io| {
+            io.lines()
+                .find_map(|l| l.strip_prefix("write_bytes:"))
+                .and_then(|v| v.trim().parse().ok())
+        });
+        Usage {
+            cpu_secs: metrics_process::collector::collect().cpu_seconds_total,
+            write_bytes,
+        }
+    }
+
+    /// The usage since `before`.
+    pub fn since(before: Usage) -> Usage {
+        let now = Usage::now();
+        Usage {
+            cpu_secs: now.cpu_secs.zip(before.cpu_secs).map(|(a, b)| a - b),
+            write_bytes: now
+                .write_bytes
+                .zip(before.write_bytes)
+                .map(|(a, b)| a.saturating_sub(b)),
+        }
+    }
+
+    /// CPU µs and bytes written per one of `n` events.
+    pub fn per_event(&self, n: u64) -> (Option<f64>, Option<f64>) {
+        let n = n.max(1) as f64;
+        (
+            self.cpu_secs.map(|c| c * 1e6 / n),
+            self.write_bytes.map(|b| b as f64 / n),
+        )
+    }
+}
+
 fn read(path: &str) -> Option<String> {
     std::fs::read_to_string(path).ok()
 }

@@ -114,6 +114,22 @@ pub struct Summary {
     pub max: f64,
 }
 
+/// A size for humans: `850 B`, `12.3 KB`, `4.56 MB` (powers of 1,000).
+pub fn fmt_bytes(bytes: f64) -> String {
+    if !bytes.is_finite() {
+        return "—".into();
+    }
+    if bytes < 1e3 {
+        format!("{bytes:.0} B")
+    } else if bytes < 1e6 {
+        format!("{:.1} KB", bytes / 1e3)
+    } else if bytes < 1e9 {
+        format!("{:.2} MB", bytes / 1e6)
+    } else {
+        format!("{:.2} GB", bytes / 1e9)
+    }
+}
+
 /// A microsecond figure for humans: `850 ns`, `12.3 µs`, `1.24 ms`, `37.1 ms`, `1.20 s`.
 pub fn fmt_us(us: f64) -> String {
     if !us.is_finite() {
@@ -217,5 +233,9 @@ mod tests {
         assert_eq!(thousands(999), "999");
         assert_eq!(fmt_rate(9_623.4), "9,623/s");
         assert_eq!(fmt_ratio(1.049), "1.05×");
+        assert_eq!(fmt_bytes(850.0), "850 B");
+        assert_eq!(fmt_bytes(32_400.0), "32.4 KB");
+        assert_eq!(fmt_bytes(1_265_258.0), "1.27 MB");
+        assert_eq!(fmt_bytes(10_942_750_720.0), "10.94 GB");
     }
 }
