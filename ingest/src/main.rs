@@ -51,8 +51,8 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         limit: usize,
     },
-    /// Measure this machine and engine: writes, reads, notify, insert, update, outbox (or all);
-    /// prints tables, writes JSON and SVG plots (see docs/BENCHMARKS.md).
+    /// Measure this machine and engine: writes, reads, notify, insert, update, outbox, catchup,
+    /// replay (or all); prints tables, writes JSON and SVG plots (see docs/BENCHMARKS.md).
     Bench(ingest::bench::BenchArgs),
 }
 

@@ -26,7 +26,8 @@ pub struct BenchArgs {
     /// default: a temporary directory. A fresh subdirectory is used and removed afterwards.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    /// Documents loaded or inserted (reads, insert, update, outbox).
+    /// Documents loaded or inserted (reads, insert, update, outbox; catchup: events behind;
+    /// replay: events per file).
     #[arg(long)]
     pub docs: Option<u64>,
     /// Timed operations per series (writes, reads, floors).
