@@ -212,8 +212,8 @@ async fn catch_up(
 
 /// Runs the scenario.
 pub async fn run(bench: &Bench) -> Result<Report> {
-    let n = bench.docs(1_000_000, 2_000);
-    let warm = if bench.args.quick { 100 } else { 1_000 };
+    let n = bench.docs(1_000_000, 1_000);
+    let warm = if bench.args.quick { 50 } else { 1_000 };
     let timeout = if bench.args.quick {
         Duration::from_secs(60)
     } else {
