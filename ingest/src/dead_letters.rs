@@ -368,6 +368,7 @@ async fn replay_open(
             options: options.clone(),
             engine: store.engine(),
             stats: Arc::new(IngestStats::default()),
+            health: Default::default(),
         };
         let (tx, rx) = mpsc::channel::<Handed>(c.ingest.queue_capacity);
         let writer = tokio::spawn(ingester.run(rx));

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ChangeFeedConfig, Config, FeedConfig, FeedKindConfig, StoreEngine};
 use crate::http::{self, AppState};
-use crate::ingester::{Handed, IngestOptions, IngestStats, Ingester};
+use crate::ingester::{Handed, IngestOptions, IngestStats, Ingester, StoreHealth};
 use crate::source::{self, Source};
 use crate::status;
 use crate::telemetry as t;
@@ -204,6 +204,7 @@ pub async fn run(
         ..IngestStats::default()
     });
     let ready = Arc::new(AtomicBool::new(false));
+    let health = Arc::new(StoreHealth::new());
     let info = json!({
         "version": env!("CARGO_PKG_VERSION"),
         "engine": store.engine(),
@@ -224,6 +225,7 @@ pub async fn run(
         rollups: rollups.clone(),
         ingest: ingest_stats.clone(),
         ready: ready.clone(),
+        health: health.clone(),
         info: Arc::new(info),
     });
     let http_task = {
@@ -269,6 +271,7 @@ pub async fn run(
         options: ingest_options(&c),
         engine: store.engine(),
         stats: ingest_stats.clone(),
+        health: health.clone(),
     };
     let ingest_task = tokio::spawn(ingester.run(rx));
 

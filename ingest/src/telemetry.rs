@@ -31,6 +31,10 @@ pub const QUEUE_DEPTH: &str = "tailrace_ingest_queue_depth";
 pub const WRITE_LATENCY: &str = "tailrace_write_latency_seconds";
 /// Failed write attempts (each is retried).
 pub const WRITE_ERRORS: &str = "tailrace_write_errors_total";
+/// 1 while the store takes writes, 0 while a write keeps failing for a transient reason.
+pub const STORE_WRITABLE: &str = "tailrace_store_writable";
+/// Items the store refused for good (isolated from their batch), by collection.
+pub const STORE_REFUSED: &str = "tailrace_store_refused_total";
 /// The newest acknowledged sequence number per source.
 pub const LAST_SEQ: &str = "tailrace_source_last_acked_seq";
 /// Build information (always 1).
@@ -73,7 +77,15 @@ pub fn describe() {
     );
     describe_counter!(
         WRITE_ERRORS,
-        "Failed write attempts by collection; each is retried."
+        "Failed write attempts by collection: transient ones are retried, permanent ones split the batch to isolate what the store refuses."
+    );
+    describe_gauge!(
+        STORE_WRITABLE,
+        "1 while the store takes writes; 0 while writes fail for a transient reason (disk full, connection lost, no primary) and are being retried."
+    );
+    describe_counter!(
+        STORE_REFUSED,
+        "Items the store refused for good, isolated from their batch, by collection: events become dead letters (reason store_rejected); a refused rollup update or dead letter is logged."
     );
     describe_gauge!(
         LAST_SEQ,
@@ -115,11 +127,13 @@ pub enum RejectReason {
     EmptyEvent,
     /// A binary WebSocket frame (events are JSON text).
     BinaryFrame,
+    /// Valid, but the store refused it (a validation rule, a document it cannot hold).
+    StoreRejected,
 }
 
 impl RejectReason {
     /// Every reason, for registering the counters at zero.
-    pub const ALL: [RejectReason; 9] = [
+    pub const ALL: [RejectReason; 10] = [
         RejectReason::MalformedJson,
         RejectReason::InvalidUtf8,
         RejectReason::NotObject,
@@ -129,6 +143,7 @@ impl RejectReason {
         RejectReason::Truncated,
         RejectReason::EmptyEvent,
         RejectReason::BinaryFrame,
+        RejectReason::StoreRejected,
     ];
 
     /// The label value, as stored in dead letters.
@@ -143,6 +158,7 @@ impl RejectReason {
             RejectReason::Truncated => "truncated",
             RejectReason::EmptyEvent => "empty_event",
             RejectReason::BinaryFrame => "binary_frame",
+            RejectReason::StoreRejected => "store_rejected",
         }
     }
 }
@@ -211,6 +227,73 @@ pub fn register_source(source: &str) -> Counter {
 /// Records waiting for the writer, after the ingester took a batch.
 pub fn queue_depth(depth: i64) {
     gauge!(QUEUE_DEPTH).set(depth.max(0) as f64);
+}
+
+/// The gauge of whether the store takes writes.
+pub fn store_writable() -> metrics::Gauge {
+    gauge!(STORE_WRITABLE)
+}
+
+/// Writes started failing for a transient reason; they are retried until they pass.
+pub struct StoreUnwritable<'a> {
+    /// The first error.
+    pub error: &'a store::StoreError,
+}
+
+impl StoreUnwritable<'_> {
+    /// Logs it (the gauge is set by the caller, which owns it).
+    pub fn emit(self) {
+        tracing::error!(error = %self.error, "the store cannot be written; retrying with backoff, sources wait meanwhile (/readyz answers 503)");
+    }
+}
+
+/// Writes pass again after a transient failure.
+pub struct StoreWritableAgain;
+
+impl StoreWritableAgain {
+    /// Logs it.
+    pub fn emit(self) {
+        tracing::info!("the store takes writes again");
+    }
+}
+
+/// The store refused a batch for a reason retrying will not change; it is split to find
+/// what it refuses.
+pub struct WriteSplit<'a> {
+    /// The collection.
+    pub collection: &'a str,
+    /// Items in the refused group.
+    pub items: usize,
+    /// The store's reason.
+    pub error: String,
+}
+
+impl WriteSplit<'_> {
+    /// Counts it (as a failed write) and logs it.
+    pub fn emit(self) {
+        counter!(WRITE_ERRORS, "collection" => self.collection.to_string()).increment(1);
+        tracing::warn!(collection = self.collection, items = self.items, error = %self.error, "the store refused a batch; splitting it to isolate what it refuses");
+    }
+}
+
+/// The store refused one item for good.
+pub struct StoreRefused<'a> {
+    /// The collection.
+    pub collection: &'a str,
+    /// What it was (an event's source and sequence number, a rollup key).
+    pub what: String,
+    /// The store's reason.
+    pub error: &'a store::StoreError,
+    /// Where it went: `dead letters`, or `dropped` (a rollup update: its event is stored).
+    pub outcome: &'static str,
+}
+
+impl StoreRefused<'_> {
+    /// Counts and logs it.
+    pub fn emit(self) {
+        counter!(STORE_REFUSED, "collection" => self.collection.to_string()).increment(1);
+        tracing::warn!(collection = self.collection, what = %self.what, error = %self.error, outcome = self.outcome, "the store refused an item");
+    }
 }
 
 /// A write was acknowledged by the store.

@@ -158,6 +158,7 @@ async fn variant(
         },
         engine: store.engine(),
         stats: stats.clone(),
+        health: Default::default(),
     };
 
     // Pre-encoded NDJSON lines, so the producer only hands them over.

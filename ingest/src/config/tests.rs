@@ -952,3 +952,32 @@ fn prints_flat_tables_and_reads_them_back() {
         .unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert_eq!(back, config, "as TOML, as check-config prints it");
 }
+
+#[test]
+fn stats_fields_that_the_rollups_also_write_are_refused() {
+    // The poison pill of issue 11: with value_field = "count" every event's rollup update did
+    // `$inc count` then `$set count`; one non-numeric count stopped ingestion for good.
+    let found = toml_problems("[stats]\nvalue_field = \"count\"\n");
+    assert_eq!(
+        found,
+        [
+            "stats.value_field: \"count\" collides with `count`, the rollup's event counter, in each source:<name> rollup (both are written on every event); choose another field (from TOML source string)"
+        ]
+    );
+    let found = toml_problems("[stats]\ntopk_field = \"_tailrace.source\"\n");
+    assert!(
+        found[0].starts_with("stats.topk_field: \"_tailrace.source\" collides with `_tailrace`"),
+        "{found:?}"
+    );
+    let found = toml_problems("[stats]\nvalue_field = \"meta.len\"\ntopk_field = \"meta\"\n");
+    assert!(
+        found[0].starts_with("stats.topk_field: \"meta\" and stats.value_field \"meta.len\" nest"),
+        "{found:?}"
+    );
+    // Side by side, or the same field for both, is fine.
+    assert!(
+        toml_problems("[stats]\nvalue_field = \"count_x\"\ntopk_field = \"meta.tags\"\n")
+            .is_empty()
+    );
+    assert!(toml_problems("[stats]\nvalue_field = \"n\"\ntopk_field = \"n\"\n").is_empty());
+}

@@ -5,27 +5,32 @@
 //! Order matters: one task assigns per-source sequence numbers and writes batches one after
 //! the other, so sequence order is commit order and a feed can prove completeness.
 //!
-//! Layout: this file runs the loop and writes; [`validate`] decides what is an event and
-//! what a dead letter keeps; [`rollups`] derives the `rollups` updates of each event.
+//! Layout: this file runs the loop; [`validate`] decides what is an event and what a dead
+//! letter keeps; [`rollups`] derives the `rollups` updates of each event; [`write`] writes
+//! a batch so that transient failures are retried and permanent ones isolated.
 
 pub mod rollups;
 pub mod validate;
+pub mod write;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 use store::backoff::Backoff;
 use store::clock::now_us;
-use store::{Capped, Durability, Keyed, STAMP_SOURCE_PATH, Stamp, StoreError};
+use store::{Capped, Document, Durability, Keyed, STAMP_SOURCE_PATH, Stamp, StoreError};
 use tokio::sync::mpsc;
 
 pub use rollups::{coalesce_counters, rollups};
 pub use validate::{Rejection, dead_letter, validate};
+pub use write::StoreHealth;
 
-use crate::source::Raw;
+use write::{Written, write_isolating};
+
+use crate::source::{Raw, RejectReason};
 use crate::telemetry as t;
 
 /// Ingester settings.
@@ -84,6 +89,8 @@ pub struct Ingester {
     pub engine: &'static str,
     /// Shared counters for the status line and API.
     pub stats: Arc<IngestStats>,
+    /// Whether the store takes writes (for `/readyz` and the gauge).
+    pub health: Arc<StoreHealth>,
 }
 
 impl Ingester {
@@ -245,74 +252,132 @@ impl Ingester {
             }
         }
         coalesce_counters(&mut updates);
-        let n = docs.len();
         let d = self.options.durability;
+        let n = docs.len();
         let (events, rollups, dead_letters) = tokio::join!(
-            self.timed(self.events.name(), n, || self
-                .events
-                .append(docs.clone(), d)),
-            self.timed("rollups", updates.len(), || self
-                .rollups
-                .update(updates.clone(), d)),
-            self.timed(self.dead_letters.name(), dead.len(), || self
-                .dead_letters
-                .append(dead.clone(), d)),
+            write_isolating(self.events.name(), docs, &self.health, |docs| {
+                let events = self.events.clone();
+                async move { events.append(docs, d).await.map(|_| ()) }
+            }),
+            write_isolating("rollups", updates, &self.health, |updates| {
+                let rollups = self.rollups.clone();
+                async move { rollups.update(updates, d).await }
+            }),
+            write_isolating(self.dead_letters.name(), dead, &self.health, |dead| {
+                let letters = self.dead_letters.clone();
+                async move { letters.append(dead, d).await.map(|_| ()) }
+            }),
         );
-        let _ = (rollups, dead_letters);
-        if let Some(us) = events {
-            self.stats.written.fetch_add(n as i64, Ordering::Relaxed);
+        self.account(n, events, rollups, dead_letters, last_seq)
+            .await;
+    }
+
+    /// Counts what was written, turns events the store refused into dead letters (reason
+    /// `store_rejected`), and reports what could not be kept anywhere.
+    async fn account(
+        &self,
+        n: usize,
+        events: Written<Document>,
+        rollups: Written<store::KeyUpdate>,
+        dead_letters: Written<Document>,
+        last_seq: HashMap<Arc<str>, u64>,
+    ) {
+        let d = self.options.durability;
+        let events_name = self.events.name();
+        // Every event that was neither refused nor left unwritten at shutdown.
+        let stored = n - events.refused.len() - events.unwritten;
+        self.stats
+            .written
+            .fetch_add(stored as i64, Ordering::Relaxed);
+        let mut letters = Vec::with_capacity(events.refused.len());
+        for (doc, error) in &events.refused {
+            let stamp = Stamp::of(doc);
+            let source = stamp.as_ref().map_or("", |s| s.source.as_str());
+            t::StoreRefused {
+                collection: events_name,
+                what: stamp.as_ref().map_or_else(String::new, |s| {
+                    format!("event {} of source {}", s.seq, s.source)
+                }),
+                error,
+                outcome: "dead letters",
+            }
+            .emit();
+            t::RecordRejected {
+                source,
+                reason: RejectReason::StoreRejected,
+            }
+            .emit();
+            let bytes = serde_json::to_vec(doc).unwrap_or_default();
+            let rejection = Rejection {
+                reason: RejectReason::StoreRejected,
+                detail: format!("{events_name}: {error}"),
+            };
+            let received = stamp.as_ref().map_or(0, |s| s.received_us);
+            letters.push(dead_letter(source, &rejection, &bytes, received));
+        }
+        self.stats
+            .rejected
+            .fetch_add(letters.len() as i64, Ordering::Relaxed);
+        let mut lost = dead_letters.refused;
+        if !letters.is_empty() {
+            let more = write_isolating(self.dead_letters.name(), letters, &self.health, |dead| {
+                let letters = self.dead_letters.clone();
+                async move { letters.append(dead, d).await.map(|_| ()) }
+            })
+            .await;
+            lost.extend(more.refused);
+        }
+        for (letter, error) in &lost {
+            t::StoreRefused {
+                collection: self.dead_letters.name(),
+                what: format!(
+                    "a dead letter of source {} ({})",
+                    letter.get("source").and_then(Value::as_str).unwrap_or("?"),
+                    letter.get("reason").and_then(Value::as_str).unwrap_or("?"),
+                ),
+                error,
+                outcome: "lost",
+            }
+            .emit();
+        }
+        for (update, error) in &rollups.refused {
+            t::StoreRefused {
+                collection: "rollups",
+                what: format!("the update of key {:?}", update.key),
+                error,
+                outcome: "dropped (its event is stored)",
+            }
+            .emit();
+        }
+        if let Some(latency) = events.latency {
             if let Ok(mut h) = self.stats.write_latency_us.lock()
                 && let Some(h) = h.as_mut()
             {
-                let _ = h.record(us.max(1));
+                let _ = h.record((latency.as_micros() as u64).max(1));
             }
+            t::WriteAcked {
+                engine: self.engine,
+                collection: events_name,
+                durability: d,
+                latency,
+            }
+            .emit();
             for (source, seq) in last_seq {
                 t::sequence_acked(&source, seq);
             }
         }
-    }
-
-    /// Runs a write, retrying with backoff until it succeeds (nothing is dropped while the
-    /// store is down; backpressure reaches the sources), and records its latency.
-    /// Returns the latency in µs of the successful attempt, or `None` for an empty write.
-    async fn timed<F, Fut, T>(&self, collection: &str, n: usize, mut write: F) -> Option<u64>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, StoreError>>,
-    {
-        if n == 0 {
-            return None;
-        }
-        let d = self.options.durability;
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-        loop {
-            let start = Instant::now();
-            match write().await {
-                Ok(_) => {
-                    let latency = start.elapsed();
-                    t::WriteAcked {
-                        engine: self.engine,
-                        collection,
-                        durability: d,
-                        latency,
-                    }
-                    .emit();
-                    return Some(latency.as_micros() as u64);
+        for (collection, written) in [
+            ("rollups", rollups.latency),
+            (self.dead_letters.name(), dead_letters.latency),
+        ] {
+            if let Some(latency) = written {
+                t::WriteAcked {
+                    engine: self.engine,
+                    collection,
+                    durability: d,
+                    latency,
                 }
-                Err(e) => {
-                    let wait = backoff.next_wait();
-                    t::WriteFailed {
-                        collection,
-                        items: n,
-                        error: e.to_string(),
-                        retry_in: wait,
-                    }
-                    .emit();
-                    if matches!(e, StoreError::Closed) {
-                        return None;
-                    }
-                    tokio::time::sleep(wait).await;
-                }
+                .emit();
             }
         }
     }

@@ -144,15 +144,11 @@ impl Writer {
             // The whole transaction is gone: every caller hears why, and the in-memory
             // bookkeeping is reloaded from what is really on disk.
             let _ = self.conn.execute_batch("ROLLBACK");
-            tracing::error!(error = %e, jobs = jobs.len(), "embedded store commit failed");
-            let msg = e.to_string();
+            tracing::error!(error = %e, jobs = jobs.len(), transient = e.is_transient(), "embedded store commit failed");
             self.reload_capped_meta();
             for job in jobs {
                 if let Some(tx) = job.reply {
-                    let _ = tx.send(Err(StoreError::Engine {
-                        engine: "embedded",
-                        message: msg.clone(),
-                    }));
+                    let _ = tx.send(Err(e.duplicate("embedded")));
                 }
             }
             return;

@@ -154,9 +154,11 @@ pub(crate) fn class_of_code(code: i32) -> Class {
         // PrimarySteppedDown, NotWritablePrimary, InterruptedAtShutdown,
         // InterruptedDueToReplStateChange, NotPrimaryNoSecondaryOk, NotPrimaryOrSecondary,
         // SocketException, ExceededTimeLimit, FailedToSatisfyReadPreference, StaleShardVersion,
-        // RetryChangeStream, CursorKilled (237).
+        // RetryChangeStream, CursorKilled (237); and for writes: LockTimeout (24),
+        // MaxTimeMSExpired (50), WriteConcernFailed (64, a `wtimeout`), Interrupted (11601),
+        // OutOfDiskSpace (14031).
         6 | 7 | 89 | 91 | 43 | 189 | 10107 | 11600 | 11602 | 13435 | 13436 | 9001 | 262 | 133
-        | 63 | 234 | 237 => Class::Transient,
+        | 63 | 234 | 237 | 24 | 50 | 64 | 11601 | 14031 => Class::Transient,
         _ => Class::Other,
     }
 }
@@ -212,7 +214,11 @@ pub(crate) fn map_error(e: DriverError) -> StoreError {
         },
         Class::Invalid => StoreError::Invalid(e.to_string()),
         Class::Closed => StoreError::Closed,
-        Class::PositionLost | Class::Transient | Class::Other => engine_err(e.to_string()),
+        Class::Transient => StoreError::Unavailable {
+            engine: ENGINE,
+            message: e.to_string(),
+        },
+        Class::PositionLost | Class::Other => engine_err(e.to_string()),
     }
 }
 
