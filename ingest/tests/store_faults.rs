@@ -105,7 +105,7 @@ async fn all(r: &Rig, coll: &str) -> Vec<store::Record> {
 }
 
 fn event(i: u64, poison: bool) -> Value {
-    let mut e = json!({"i": i, "n": i % 7, "lang": if i % 3 == 0 { "ja" } else { "en" },
+    let mut e = json!({"i": i, "n": i % 7, "lang": if i.is_multiple_of(3) { "ja" } else { "en" },
                        "tags": ["東京", "rust"], "text": format!("event {i} 🦀")});
     if poison {
         e["poison"] = json!(true);

@@ -103,7 +103,8 @@ where
     }
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     // Ranges still to write, in order (the next one last).
-    let mut todo: Vec<Range<usize>> = vec![0..items.len()];
+    let mut todo: Vec<Range<usize>> = Vec::with_capacity(8);
+    todo.push(0..items.len());
     let mut refused: Vec<(usize, StoreError)> = Vec::new();
     while let Some(range) = todo.pop() {
         let started = Instant::now();
