@@ -15,12 +15,15 @@ use store::backoff::Backoff;
 
 use crate::telemetry as t;
 
-/// Whether the store can be written, as the last write found it; `/readyz` and the
-/// `tailrace_store_writable` gauge show it.
+/// Whether the store can be written, as the last write of each collection found it;
+/// `/readyz` and the `tailrace_store_writable` gauge show it. Unwritable while any
+/// collection's writes are failing for a transient reason: on a nearly full disk a small
+/// write may still pass while the events cannot be written, and that is not "writable".
 pub struct StoreHealth {
+    /// Collections whose writes are failing, with the last error.
+    failing: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
+    /// Mirrors `failing.is_empty()`, for cheap reads.
     writable: AtomicBool,
-    /// Why not, while it is not.
-    reason: std::sync::Mutex<String>,
     gauge: metrics::Gauge,
 }
 
@@ -30,8 +33,8 @@ impl StoreHealth {
         let gauge = t::store_writable();
         gauge.set(1.0);
         StoreHealth {
+            failing: Default::default(),
             writable: AtomicBool::new(true),
-            reason: std::sync::Mutex::new(String::new()),
             gauge,
         }
     }
@@ -41,21 +44,33 @@ impl StoreHealth {
         if self.writable.load(Ordering::Acquire) {
             return None;
         }
-        Some(self.reason.lock().map(|r| r.clone()).unwrap_or_default())
+        let failing = self.failing.lock().ok()?;
+        let reasons: Vec<String> = failing
+            .iter()
+            .map(|(collection, error)| format!("writing {collection}: {error}"))
+            .collect();
+        (!reasons.is_empty()).then(|| reasons.join("; "))
     }
 
     fn failed(&self, collection: &str, error: &StoreError) {
-        if let Ok(mut r) = self.reason.lock() {
-            *r = format!("writing {collection}: {error}");
-        }
+        let Ok(mut failing) = self.failing.lock() else {
+            return;
+        };
+        failing.insert(collection.to_owned(), error.to_string());
         if self.writable.swap(false, Ordering::AcqRel) {
             self.gauge.set(0.0);
             t::StoreUnwritable { error }.emit();
         }
     }
 
-    fn succeeded(&self) {
-        if !self.writable.swap(true, Ordering::AcqRel) {
+    fn succeeded(&self, collection: &str) {
+        let Ok(mut failing) = self.failing.lock() else {
+            return;
+        };
+        if failing.remove(collection).is_some()
+            && failing.is_empty()
+            && !self.writable.swap(true, Ordering::AcqRel)
+        {
             self.gauge.set(1.0);
             t::StoreWritableAgain.emit();
         }
@@ -110,7 +125,7 @@ where
         let started = Instant::now();
         match write(items[range.clone()].to_vec()).await {
             Ok(()) => {
-                health.succeeded();
+                health.succeeded(collection);
                 backoff.reset();
                 out.latency.get_or_insert(started.elapsed());
             }
@@ -133,11 +148,11 @@ where
             }
             Err(e) if range.len() == 1 => {
                 // The store answered, so it is writable; it refuses this one item.
-                health.succeeded();
+                health.succeeded(collection);
                 refused.push((range.start, e));
             }
             Err(e) => {
-                health.succeeded();
+                health.succeeded(collection);
                 t::WriteSplit {
                     collection,
                     items: range.len(),
