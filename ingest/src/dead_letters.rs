@@ -377,6 +377,8 @@ async fn replay_open(
                 source: Arc::from(d.source.as_str()),
                 raw: Raw::Bytes(d.raw.as_bytes().to_vec()),
                 received_us: d.received_us,
+                // A replayed record is not where its source stands now.
+                position: None,
             };
             if tx.send(handed).await.is_err() {
                 break;

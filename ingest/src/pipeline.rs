@@ -273,6 +273,13 @@ pub async fn run(
         stats: ingest_stats.clone(),
         health: health.clone(),
     };
+    // Each resumable source continues right after its newest stored record.
+    for s in &mut sources {
+        if let Some(position) = ingester.stored_position(s.name()).await? {
+            tracing::info!(source = %s.name(), position = %position, "source resumes after its stored position");
+            s.resume(&position);
+        }
+    }
     let ingest_task = tokio::spawn(ingester.run(rx));
 
     let source_stop = CancellationToken::new();
@@ -447,12 +454,13 @@ fn spawn_source(
     let name: Arc<str> = Arc::from(source.name());
     let read = t::register_source(&name);
     tokio::spawn(async move {
-        let mut records = source.records();
+        let mut records = source.positioned();
+        let mut last_us = 0i64;
         loop {
-            let raw = tokio::select! {
+            let record = tokio::select! {
                 _ = stop.cancelled() => break,
                 r = records.next() => match r {
-                    Some(raw) => raw,
+                    Some(record) => record,
                     None => {
                         tracing::info!(source = %name, "source ended");
                         break;
@@ -460,10 +468,14 @@ fn spawn_source(
                 },
             };
             read.increment(1);
+            // Strictly increasing per source, so "the later of two records" is well defined
+            // (recovery compares an event's and a dead letter's hand-over times).
+            last_us = store::clock::now_us().max(last_us + 1);
             let handed = Handed {
                 source: name.clone(),
-                raw,
-                received_us: store::clock::now_us(),
+                raw: record.raw,
+                received_us: last_us,
+                position: record.position,
             };
             stats.queue_depth.fetch_add(1, Ordering::Relaxed);
             tokio::select! {

@@ -32,7 +32,10 @@ impl Tmpfs {
             .unwrap_or(false);
         if !root {
             let why = "the disk-full test mounts a tmpfs and needs root";
-            assert!(std::env::var_os("CI").is_none(), "{why}: CI must run as root");
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "{why}: CI must run as root"
+            );
             eprintln!("NOTICE: skipped: {why}");
             return None;
         }
@@ -40,7 +43,13 @@ impl Tmpfs {
         let dir = parent.path().join("small");
         std::fs::create_dir(&dir).unwrap();
         let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tailrace-test"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}"),
+                "tailrace-test",
+            ])
             .arg(&dir)
             .output()
             .unwrap();
@@ -150,7 +159,10 @@ async fn a_full_disk_is_visible_and_once_space_returns_nothing_is_missing() {
         t.report()
     );
     let acked_while_full = last_acked(&m);
-    assert!(acked_while_full > 0, "events were written before the disk filled");
+    assert!(
+        acked_while_full > 0,
+        "events were written before the disk filled"
+    );
 
     // Space returns: writes resume by themselves, readiness comes back.
     disk.resize("256m");

@@ -512,6 +512,7 @@ async fn sse_bad_input_reaches_the_dead_letters_and_good_events_all_arrive() {
                 source: Arc::from("web"),
                 raw,
                 received_us: 0,
+                position: None,
             };
             if tx.send(h).await.is_err() {
                 break;

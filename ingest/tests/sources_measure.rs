@@ -109,6 +109,7 @@ async fn http_source_sustained_rate_into_the_embedded_store() {
                 source: Arc::from("bench"),
                 raw,
                 received_us: 0,
+                position: None,
             };
             if tx.send(h).await.is_err() {
                 break;

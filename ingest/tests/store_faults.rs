@@ -66,6 +66,7 @@ async fn ingest(r: &Rig, events: Vec<Value>) -> Arc<StoreHealth> {
             source: Arc::from("s"),
             raw: Raw::Json(e),
             received_us: 1_700_000_000_000_000 + i as i64,
+            position: None,
         };
         tx.send(h).await.unwrap();
     }

@@ -193,6 +193,7 @@ async fn variant(
             source: source.clone(),
             raw: Raw::Bytes(p),
             received_us: now_us(),
+            position: None,
         };
         if tx.send(handed).await.is_err() {
             return Err(BenchError::Scenario("the ingester stopped early".into()));

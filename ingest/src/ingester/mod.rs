@@ -58,8 +58,11 @@ pub struct Handed {
     pub source: Arc<str>,
     /// The record.
     pub raw: Raw,
-    /// When the source handed it over (µs since the epoch).
+    /// When the source handed it over (µs since the epoch); strictly increasing per source.
     pub received_us: i64,
+    /// The source's position right after this record, if it can resume (see
+    /// [`crate::source::Source::positioned`]); stored in the stamp of the event it becomes.
+    pub position: Option<Value>,
 }
 
 /// What the status line and `/api` show about ingestion.
@@ -94,6 +97,40 @@ pub struct Ingester {
 }
 
 impl Ingester {
+    /// Where `source` stood after its newest stored record: the position in the stamp of its
+    /// newest event, or in its newest dead letter when that came later (a bad last record).
+    /// Records re-ingested by `tailrace dead-letters replay` carry no position and an old
+    /// hand-over time, so they are passed over. `None` for a source that never stored a
+    /// position (or cannot resume).
+    pub async fn stored_position(&self, source: &str) -> Result<Option<Value>, StoreError> {
+        /// Newest events looked at: more than a replay usually re-ingests at once.
+        const LOOK_BACK: usize = 256;
+        let key = json!(source);
+        let event = self
+            .events
+            .latest(STAMP_SOURCE_PATH, &key, LOOK_BACK)
+            .await?
+            .iter()
+            .filter_map(|r| Stamp::of(&r.doc))
+            .filter_map(|s| Some((s.received_us, s.position?)))
+            .max_by_key(|(at, _)| *at);
+        let letter = self
+            .dead_letters
+            .latest("source", &key, 1)
+            .await?
+            .into_iter()
+            .next()
+            .and_then(|r| {
+                let at = r.doc.get("received_us").and_then(Value::as_i64)?;
+                Some((at, r.doc.get("position").cloned()?))
+            });
+        Ok(match (event, letter) {
+            (Some(e), Some(l)) if l.0 > e.0 => Some(l.1),
+            (Some(e), _) => Some(e.1),
+            (None, l) => l.map(|l| l.1),
+        })
+    }
+
     /// The next sequence number of `source`: one after the newest stored, so sequences continue
     /// across restarts (and crashes: only acknowledged writes are found).
     ///
@@ -200,7 +237,6 @@ impl Ingester {
         let now = now_us();
         let mut docs = Vec::with_capacity(batch.len());
         let mut dead = Vec::new();
-        let mut updates = Vec::new();
         let mut last_seq: HashMap<Arc<str>, u64> = HashMap::new();
         for h in batch.drain(..) {
             match validate(h.raw, self.options.max_event_bytes) {
@@ -233,11 +269,11 @@ impl Ingester {
                         seq: *seq,
                         received_us: h.received_us,
                         ingested_us: now,
+                        position: h.position,
                     };
                     doc.insert(store::STAMP_FIELD.into(), stamp.to_value());
                     last_seq.insert(h.source.clone(), *seq);
                     *seq += 1;
-                    rollups(&doc, &h.source, &self.options, &mut updates);
                     docs.push(doc);
                 }
                 Err((rejection, bytes)) => {
@@ -247,27 +283,50 @@ impl Ingester {
                     }
                     .emit();
                     self.stats.rejected.fetch_add(1, Ordering::Relaxed);
-                    dead.push(dead_letter(&h.source, &rejection, &bytes, h.received_us));
+                    let mut letter = dead_letter(&h.source, &rejection, &bytes, h.received_us);
+                    if let Some(p) = h.position {
+                        // So a restart resumes after a bad last record too.
+                        letter.insert("position".into(), p);
+                    }
+                    dead.push(letter);
                 }
             }
         }
-        coalesce_counters(&mut updates);
         let d = self.options.durability;
         let n = docs.len();
-        let (events, rollups, dead_letters) = tokio::join!(
-            write_isolating(self.events.name(), docs, &self.health, |docs| {
+        // Events first, then their rollups: a crash in between leaves the rollups behind the
+        // events, never ahead (recovery repairs behind; ahead would count events twice once
+        // their source re-reads them from the stored position).
+        let (events, dead_letters) = tokio::join!(
+            write_isolating(self.events.name(), docs.clone(), &self.health, |docs| {
                 let events = self.events.clone();
                 async move { events.append(docs, d).await.map(|_| ()) }
-            }),
-            write_isolating("rollups", updates, &self.health, |updates| {
-                let rollups = self.rollups.clone();
-                async move { rollups.update(updates, d).await }
             }),
             write_isolating(self.dead_letters.name(), dead, &self.health, |dead| {
                 let letters = self.dead_letters.clone();
                 async move { letters.append(dead, d).await.map(|_| ()) }
             }),
         );
+        // The rollups of the events that were stored (not of the ones the store refused).
+        let refused: std::collections::HashSet<(String, u64)> = events
+            .refused
+            .iter()
+            .filter_map(|(doc, _)| Stamp::of(doc).map(|s| (s.source, s.seq)))
+            .collect();
+        let mut updates = Vec::with_capacity(docs.len() * 4);
+        for doc in &docs {
+            if let Some(stamp) = Stamp::of(doc)
+                && (refused.is_empty() || !refused.contains(&(stamp.source.clone(), stamp.seq)))
+            {
+                rollups(doc, &stamp.source, &self.options, &mut updates);
+            }
+        }
+        coalesce_counters(&mut updates);
+        let rollups = write_isolating("rollups", updates, &self.health, |updates| {
+            let rollups = self.rollups.clone();
+            async move { rollups.update(updates, d).await }
+        })
+        .await;
         self.account(n, events, rollups, dead_letters, last_seq)
             .await;
     }

@@ -32,7 +32,7 @@ use tokio_util::io::StreamReader;
 
 use super::framing::{self, Frame, LineFramer};
 use super::sse::SseAssembler;
-use super::{BuildContext, Raw, Source, SourceError, SourceSettings, USER_AGENT};
+use super::{BuildContext, Positioned, Raw, Source, SourceError, SourceSettings, USER_AGENT};
 use crate::config::redact::redact_url;
 use crate::config::validate::scheme_of;
 use crate::config::{Problems, REDACTED, interpolate};
@@ -252,6 +252,8 @@ pub struct HttpOptions {
     pub reconnect_max: Duration,
     /// Longest line (NDJSON) or event data (SSE), in bytes.
     pub max_line: usize,
+    /// SSE: the event id to resume after (sent as `Last-Event-ID` on the first request).
+    pub last_event_id: Option<String>,
 }
 
 impl HttpOptions {
@@ -266,6 +268,7 @@ impl HttpOptions {
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_millis(DEFAULT_RECONNECT_MAX_MS),
             max_line,
+            last_event_id: None,
         }
     }
 }
@@ -296,7 +299,23 @@ impl Source for HttpSource {
     }
 
     fn records(self: Box<Self>) -> BoxStream<'static, Raw> {
+        self.positioned().map(|p| p.raw).boxed()
+    }
+
+    fn positioned(self: Box<Self>) -> BoxStream<'static, Positioned> {
         run(self.name, self.options).boxed()
+    }
+
+    /// SSE: the stored position is the last event id; the first request sends it as
+    /// `Last-Event-ID`, so the server continues after it. NDJSON streams have no position.
+    fn resume(&mut self, position: &serde_json::Value) {
+        match (self.options.format, position.as_str()) {
+            (HttpFormat::Sse, Some(id)) => self.options.last_event_id = Some(id.to_owned()),
+            (HttpFormat::Sse, None) => {
+                tracing::warn!(source = %self.name, "the stored position is not an SSE event id; starting without Last-Event-ID")
+            }
+            (HttpFormat::Ndjson, _) => {}
+        }
     }
 }
 
@@ -405,7 +424,7 @@ async fn excerpt(resp: &mut reqwest::Response, idle: Duration) -> String {
     if cut { format!("{text}…") } else { text }
 }
 
-fn run(name: String, o: HttpOptions) -> impl Stream<Item = Raw> + Send + 'static {
+fn run(name: String, o: HttpOptions) -> impl Stream<Item = Positioned> + Send + 'static {
     async_stream::stream! {
         let shown_url = url_for_logs(&o.url);
         let client = match client()
@@ -421,7 +440,13 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Raw> + Send + 'static
         let headers = header_map(&o.headers);
         let connected = t::SourceLink::new(&name);
         let mut backoff = Backoff::new(o.reconnect_min, o.reconnect_max);
-        let mut sse = SseAssembler::new(o.max_line, None);
+        let mut sse = SseAssembler::new(o.max_line, o.last_event_id.clone());
+        // An SSE record's position is the id of the event it came from (what a reconnect or a
+        // restart sends back as Last-Event-ID).
+        let at = |sse: &SseAssembler| match o.format {
+            HttpFormat::Sse => sse.last_event_id().map(|id| serde_json::Value::String(id.to_owned())),
+            HttpFormat::Ndjson => None,
+        };
         let mut ever_connected = false;
         loop {
             let mut req = client.get(&o.url).headers(headers.clone());
@@ -475,7 +500,7 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Raw> + Send + 'static
                                         got_any = true;
                                         backoff.reset();
                                     }
-                                    yield raw;
+                                    yield Positioned { position: at(&sse), raw };
                                 }
                             }
                             Some(Err(e)) => {
@@ -488,11 +513,11 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Raw> + Send + 'static
                                 }
                                 for f in rest {
                                     if let Some(raw) = to_raw(o.format, &mut sse, f) {
-                                        yield raw;
+                                        yield Positioned { position: at(&sse), raw };
                                     }
                                 }
                                 if let Some(raw) = sse_finish(o.format, &mut sse) {
-                                    yield raw;
+                                    yield Positioned { position: at(&sse), raw };
                                 }
                                 if e.kind() == std::io::ErrorKind::TimedOut {
                                     tracing::warn!(source = %name, url = %shown_url, "stream stalled: {e}; reconnecting");
@@ -503,7 +528,7 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Raw> + Send + 'static
                             }
                             None => {
                                 if let Some(raw) = sse_finish(o.format, &mut sse) {
-                                    yield raw;
+                                    yield Positioned { position: at(&sse), raw };
                                 }
                                 tracing::warn!(source = %name, url = %shown_url, "the server closed the stream; reconnecting");
                                 break ReconnectReason::Closed;
