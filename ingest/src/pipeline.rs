@@ -264,6 +264,7 @@ pub async fn run(
         .collect();
 
     let (tx, rx) = mpsc::channel::<Handed>(c.ingest.queue_capacity);
+    let rollups_for_retention = rollups.clone();
     let ingester = Ingester {
         events: events.clone(),
         dead_letters,
@@ -281,6 +282,13 @@ pub async fn run(
         }
     }
     let ingest_task = tokio::spawn(ingester.run(rx));
+    let retention_task = tokio::spawn(crate::ingester::retention::sweep_rollups(
+        rollups_for_retention,
+        c.ingest.rollup_fields.clone(),
+        Duration::from_secs(c.ingest.rollup_idle_ttl_secs),
+        d,
+        feed_stop.clone(),
+    ));
 
     let source_stop = CancellationToken::new();
     let source_tasks: Vec<(String, JoinHandle<()>)> = sources
@@ -338,6 +346,9 @@ pub async fn run(
     }
     feed_stop.cancel();
     problems.extend(stop_feeds(feed_tasks).await);
+    if let Err(e) = retention_task.await {
+        problems.push(task_failed("rollup retention", &e));
+    }
     if let Err(e) = store.close().await {
         problems.push(format!(
             "closing the store failed ({e}): writes queued after the flush may be lost"

@@ -35,6 +35,8 @@ pub const WRITE_ERRORS: &str = "tailrace_write_errors_total";
 pub const STORE_WRITABLE: &str = "tailrace_store_writable";
 /// Items the store refused for good (isolated from their batch), by collection.
 pub const STORE_REFUSED: &str = "tailrace_store_refused_total";
+/// Rollup counters removed after going idle, by field.
+pub const ROLLUPS_EXPIRED: &str = "tailrace_rollups_expired_total";
 /// The newest acknowledged sequence number per source.
 pub const LAST_SEQ: &str = "tailrace_source_last_acked_seq";
 /// Build information (always 1).
@@ -78,6 +80,10 @@ pub fn describe() {
     describe_counter!(
         WRITE_ERRORS,
         "Failed write attempts by collection: transient ones are retried, permanent ones split the batch to isolate what the store refuses."
+    );
+    describe_counter!(
+        ROLLUPS_EXPIRED,
+        "Rollup counters removed because their value was not counted for ingest.rollup_idle_ttl_secs, by field."
     );
     describe_gauge!(
         STORE_WRITABLE,
@@ -313,6 +319,14 @@ impl WriteAcked<'_> {
     pub fn emit(self) {
         histogram!(WRITE_LATENCY, "engine" => self.engine, "collection" => self.collection.to_string(), "durability" => self.durability.as_str())
             .record(self.latency.as_secs_f64());
+    }
+}
+
+/// Idle rollup counters of `field` were removed.
+pub fn rollups_expired(field: &str, n: u64) {
+    counter!(ROLLUPS_EXPIRED, "field" => field.to_string()).increment(n);
+    if n > 0 {
+        tracing::debug!(field, removed = n, "idle rollup counters removed");
     }
 }
 

@@ -141,3 +141,54 @@ async fn a_failing_job_does_not_fail_its_group() {
         "the failed job left no trace"
     );
 }
+
+/// A database written before `kv` had its write-time column opens, and its keys count as
+/// written at the upgrade: none expires at once.
+#[tokio::test]
+async fn a_database_of_the_earlier_layout_is_upgraded_without_expiring_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(&dir);
+        let k = store.keyed("rollups").await.unwrap();
+        k.update(
+            vec![store::KeyUpdate::new(
+                "tag:a",
+                store::Update::inc("count", 3),
+            )],
+            Durability::Journaled,
+        )
+        .await
+        .unwrap();
+        store.close().await.unwrap();
+    }
+    // The earlier layout: no `ts` column, no index on it.
+    let db = rusqlite::Connection::open(dir.path().join(store::embedded::schema::DB_FILE)).unwrap();
+    db.execute_batch(
+        "DROP INDEX kv_written;
+         CREATE TABLE kv_old(coll TEXT NOT NULL, key TEXT NOT NULL, body TEXT NOT NULL,
+                             PRIMARY KEY(coll, key)) WITHOUT ROWID;
+         INSERT INTO kv_old SELECT coll, key, body FROM kv;
+         DROP TABLE kv;
+         ALTER TABLE kv_old RENAME TO kv;",
+    )
+    .unwrap();
+    drop(db);
+    let before_upgrade = store::clock::now_us();
+    let store = open(&dir);
+    let k = store.keyed("rollups").await.unwrap();
+    assert_eq!(
+        k.expire("tag:", before_upgrade, 100, Durability::Journaled)
+            .await
+            .unwrap(),
+        0,
+        "keys count as written at the upgrade"
+    );
+    assert_eq!(k.get("tag:a").await.unwrap().unwrap()["count"], json!(3));
+    assert_eq!(
+        k.expire("tag:", store::clock::now_us(), 100, Durability::Journaled)
+            .await
+            .unwrap(),
+        1,
+        "and expire from there"
+    );
+}

@@ -248,6 +248,14 @@ fn validate_ingest(c: &Config, p: &mut Problems) {
         );
     }
     p.field_paths("ingest.rollup_fields", &i.rollup_fields);
+    for (j, field) in i.rollup_fields.iter().enumerate() {
+        if field == "source" {
+            p.push(
+                format!("ingest.rollup_fields[{j}]"),
+                "\"source\" would count its values under keys source:<value>, which are the per-source summaries' keys; count another field",
+            );
+        }
+    }
     // The `source:<name>` rollup of each source is updated once per event with `$inc count`
     // and `$set` of the stamp, the value field and the top-k field: a field the update also
     // writes (or one inside another) would make every later update of it fail.

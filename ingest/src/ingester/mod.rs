@@ -7,8 +7,10 @@
 //!
 //! Layout: this file runs the loop; [`validate`] decides what is an event and what a dead
 //! letter keeps; [`rollups`] derives the `rollups` updates of each event; [`write`] writes
-//! a batch so that transient failures are retried and permanent ones isolated.
+//! a batch so that transient failures are retried and permanent ones isolated; [`retention`]
+//! removes rollup counters that went idle.
 
+pub mod retention;
 pub mod rollups;
 pub mod validate;
 pub mod write;

@@ -3,7 +3,8 @@
 //! One SQLite database file in WAL mode holds everything:
 //! - `capped_<name>`: one table per capped collection; `pos` is an AUTOINCREMENT rowid, so
 //!   positions strictly increase and are never reused, even after eviction.
-//! - `kv`: the changefeed-backed collections' documents, keyed by (collection, key).
+//! - `kv`: the changefeed-backed collections' documents, keyed by (collection, key), with the
+//!   time of each key's last write (`ts`, indexed) so idle keys can be expired.
 //! - `oplog`: every change of `kv`, with before/after images; `seq` is the resume token.
 //! - `checkpoints`: each feed's position and state, written in one statement (atomic).
 //! - `collections`: what exists, with the capped limits it was created with.
@@ -28,6 +29,7 @@ CREATE TABLE IF NOT EXISTS kv(
     coll TEXT NOT NULL,
     key TEXT NOT NULL,
     body TEXT NOT NULL,
+    ts INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY(coll, key)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS oplog(
@@ -45,6 +47,21 @@ CREATE TABLE IF NOT EXISTS checkpoints(
     ts INTEGER NOT NULL
 );
 ";
+
+/// Brings a database made by an earlier version up to the current layout.
+pub(crate) fn migrate(conn: &rusqlite::Connection) -> Result<()> {
+    // `kv.ts` (last write time): rows written before it existed count as written now, so an
+    // upgrade does not expire every key at once.
+    let has_ts: bool = conn
+        .prepare("SELECT 1 FROM pragma_table_info('kv') WHERE name = 'ts'")?
+        .exists([])?;
+    if !has_ts {
+        conn.execute_batch("ALTER TABLE kv ADD COLUMN ts INTEGER NOT NULL DEFAULT 0")?;
+        conn.execute("UPDATE kv SET ts = ?1", [crate::clock::now_us()])?;
+    }
+    conn.execute_batch("CREATE INDEX IF NOT EXISTS kv_written ON kv(coll, ts)")?;
+    Ok(())
+}
 
 /// The table behind a capped collection.
 pub(crate) fn capped_table(name: &str) -> String {

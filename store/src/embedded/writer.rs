@@ -46,6 +46,12 @@ pub(crate) enum Op {
         coll: String,
         key: String,
     },
+    Expire {
+        coll: String,
+        prefix: String,
+        before: i64,
+        limit: usize,
+    },
     Checkpoint {
         feed: String,
         body: String,
@@ -58,6 +64,7 @@ pub(crate) enum Op {
 pub(crate) enum Reply {
     Positions(Vec<Position>),
     Deleted(bool),
+    Expired(u64),
     Done,
 }
 
@@ -281,7 +288,7 @@ impl Writer {
                     } else {
                         ChangeOp::Insert
                     };
-                    self.put_kv(coll, key, &after)?;
+                    self.put_kv(coll, key, &after, now)?;
                     commit
                         .changes
                         .push(self.log(coll, op, key, before, Some(after), now)?);
@@ -297,7 +304,7 @@ impl Writer {
                 } else {
                     ChangeOp::Insert
                 };
-                self.put_kv(coll, key, &after)?;
+                self.put_kv(coll, key, &after, now)?;
                 commit
                     .changes
                     .push(self.log(coll, op, key, before, Some(after), now)?);
@@ -315,6 +322,16 @@ impl Writer {
                     .changes
                     .push(self.log(coll, ChangeOp::Delete, key, before, None, now)?);
                 Ok(Reply::Deleted(true))
+            }
+            Op::Expire {
+                coll,
+                prefix,
+                before,
+                limit,
+            } => {
+                let (coll, prefix) = (coll.clone(), prefix.clone());
+                let n = self.expire(&coll, &prefix, *before, *limit, now, commit)?;
+                Ok(Reply::Expired(n))
             }
             Op::Checkpoint { feed, body } => {
                 self.conn
@@ -444,14 +461,53 @@ impl Writer {
         Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
     }
 
-    fn put_kv(&self, coll: &str, key: &str, doc: &Document) -> Result<()> {
+    fn put_kv(&self, coll: &str, key: &str, doc: &Document, now: i64) -> Result<()> {
         self.conn
             .prepare_cached(
-                "INSERT INTO kv(coll, key, body) VALUES (?1, ?2, ?3)
-                 ON CONFLICT(coll, key) DO UPDATE SET body = excluded.body",
+                "INSERT INTO kv(coll, key, body, ts) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT(coll, key) DO UPDATE SET body = excluded.body, ts = excluded.ts",
             )?
-            .execute(params![coll, key, serde_json::to_string(doc)?])?;
+            .execute(params![coll, key, serde_json::to_string(doc)?, now])?;
         Ok(())
+    }
+
+    /// Deletes (and logs, as deletes) up to `limit` keys of `coll` starting with `prefix` that
+    /// were last written before `before`, oldest first.
+    fn expire(
+        &mut self,
+        coll: &str,
+        prefix: &str,
+        before: i64,
+        limit: usize,
+        now: i64,
+        commit: &mut Commit,
+    ) -> Result<u64> {
+        let upper = format!("{prefix}\u{10FFFF}");
+        let idle: Vec<(String, String)> = {
+            let mut stmt = self.conn.prepare_cached(
+                "SELECT key, body FROM kv WHERE coll = ?1 AND ts < ?2 AND key >= ?3 AND key < ?4
+                 ORDER BY ts LIMIT ?5",
+            )?;
+            let rows = stmt.query_map(params![coll, before, prefix, upper, limit as i64], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        for (key, body) in &idle {
+            self.conn
+                .prepare_cached("DELETE FROM kv WHERE coll = ?1 AND key = ?2")?
+                .execute([coll, key.as_str()])?;
+            let before_image: Document = serde_json::from_str(body)?;
+            commit.changes.push(self.log(
+                coll,
+                ChangeOp::Delete,
+                key,
+                Some(before_image),
+                None,
+                now,
+            )?);
+        }
+        Ok(idle.len() as u64)
     }
 
     fn log(
