@@ -404,6 +404,10 @@ impl Capped for EmbeddedCapped {
             .submit(
                 Op::Append {
                     coll: self.name.clone(),
+                    bodies: docs
+                        .iter()
+                        .map(serde_json::to_string)
+                        .collect::<std::result::Result<_, _>>()?,
                     docs,
                 },
                 durability,
