@@ -227,7 +227,7 @@ impl Ingester {
                         received_us: h.received_us,
                         ingested_us: now,
                     };
-                    doc.insert(store::STAMP_FIELD.into(), stamp.to_value());
+                    validate::stamp(&mut doc, &stamp);
                     last_seq.insert(h.source.clone(), *seq);
                     *seq += 1;
                     rollups(&doc, &h.source, &self.options, &mut updates);
