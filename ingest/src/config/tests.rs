@@ -651,7 +651,7 @@ fn source_kinds_get_their_defaults_and_only_their_keys() {
         [
             "unknown key sources[0].follow (allowed: name, kind) (from TOML source string)",
             "unknown key sources[1].restart (allowed: name, kind, url, format, headers, \
-             connect_timeout_ms, idle_timeout_ms, reconnect_max_ms) (from TOML source string)",
+             connect_timeout_ms, idle_timeout_ms, reconnect_max_ms, events) (from TOML source string)",
         ]
     );
     let found = toml_problems(
@@ -951,4 +951,82 @@ fn prints_flat_tables_and_reads_them_back() {
     let back = Config::from_figment(Figment::from(Toml::string(&text)))
         .unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert_eq!(back, config, "as TOML, as check-config prints it");
+}
+
+/// Paths that name a `$`-prefixed segment are refused, each with a one-line error that names
+/// the key (events keep such fields; configuration cannot address them).
+#[test]
+fn dollar_prefixed_paths_are_one_line_errors_naming_the_key() {
+    let ws = "[[sources]]\nname = \"jet\"\nkind = \"websocket\"\nurl = \"ws://127.0.0.1:1/s\"\n";
+    let file =
+        "[[sources]]\nname = \"f\"\nkind = \"file\"\npath = \"x.ndjson\"\npace = \"timestamps\"\n";
+    for (toml, key) in [
+        (
+            "[store.events]\nindexes = [\"wiki\", \"$schema\"]\n".to_owned(),
+            "store.events.indexes[1]",
+        ),
+        (
+            "[ingest]\nrollup_fields = [\"meta.$dt\"]\n".to_owned(),
+            "ingest.rollup_fields[0]",
+        ),
+        (
+            "[stats]\nvalue_field = \"$len\"\n".to_owned(),
+            "stats.value_field",
+        ),
+        (
+            "[stats]\ntopk_field = \"commit.record.$type\"\n".to_owned(),
+            "stats.topk_field",
+        ),
+        (
+            format!("{ws}resume = {{ field = \"$cursor\", param = \"cursor\" }}\n"),
+            "sources[0].resume.field",
+        ),
+        (
+            format!("{file}timestamp_field = \"meta.$dt\"\n"),
+            "sources[0].timestamp_field",
+        ),
+    ] {
+        let err = toml_err(&toml);
+        assert_eq!(
+            err.lines().count(),
+            1,
+            "{key}: expected one line, got {err:?}"
+        );
+        assert!(
+            err.starts_with(&format!("{key}: ")) && err.contains("starts with $"),
+            "{key}: expected the key first and why, got {err:?}"
+        );
+    }
+}
+
+#[test]
+fn sse_event_names_are_checked() {
+    let http = |extra: &str| {
+        format!("[[sources]]\nname = \"h\"\nkind = \"http\"\nurl = \"http://x/\"\n{extra}")
+    };
+    let c = with_toml(&http(
+        "format = \"sse\"\nevents = [\"update\", \"status.update\"]\n",
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    match &c.sources[0].kind {
+        SourceKind::Http(h) => assert_eq!(h.events, ["update", "status.update"]),
+        other => panic!("not http: {other:?}"),
+    }
+    let c = with_toml(&http("format = \"sse\"\n")).unwrap_or_else(|e| panic!("{e}"));
+    match &c.sources[0].kind {
+        SourceKind::Http(h) => assert_eq!(h.events, ["message"], "the default"),
+        other => panic!("not http: {other:?}"),
+    }
+    assert_eq!(
+        toml_err(&http("events = [\"update\"]\n")),
+        "sources[0].events: only for format = \"sse\" (event names are an SSE notion) (from TOML source string)"
+    );
+    assert_eq!(
+        toml_err(&http("format = \"sse\"\nevents = []\n")),
+        "sources[0].events: must name at least one event type (\"message\" for events without `event:`) (from TOML source string)"
+    );
+    assert_eq!(
+        toml_err(&http("format = \"sse\"\nevents = [\"ok\", \"a\\nb\"]\n")),
+        "sources[0].events[1]: \"a\\nb\" is not an event name (1-256 bytes, no line break or NUL) (from TOML source string)"
+    );
 }
