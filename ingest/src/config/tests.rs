@@ -1030,3 +1030,89 @@ fn sse_event_names_are_checked() {
         "sources[0].events[1]: \"a\\nb\" is not an event name (1-256 bytes, no line break or NUL) (from TOML source string)"
     );
 }
+
+/// Every ready-made configuration in `config/examples/` loads, validates and builds its
+/// sources (so they never rot), and says what the README promises of it.
+#[test]
+fn every_example_loads_and_builds() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/examples");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".toml"))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["bluesky.toml", "mastodon.toml", "wikimedia.toml"]);
+    for name in names {
+        let text = std::fs::read_to_string(dir.join(&name)).unwrap();
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.set_env("MASTODON_TOKEN", "token-for-the-test");
+            jail.create_file(&name, &text)?;
+            let c = Config::load(Some(Path::new(&name))).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(c.sources.len(), 1, "{name}: one source");
+            assert!(
+                !c.store.events.indexes.is_empty() && !c.ingest.rollup_fields.is_empty(),
+                "{name}: sets indexes and rollup fields"
+            );
+            let stem = name.trim_end_matches(".toml");
+            assert_eq!(
+                c.store.path,
+                Path::new("data").join(stem),
+                "{name}: its own data directory"
+            );
+            assert_eq!(
+                c.sources[0].name, stem,
+                "{name}: the source is named after the stream"
+            );
+            let (kind, url) = match &c.sources[0].kind {
+                SourceKind::Http(h) => {
+                    assert_eq!(h.format, HttpFormat::Sse, "{name}");
+                    ("http", h.url.clone())
+                }
+                SourceKind::Websocket(w) => ("websocket", w.url.clone()),
+                other => panic!("{name}: unexpected kind {other:?}"),
+            };
+            match stem {
+                "wikimedia" => {
+                    assert_eq!(
+                        (kind, url.as_str()),
+                        (
+                            "http",
+                            "https://stream.wikimedia.org/v2/stream/recentchange"
+                        )
+                    );
+                    assert_eq!(c.stats.topk_field, "wiki");
+                    for f in ["wiki", "user", "type"] {
+                        assert!(c.store.events.indexes.iter().any(|i| i == f), "{f}");
+                    }
+                }
+                "bluesky" => {
+                    assert_eq!(kind, "websocket");
+                    assert!(
+                        url.contains("wantedCollections=app.bsky.feed.post"),
+                        "{url}"
+                    );
+                    let SourceKind::Websocket(w) = &c.sources[0].kind else {
+                        unreachable!()
+                    };
+                    let r = w.resume.as_ref().expect("resumes from a cursor");
+                    assert_eq!((r.field.as_str(), r.param.as_str()), ("time_us", "cursor"));
+                }
+                "mastodon" => {
+                    let SourceKind::Http(h) = &c.sources[0].kind else {
+                        unreachable!()
+                    };
+                    assert_eq!(h.events, ["update"]);
+                    assert_eq!(h.headers["Authorization"], "Bearer ${MASTODON_TOKEN}");
+                    assert_eq!(c.stats.topk_field, "tags");
+                }
+                other => panic!("no expectations for {other}"),
+            }
+            let built = crate::source::build(&c.sources, c.ingest.max_event_bytes as usize)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(built[0].kind(), kind);
+            Ok(())
+        });
+    }
+}
