@@ -82,7 +82,7 @@ pub fn event(i: usize) -> Value {
         });
     }
     let mut text = rng.pick(TEXTS).to_string();
-    if i % 89 == 0 {
+    if i.is_multiple_of(89) {
         text = long_text(&mut rng, 3_000);
     }
     let langs = json!([*rng.pick(&[
@@ -104,7 +104,7 @@ pub fn event(i: usize) -> Value {
     }
     match rng.below(10) {
         0 | 1 => {
-            let alt = if i % 89 == 0 {
+            let alt = if i.is_multiple_of(89) {
                 long_text(&mut rng, 2_000)
             } else {
                 String::new()
@@ -153,6 +153,8 @@ pub struct Server {
 impl Server {
     /// Serves `n` events; connection `k` closes (a close frame, code 1001 "going away") after
     /// `per_connection(k)` events; the one that reaches the end stays open.
+    // The upgrade callback's error type is tungstenite's `ErrorResponse`, not ours to shrink.
+    #[allow(clippy::result_large_err)]
     pub async fn start(
         n: usize,
         per_connection: impl Fn(usize) -> usize + Send + Sync + 'static,

@@ -64,7 +64,7 @@ pub fn status(i: usize, rng: &mut Rng) -> Value {
         )
     };
     let mut text = rng.pick(TEXTS).to_string();
-    if i % 83 == 0 {
+    if i.is_multiple_of(83) {
         text = long_text(rng, 5_000);
     }
     let tags: Vec<Value> = (0..rng.long_tail(4))

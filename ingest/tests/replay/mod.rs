@@ -99,7 +99,8 @@ pub const TEXTS: &[&str] = &[
 pub fn long_text(rng: &mut Rng, chars_at_least: usize) -> String {
     let mut s = String::new();
     while s.chars().count() < chars_at_least {
-        s.push_str(*rng.pick(TEXTS));
+        let text: &&str = rng.pick(TEXTS);
+        s.push_str(text);
         s.push(' ');
     }
     s

@@ -105,7 +105,7 @@ pub fn event(i: usize) -> Value {
         format!("{} {}", rng.pick(TITLES), rng.long_tail(10_000))
     };
     let ts_ms = T0_MS + i as u64 * 7;
-    let kind = if i % 97 == 0 {
+    let kind = if i.is_multiple_of(97) {
         "log"
     } else {
         *rng.pick(&["edit", "edit", "new", "log", "categorize"])
@@ -178,7 +178,7 @@ pub fn event(i: usize) -> Value {
                 "img_timestamp": "20240501120000",
                 "key.with.dots": {"$nested": true},
             });
-            if i % 97 == 0 {
+            if i.is_multiple_of(97) {
                 params["summary"] = json!(long_text(&mut rng, 10_000));
             }
             e["log_params"] = params;
