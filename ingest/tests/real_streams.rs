@@ -12,7 +12,8 @@
 //!
 //! Measurements (release build, larger replays, ~4 server-side closes each):
 //!   cargo test --release -p ingest --test real_streams -- --ignored --nocapture --test-threads 1
-//! (`REPLAY_EVENTS=50000` to change the size; default 20000.)
+//! (`REPLAY_EVENTS=50000` to change the size, default 20000; `REPLAY_PER_CONNECTION=300` for a
+//! server-side close every 300 events, default a quarter of them.)
 
 #![allow(clippy::unwrap_used)]
 
@@ -575,7 +576,12 @@ fn replay_events() -> usize {
 #[ignore = "a measurement: run alone, in release (see the module doc)"]
 async fn measure_replays() {
     let n = replay_events();
-    let per = move |_k: usize| n / 4 + 1;
+    // Events per connection before the server closes it: about four closes by default.
+    let every = std::env::var("REPLAY_PER_CONNECTION")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(n / 4 + 1);
+    let per = move |_k: usize| every;
     let w = wikimedia_replay(n, per, false).await;
     let j = jetstream_replay(n, per, false).await;
     let m = mastodon_replay(n, per, false).await;
