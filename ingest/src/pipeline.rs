@@ -49,10 +49,10 @@ pub enum RunError {
         source: std::io::Error,
     },
     /// A source could not be built.
-    #[error("{0}")]
+    #[error(transparent)]
     Source(#[from] source::SourceError),
     /// A feed could not start.
-    #[error("{0}")]
+    #[error(transparent)]
     Feed(#[from] feeds::FeedError),
     /// The metrics recorder could not be installed (one per process).
     #[error("metrics: {0}")]

@@ -25,6 +25,12 @@ pub const SOURCE_RECONNECTS: &str = "tailrace_source_reconnects_total";
 pub const SOURCE_CONNECTED: &str = "tailrace_source_connected";
 /// Events a source dropped because it had already handed them over (a replay after a resume).
 pub const DUPLICATES_DROPPED: &str = "tailrace_source_duplicates_dropped_total";
+/// Server-sent events of types a source does not ingest (not records, not dead letters), by
+/// source and event name.
+pub const SOURCE_EVENTS_SKIPPED: &str = "tailrace_source_events_skipped_total";
+/// Distinct `event` label values of [`SOURCE_EVENTS_SKIPPED`] per source; the names a server
+/// sends after these are counted as `other` (servers choose names: the label must stay bounded).
+pub const MAX_SKIPPED_EVENT_LABELS: usize = 16;
 /// Records waiting for the writer.
 pub const QUEUE_DEPTH: &str = "tailrace_ingest_queue_depth";
 /// From handing a batch to the store to its acknowledgment.
@@ -63,6 +69,10 @@ pub fn describe() {
     describe_counter!(
         DUPLICATES_DROPPED,
         "Events dropped by a source because it had already handed them over (replayed after a resume from a cursor), by source."
+    );
+    describe_counter!(
+        SOURCE_EVENTS_SKIPPED,
+        "Server-sent events of types the source does not ingest (not in its `events`), by source and event name (the first 16 names per source; later ones as `other`). Not records, not dead letters."
     );
     describe_gauge!(
         SOURCE_CONNECTED,
@@ -388,6 +398,57 @@ impl SourceReconnecting<'_> {
         counter!(SOURCE_RECONNECTS, "source" => self.source.to_string(), "reason" => self.reason.as_str())
             .increment(1);
         tracing::info!(source = %self.source, reason = self.reason.as_str(), "reconnecting in {:.1} s", self.delay.as_secs_f64());
+    }
+}
+
+/// Server-sent events of one source whose types it does not ingest: counted by name, the
+/// label's values capped at [`MAX_SKIPPED_EVENT_LABELS`] (then `other`); each new name is
+/// logged once, so a misconfigured `events` list shows at once what the server sends.
+pub struct SkippedEvents {
+    source: String,
+    /// The names the source ingests, for the log line.
+    accepted: String,
+    /// One counter per name seen, at most [`MAX_SKIPPED_EVENT_LABELS`].
+    names: Vec<(String, Counter)>,
+    /// Everything after: created (and logged) on first use.
+    other: Option<Counter>,
+}
+
+/// The longest `event` label value, in characters (names are the server's choice).
+const MAX_EVENT_LABEL_CHARS: usize = 64;
+
+impl SkippedEvents {
+    /// The skipped-event counters of `source`, which ingests the types `accepted`.
+    pub fn new(source: &str, accepted: &[String]) -> Self {
+        SkippedEvents {
+            source: source.to_owned(),
+            accepted: accepted.join(", "),
+            names: Vec::new(),
+            other: None,
+        }
+    }
+
+    /// One event of type `event` was skipped.
+    pub fn emit(&mut self, event: &str) {
+        let label: String = event.chars().take(MAX_EVENT_LABEL_CHARS).collect();
+        if let Some((_, c)) = self.names.iter().find(|(n, _)| *n == label) {
+            c.increment(1);
+            return;
+        }
+        if self.names.len() < MAX_SKIPPED_EVENT_LABELS {
+            tracing::info!(source = %self.source, event = %label, ingested = %self.accepted, "skipping server-sent events of a type this source does not ingest (counted in {SOURCE_EVENTS_SKIPPED}; add it to the source's `events` to ingest it)");
+            let c = counter!(SOURCE_EVENTS_SKIPPED, "source" => self.source.clone(), "event" => label.clone());
+            c.increment(1);
+            self.names.push((label, c));
+            return;
+        }
+        let source = &self.source;
+        self.other
+            .get_or_insert_with(|| {
+                tracing::warn!(source = %source, "more than {MAX_SKIPPED_EVENT_LABELS} distinct server-sent event types; further ones are counted as event=\"other\"");
+                counter!(SOURCE_EVENTS_SKIPPED, "source" => source.clone(), "event" => "other")
+            })
+            .increment(1);
     }
 }
 

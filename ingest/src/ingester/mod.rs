@@ -273,7 +273,7 @@ impl Ingester {
                         ingested_us: now,
                         position: h.position,
                     };
-                    doc.insert(store::STAMP_FIELD.into(), stamp.to_value());
+                    validate::stamp(&mut doc, &stamp);
                     last_seq.insert(h.source.clone(), *seq);
                     *seq += 1;
                     docs.push(doc);

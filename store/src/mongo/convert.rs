@@ -545,6 +545,45 @@ mod tests {
         assert_eq!(Value::Object(bson_doc_to_json(b)), v);
     }
 
+    /// Keys real streams send (`$`-prefixed, dotted, empty, extended-JSON look-alikes) go
+    /// through BSON bytes, as the driver sends and the server returns them, unchanged.
+    #[test]
+    fn keys_as_the_world_sends_them_survive_bson_bytes() {
+        let v = json!({
+            "$schema": "/mediawiki/recentchange/1.0.0",
+            "meta": {"dt": "2024-05-01T12:00:00Z"},
+            "commit": {"record": {"$type": "app.bsky.feed.post",
+                "embed": {"video": {"ref": {"$link": "bafkreih"}, "size": 12345}}}},
+            "a": {"b.c": {"": {"$inc": true}}}, "..": 1, "名前.姓": "山田",
+            "looks_like": {"$oid": "not an ObjectId", "$date": 5, "$numberLong": "7"},
+            "_tailrace": {"original": {"_id": {"$oid": "65f1c0ffee"}}},
+        });
+        let bytes = doc_to_bson(&obj(v.clone())).to_vec().unwrap();
+        let back = BsonDoc::from_reader(bytes.as_slice()).unwrap();
+        assert_eq!(
+            back.get("looks_like").map(Bson::element_type),
+            Some(bson::spec::ElementType::EmbeddedDocument),
+            "an object that looks like extended JSON stays a document"
+        );
+        assert_eq!(Value::Object(bson_doc_to_json(back)), v);
+    }
+
+    #[test]
+    fn a_nul_in_a_key_cannot_be_bson() {
+        let mut d = Document::new();
+        d.insert("a\u{0}b".into(), json!(1));
+        assert!(
+            doc_to_bson(&d).to_vec().is_err(),
+            "BSON keys are C strings: the ingester must refuse NUL in keys"
+        );
+        let mut ok = Document::new();
+        ok.insert("v".into(), json!("a\u{0}b"));
+        assert!(
+            doc_to_bson(&ok).to_vec().is_ok(),
+            "a NUL in a string value is fine"
+        );
+    }
+
     #[test]
     fn foreign_bson_types_read_as_extended_json() {
         let oid = mongodb::bson::oid::ObjectId::new();
