@@ -15,7 +15,13 @@ use super::IngestOptions;
 pub fn rollups(doc: &Document, source: &str, o: &IngestOptions, out: &mut Vec<KeyUpdate>) {
     let mut summary = Update::inc("count", 1);
     if let Some(stamp) = doc.get(STAMP_FIELD) {
-        summary = summary.and_set(STAMP_FIELD, stamp.clone());
+        // The stamp, without what the event itself carried under `_id`/`_tailrace` (kept in
+        // the event; a summary updated on every event has no use for it).
+        let mut stamp = stamp.clone();
+        if let Value::Object(fields) = &mut stamp {
+            fields.remove(super::validate::ORIGINAL_FIELD);
+        }
+        summary = summary.and_set(STAMP_FIELD, stamp);
     }
     // When one field lies inside the other (`a` and `a.b`), a null for the outer one would
     // make setting the inner one fail: such fields are only set when present, as before.
@@ -159,7 +165,7 @@ mod tests {
             durability: Durability::Acknowledged,
         };
         let doc = json!({"lang": "EN", "hashtags": ["Rust", "db"], "retweet_count": 4,
-                         "_tailrace": {"source": "s", "seq": 9}});
+                         "_tailrace": {"source": "s", "seq": 9, "original": {"_id": 1}}});
         let mut out = Vec::new();
         rollups(doc.as_object().unwrap(), "s", &o, &mut out);
         let keys: Vec<&str> = out.iter().map(|u| u.key.as_str()).collect();
@@ -170,6 +176,10 @@ mod tests {
         let mut summary = Document::new();
         store::update::apply(&mut summary, &out[0].update).unwrap();
         assert_eq!(summary["_tailrace"]["seq"], json!(9));
+        assert!(
+            summary["_tailrace"].get("original").is_none(),
+            "the event's own _id stays in the event"
+        );
         assert_eq!(summary["retweet_count"], json!(4));
         assert_eq!(summary["hashtags"], json!(["Rust", "db"]));
         assert_eq!(summary["count"], json!(1));
