@@ -23,14 +23,14 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use store::backoff::Backoff;
 use store::clock::now_us;
-use store::{Capped, Document, Durability, Keyed, STAMP_SOURCE_PATH, Stamp, StoreError};
+use store::{Capped, Document, Durability, KeyUpdate, Keyed, STAMP_SOURCE_PATH, Stamp, StoreError};
 use tokio::sync::mpsc;
 
 pub use rollups::{coalesce_counters, rollups};
 pub use validate::{Rejection, dead_letter, validate};
 pub use write::StoreHealth;
 
-use write::{Written, write_isolating};
+use write::{Refused, Written, write_isolating};
 
 use crate::source::{Raw, RejectReason};
 use crate::telemetry as t;
@@ -78,6 +78,21 @@ pub struct IngestStats {
     pub queue_depth: AtomicI64,
     /// Write latency of `events` batches since the last status line (µs).
     pub write_latency_us: Mutex<Option<hdrhistogram::Histogram<u64>>>,
+}
+
+/// A batch ready for the store.
+struct Prepared {
+    /// Validated, stamped events.
+    docs: Vec<Document>,
+    /// Their rollup updates, uncoalesced ...
+    updates: Vec<KeyUpdate>,
+    /// ... and the index in `docs` of the event each belongs to (the updates of an event the
+    /// store refuses are not applied).
+    owners: Vec<usize>,
+    /// Dead letters of the records that are not events.
+    dead: Vec<Document>,
+    /// The newest sequence number of each source in `docs`.
+    last_seq: HashMap<Arc<str>, u64>,
 }
 
 /// The ingester's collections.
@@ -203,16 +218,31 @@ impl Ingester {
     }
 
     /// Runs until every sender of `rx` is gone and the last batch is written.
+    ///
+    /// Two stages: this task gathers a batch and prepares it (validation, stamps, rollup
+    /// updates) while a second task writes the batch before it, so the store's writer is not
+    /// idle while the next batch is prepared. Batches are written one after the other, in
+    /// order: sequence order is still commit order.
     pub async fn run(self, mut rx: mpsc::Receiver<Handed>) {
+        let this = Arc::new(self);
+        let (to_write, mut prepared) = mpsc::channel::<Prepared>(1);
+        let writer = {
+            let this = this.clone();
+            tokio::spawn(async move {
+                while let Some(batch) = prepared.recv().await {
+                    this.write_prepared(batch).await;
+                }
+            })
+        };
         let mut next_seq: HashMap<Arc<str>, u64> = HashMap::new();
-        let mut batch: Vec<Handed> = Vec::with_capacity(self.options.batch_max_events);
+        let mut batch: Vec<Handed> = Vec::with_capacity(this.options.batch_max_events);
         loop {
             batch.clear();
             // Wait for the first record, then up to batch_max_wait for more.
             let Some(first) = rx.recv().await else { break };
             batch.push(first);
-            let deadline = tokio::time::Instant::now() + self.options.batch_max_wait;
-            while batch.len() < self.options.batch_max_events {
+            let deadline = tokio::time::Instant::now() + this.options.batch_max_wait;
+            while batch.len() < this.options.batch_max_events {
                 match rx.try_recv() {
                     Ok(h) => batch.push(h),
                     Err(mpsc::error::TryRecvError::Empty) => {
@@ -224,22 +254,38 @@ impl Ingester {
                     Err(mpsc::error::TryRecvError::Disconnected) => break,
                 }
             }
-            let d = self
+            let d = this
                 .stats
                 .queue_depth
                 .fetch_sub(batch.len() as i64, Ordering::Relaxed)
                 - batch.len() as i64;
             t::queue_depth(d);
-            self.write_batch(&mut batch, &mut next_seq).await;
+            let ready = this.prepare(&mut batch, &mut next_seq).await;
+            if to_write.send(ready).await.is_err() {
+                break;
+            }
+        }
+        drop(to_write);
+        if let Err(e) = writer.await {
+            tracing::error!(error = %e, "the ingester's writing task failed");
         }
         tracing::info!("ingester flushed and stopped");
     }
 
-    async fn write_batch(&self, batch: &mut Vec<Handed>, next_seq: &mut HashMap<Arc<str>, u64>) {
+    /// Validates and stamps a batch, and derives its rollup updates.
+    async fn prepare(
+        &self,
+        batch: &mut Vec<Handed>,
+        next_seq: &mut HashMap<Arc<str>, u64>,
+    ) -> Prepared {
         let now = now_us();
-        let mut docs = Vec::with_capacity(batch.len());
-        let mut dead = Vec::new();
-        let mut last_seq: HashMap<Arc<str>, u64> = HashMap::new();
+        let mut ready = Prepared {
+            docs: Vec::with_capacity(batch.len()),
+            updates: Vec::with_capacity(batch.len() * 4),
+            owners: Vec::with_capacity(batch.len() * 4),
+            dead: Vec::new(),
+            last_seq: HashMap::new(),
+        };
         for h in batch.drain(..) {
             match validate(h.raw, self.options.max_event_bytes) {
                 Ok(mut doc) => {
@@ -274,9 +320,11 @@ impl Ingester {
                         position: h.position,
                     };
                     validate::stamp(&mut doc, &stamp);
-                    last_seq.insert(h.source.clone(), *seq);
+                    ready.last_seq.insert(h.source.clone(), *seq);
                     *seq += 1;
-                    docs.push(doc);
+                    rollups(&doc, &h.source, &self.options, &mut ready.updates);
+                    ready.owners.resize(ready.updates.len(), ready.docs.len());
+                    ready.docs.push(doc);
                 }
                 Err((rejection, bytes)) => {
                     t::RecordRejected {
@@ -290,17 +338,28 @@ impl Ingester {
                         // So a restart resumes after a bad last record too.
                         letter.insert("position".into(), p);
                     }
-                    dead.push(letter);
+                    ready.dead.push(letter);
                 }
             }
         }
+        ready
+    }
+
+    async fn write_prepared(&self, ready: Prepared) {
+        let Prepared {
+            docs,
+            mut updates,
+            owners,
+            dead,
+            last_seq,
+        } = ready;
         let d = self.options.durability;
         let n = docs.len();
         // Events first, then their rollups: a crash in between leaves the rollups behind the
         // events, never ahead (recovery repairs behind; ahead would count events twice once
         // their source re-reads them from the stored position).
         let (events, dead_letters) = tokio::join!(
-            write_isolating(self.events.name(), docs.clone(), &self.health, |docs| {
+            write_isolating(self.events.name(), docs, &self.health, |docs| {
                 let events = self.events.clone();
                 async move { events.append(docs, d).await.map(|_| ()) }
             }),
@@ -310,18 +369,15 @@ impl Ingester {
             }),
         );
         // The rollups of the events that were stored (not of the ones the store refused).
-        let refused: std::collections::HashSet<(String, u64)> = events
-            .refused
-            .iter()
-            .filter_map(|(doc, _)| Stamp::of(doc).map(|s| (s.source, s.seq)))
-            .collect();
-        let mut updates = Vec::with_capacity(docs.len() * 4);
-        for doc in &docs {
-            if let Some(stamp) = Stamp::of(doc)
-                && (refused.is_empty() || !refused.contains(&(stamp.source.clone(), stamp.seq)))
-            {
-                rollups(doc, &stamp.source, &self.options, &mut updates);
-            }
+        if !events.refused.is_empty() {
+            let refused: std::collections::HashSet<usize> =
+                events.refused.iter().map(|r| r.index).collect();
+            updates = updates
+                .into_iter()
+                .zip(owners)
+                .filter(|(_, event)| !refused.contains(event))
+                .map(|(u, _)| u)
+                .collect();
         }
         coalesce_counters(&mut updates);
         let rollups = write_isolating("rollups", updates, &self.health, |updates| {
@@ -351,7 +407,10 @@ impl Ingester {
             .written
             .fetch_add(stored as i64, Ordering::Relaxed);
         let mut letters = Vec::with_capacity(events.refused.len());
-        for (doc, error) in &events.refused {
+        for Refused {
+            item: doc, error, ..
+        } in &events.refused
+        {
             let stamp = Stamp::of(doc);
             let source = stamp.as_ref().map_or("", |s| s.source.as_str());
             t::StoreRefused {
@@ -388,7 +447,12 @@ impl Ingester {
             .await;
             lost.extend(more.refused);
         }
-        for (letter, error) in &lost {
+        for Refused {
+            item: letter,
+            error,
+            ..
+        } in &lost
+        {
             t::StoreRefused {
                 collection: self.dead_letters.name(),
                 what: format!(
@@ -401,7 +465,12 @@ impl Ingester {
             }
             .emit();
         }
-        for (update, error) in &rollups.refused {
+        for Refused {
+            item: update,
+            error,
+            ..
+        } in &rollups.refused
+        {
             t::StoreRefused {
                 collection: "rollups",
                 what: format!("the update of key {:?}", update.key),

@@ -83,12 +83,21 @@ impl Default for StoreHealth {
     }
 }
 
+/// An item the store refused for good.
+pub(super) struct Refused<T> {
+    /// Its index among the items written.
+    pub index: usize,
+    pub item: T,
+    /// The store's reason.
+    pub error: StoreError,
+}
+
 /// What became of the items of one write.
 pub(super) struct Written<T> {
     /// The time of the first successful attempt, when any part was written.
     pub latency: Option<Duration>,
-    /// Items the store refused for good, each with the store's reason.
-    pub refused: Vec<(T, StoreError)>,
+    /// Items the store refused for good, in order.
+    pub refused: Vec<Refused<T>>,
     /// Items not written because the store was closed meanwhile (shutdown).
     pub unwritten: usize,
 }
@@ -168,7 +177,11 @@ where
     }
     out.refused = refused
         .into_iter()
-        .map(|(i, e)| (items[i].clone(), e))
+        .map(|(index, error)| Refused {
+            index,
+            item: items[index].clone(),
+            error,
+        })
         .collect();
     out
 }
@@ -214,7 +227,9 @@ mod tests {
             async move { result }
         })
         .await;
-        let refused: Vec<u32> = out.refused.iter().map(|(i, _)| *i).collect();
+        let refused: Vec<u32> = out.refused.iter().map(|r| r.item).collect();
+        let at: Vec<usize> = out.refused.iter().map(|r| r.index).collect();
+        assert_eq!(at, [3, 11]);
         assert_eq!(refused, [3, 11], "only the culprits are refused");
         let expected: Vec<u32> = (0..16).filter(|i| *i != 3 && *i != 11).collect();
         assert_eq!(

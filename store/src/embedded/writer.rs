@@ -120,8 +120,11 @@ impl KvCache {
     /// from the table anyway).
     const CAPACITY: usize = 4096;
 
-    fn get(&self, coll: &str, key: &str) -> Option<&(Document, String)> {
-        self.docs.get(coll)?.get(key)
+    /// Takes the entry out: its key is about to be rewritten or deleted.
+    fn take(&mut self, coll: &str, key: &str) -> Option<(Document, String)> {
+        let entry = self.docs.get_mut(coll)?.remove(key)?;
+        self.len -= 1;
+        Some(entry)
     }
 
     fn put(&mut self, coll: &str, key: &str, doc: Document, body: String) {
@@ -336,7 +339,7 @@ impl Writer {
             }
             Op::Update { coll, updates } => {
                 for KeyUpdate { key, update: u } in updates.iter() {
-                    let before = self.get_kv(coll, key)?;
+                    let before = self.take_kv(coll, key)?;
                     let mut after = match &before {
                         Some((doc, _)) => doc.clone(),
                         None => {
@@ -357,7 +360,7 @@ impl Writer {
                 Ok(Reply::Done)
             }
             Op::Set { coll, key, doc } => {
-                let before = self.get_kv(coll, key)?;
+                let before = self.take_kv(coll, key)?;
                 let mut after = std::mem::take(doc);
                 after.insert("_id".into(), key.clone().into());
                 let op = if before.is_some() {
@@ -370,13 +373,12 @@ impl Writer {
                 Ok(Reply::Done)
             }
             Op::Delete { coll, key } => {
-                let Some(before) = self.get_kv(coll, key)? else {
+                let Some(before) = self.take_kv(coll, key)? else {
                     return Ok(Reply::Deleted(false));
                 };
                 self.conn
                     .prepare_cached("DELETE FROM kv WHERE coll = ?1 AND key = ?2")?
                     .execute([&*coll, &*key])?;
-                self.kv.remove(coll, key);
                 let change = self.log(coll, ChangeOp::Delete, key, Some(before), None, now)?;
                 commit.changes.push(change);
                 Ok(Reply::Deleted(true))
@@ -560,10 +562,11 @@ impl Writer {
         Ok(records)
     }
 
-    /// The document of `key` and its JSON text, from the cache or the table.
-    fn get_kv(&self, coll: &str, key: &str) -> Result<Option<(Document, String)>> {
-        if let Some((doc, body)) = self.kv.get(coll, key) {
-            return Ok(Some((doc.clone(), body.clone())));
+    /// The document of `key` and its JSON text, taken from the cache (the key is about to be
+    /// rewritten or deleted) or read from the table.
+    fn take_kv(&mut self, coll: &str, key: &str) -> Result<Option<(Document, String)>> {
+        if let Some(entry) = self.kv.take(coll, key) {
+            return Ok(Some(entry));
         }
         let body: Option<String> = self
             .conn
