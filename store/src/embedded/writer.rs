@@ -251,6 +251,13 @@ impl Writer {
         }
     }
 
+    /// Runs a statement without parameters through the statement cache (`execute_batch`
+    /// parses its text on every call; these run several times per group).
+    fn exec_cached(&self, sql: &str) -> Result<()> {
+        self.conn.prepare_cached(sql)?.execute([])?;
+        Ok(())
+    }
+
     fn transaction(
         &mut self,
         full: bool,
@@ -264,15 +271,15 @@ impl Writer {
             self.sync_full = full;
         }
         let now = now_us();
-        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        self.exec_cached("BEGIN IMMEDIATE")?;
         let mut wrote_oplog = false;
         for job in jobs.iter_mut() {
-            self.conn.execute_batch("SAVEPOINT job")?;
+            self.exec_cached("SAVEPOINT job")?;
             let before_appended = commit.appended.len();
             let before_changes = commit.changes.len();
             match self.apply(&mut job.op, now, commit) {
                 Ok(reply) => {
-                    self.conn.execute_batch("RELEASE job")?;
+                    self.exec_cached("RELEASE job")?;
                     wrote_oplog |= commit.changes.len() > before_changes;
                     results.push(Ok(reply));
                 }
@@ -301,7 +308,7 @@ impl Writer {
                     .execute([cut])?;
             }
         }
-        self.conn.execute_batch("COMMIT")?;
+        self.exec_cached("COMMIT")?;
         Ok(())
     }
 
