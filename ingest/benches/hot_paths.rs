@@ -57,6 +57,7 @@ fn validate_and_stamp(c: &mut Criterion) {
                 seq,
                 received_us: 1,
                 ingested_us: 2,
+                position: None,
             };
             doc.insert(STAMP_FIELD.into(), stamp.to_value());
             let mut updates = Vec::with_capacity(4);

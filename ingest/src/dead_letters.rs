@@ -368,6 +368,7 @@ async fn replay_open(
             options: options.clone(),
             engine: store.engine(),
             stats: Arc::new(IngestStats::default()),
+            health: Default::default(),
         };
         let (tx, rx) = mpsc::channel::<Handed>(c.ingest.queue_capacity);
         let writer = tokio::spawn(ingester.run(rx));
@@ -376,6 +377,8 @@ async fn replay_open(
                 source: Arc::from(d.source.as_str()),
                 raw: Raw::Bytes(d.raw.as_bytes().to_vec()),
                 received_us: d.received_us,
+                // A replayed record is not where its source stands now.
+                position: None,
             };
             if tx.send(handed).await.is_err() {
                 break;

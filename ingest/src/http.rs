@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use store::{Capped, Keyed, Position};
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::ingester::IngestStats;
+use crate::ingester::{IngestStats, StoreHealth};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -35,6 +35,8 @@ pub struct AppState {
     pub ingest: Arc<IngestStats>,
     /// Set once the store is open and every feed has started.
     pub ready: Arc<AtomicBool>,
+    /// Whether the store takes writes.
+    pub health: Arc<StoreHealth>,
     /// Static facts: version, engine, durability, sources.
     pub info: Arc<Value>,
 }
@@ -72,10 +74,16 @@ async fn metrics(State(s): State<AppState>) -> Response {
 }
 
 async fn readyz(State(s): State<AppState>) -> Response {
-    if s.ready.load(Ordering::Acquire) {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response()
+    if !s.ready.load(Ordering::Acquire) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response();
+    }
+    match s.health.unwritable_reason() {
+        None => (StatusCode::OK, "ready\n").into_response(),
+        Some(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the store cannot be written: {reason}\n"),
+        )
+            .into_response(),
     }
 }
 
@@ -99,6 +107,8 @@ async fn status(State(s): State<AppState>) -> Json<Value> {
     Json(json!({
         "info": *s.info,
         "ready": s.ready.load(Ordering::Acquire),
+        "store_writable": s.health.unwritable_reason().is_none(),
+        "store_unwritable_reason": s.health.unwritable_reason(),
         "ingest": {
             "written": s.ingest.written.load(Ordering::Relaxed),
             "rejected": s.ingest.rejected.load(Ordering::Relaxed),

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ChangeFeedConfig, Config, FeedConfig, FeedKindConfig, StoreEngine};
 use crate::http::{self, AppState};
-use crate::ingester::{Handed, IngestOptions, IngestStats, Ingester};
+use crate::ingester::{Handed, IngestOptions, IngestStats, Ingester, StoreHealth};
 use crate::source::{self, Source};
 use crate::status;
 use crate::telemetry as t;
@@ -49,10 +49,10 @@ pub enum RunError {
         source: std::io::Error,
     },
     /// A source could not be built.
-    #[error("{0}")]
+    #[error(transparent)]
     Source(#[from] source::SourceError),
     /// A feed could not start.
-    #[error("{0}")]
+    #[error(transparent)]
     Feed(#[from] feeds::FeedError),
     /// The metrics recorder could not be installed (one per process).
     #[error("metrics: {0}")]
@@ -204,6 +204,7 @@ pub async fn run(
         ..IngestStats::default()
     });
     let ready = Arc::new(AtomicBool::new(false));
+    let health = Arc::new(StoreHealth::new());
     let info = json!({
         "version": env!("CARGO_PKG_VERSION"),
         "engine": store.engine(),
@@ -224,6 +225,7 @@ pub async fn run(
         rollups: rollups.clone(),
         ingest: ingest_stats.clone(),
         ready: ready.clone(),
+        health: health.clone(),
         info: Arc::new(info),
     });
     let http_task = {
@@ -262,6 +264,7 @@ pub async fn run(
         .collect();
 
     let (tx, rx) = mpsc::channel::<Handed>(c.ingest.queue_capacity);
+    let rollups_for_retention = rollups.clone();
     let ingester = Ingester {
         events: events.clone(),
         dead_letters,
@@ -269,8 +272,23 @@ pub async fn run(
         options: ingest_options(&c),
         engine: store.engine(),
         stats: ingest_stats.clone(),
+        health: health.clone(),
     };
+    // Each resumable source continues right after its newest stored record.
+    for s in &mut sources {
+        if let Some(position) = ingester.stored_position(s.name()).await? {
+            tracing::info!(source = %s.name(), position = %position, "source resumes after its stored position");
+            s.resume(&position);
+        }
+    }
     let ingest_task = tokio::spawn(ingester.run(rx));
+    let retention_task = tokio::spawn(crate::ingester::retention::sweep_rollups(
+        rollups_for_retention,
+        c.ingest.rollup_fields.clone(),
+        Duration::from_secs(c.ingest.rollup_idle_ttl_secs),
+        d,
+        feed_stop.clone(),
+    ));
 
     let source_stop = CancellationToken::new();
     let source_tasks: Vec<(String, JoinHandle<()>)> = sources
@@ -328,6 +346,9 @@ pub async fn run(
     }
     feed_stop.cancel();
     problems.extend(stop_feeds(feed_tasks).await);
+    if let Err(e) = retention_task.await {
+        problems.push(task_failed("rollup retention", &e));
+    }
     if let Err(e) = store.close().await {
         problems.push(format!(
             "closing the store failed ({e}): writes queued after the flush may be lost"
@@ -444,12 +465,13 @@ fn spawn_source(
     let name: Arc<str> = Arc::from(source.name());
     let read = t::register_source(&name);
     tokio::spawn(async move {
-        let mut records = source.records();
+        let mut records = source.positioned();
+        let mut last_us = 0i64;
         loop {
-            let raw = tokio::select! {
+            let record = tokio::select! {
                 _ = stop.cancelled() => break,
                 r = records.next() => match r {
-                    Some(raw) => raw,
+                    Some(record) => record,
                     None => {
                         tracing::info!(source = %name, "source ended");
                         break;
@@ -457,10 +479,14 @@ fn spawn_source(
                 },
             };
             read.increment(1);
+            // Strictly increasing per source, so "the later of two records" is well defined
+            // (recovery compares an event's and a dead letter's hand-over times).
+            last_us = store::clock::now_us().max(last_us + 1);
             let handed = Handed {
                 source: name.clone(),
-                raw,
-                received_us: store::clock::now_us(),
+                raw: record.raw,
+                received_us: last_us,
+                position: record.position,
             };
             stats.queue_depth.fetch_add(1, Ordering::Relaxed);
             tokio::select! {

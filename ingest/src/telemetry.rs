@@ -25,12 +25,24 @@ pub const SOURCE_RECONNECTS: &str = "tailrace_source_reconnects_total";
 pub const SOURCE_CONNECTED: &str = "tailrace_source_connected";
 /// Events a source dropped because it had already handed them over (a replay after a resume).
 pub const DUPLICATES_DROPPED: &str = "tailrace_source_duplicates_dropped_total";
+/// Server-sent events of types a source does not ingest (not records, not dead letters), by
+/// source and event name.
+pub const SOURCE_EVENTS_SKIPPED: &str = "tailrace_source_events_skipped_total";
+/// Distinct `event` label values of [`SOURCE_EVENTS_SKIPPED`] per source; the names a server
+/// sends after these are counted as `other` (servers choose names: the label must stay bounded).
+pub const MAX_SKIPPED_EVENT_LABELS: usize = 16;
 /// Records waiting for the writer.
 pub const QUEUE_DEPTH: &str = "tailrace_ingest_queue_depth";
 /// From handing a batch to the store to its acknowledgment.
 pub const WRITE_LATENCY: &str = "tailrace_write_latency_seconds";
 /// Failed write attempts (each is retried).
 pub const WRITE_ERRORS: &str = "tailrace_write_errors_total";
+/// 1 while the store takes writes, 0 while a write keeps failing for a transient reason.
+pub const STORE_WRITABLE: &str = "tailrace_store_writable";
+/// Items the store refused for good (isolated from their batch), by collection.
+pub const STORE_REFUSED: &str = "tailrace_store_refused_total";
+/// Rollup counters removed after going idle, by field.
+pub const ROLLUPS_EXPIRED: &str = "tailrace_rollups_expired_total";
 /// The newest acknowledged sequence number per source.
 pub const LAST_SEQ: &str = "tailrace_source_last_acked_seq";
 /// Build information (always 1).
@@ -58,6 +70,10 @@ pub fn describe() {
         DUPLICATES_DROPPED,
         "Events dropped by a source because it had already handed them over (replayed after a resume from a cursor), by source."
     );
+    describe_counter!(
+        SOURCE_EVENTS_SKIPPED,
+        "Server-sent events of types the source does not ingest (not in its `events`), by source and event name (the first 16 names per source; later ones as `other`). Not records, not dead letters."
+    );
     describe_gauge!(
         SOURCE_CONNECTED,
         "1 while a source holds a live connection (http) or a running program (command), else 0."
@@ -73,7 +89,19 @@ pub fn describe() {
     );
     describe_counter!(
         WRITE_ERRORS,
-        "Failed write attempts by collection; each is retried."
+        "Failed write attempts by collection: transient ones are retried, permanent ones split the batch to isolate what the store refuses."
+    );
+    describe_counter!(
+        ROLLUPS_EXPIRED,
+        "Rollup counters removed because their value was not counted for ingest.rollup_idle_ttl_secs, by field."
+    );
+    describe_gauge!(
+        STORE_WRITABLE,
+        "1 while the store takes writes; 0 while writes fail for a transient reason (disk full, connection lost, no primary) and are being retried."
+    );
+    describe_counter!(
+        STORE_REFUSED,
+        "Items the store refused for good, isolated from their batch, by collection: events become dead letters (reason store_rejected); a refused rollup update or dead letter is logged."
     );
     describe_gauge!(
         LAST_SEQ,
@@ -115,11 +143,13 @@ pub enum RejectReason {
     EmptyEvent,
     /// A binary WebSocket frame (events are JSON text).
     BinaryFrame,
+    /// Valid, but the store refused it (a validation rule, a document it cannot hold).
+    StoreRejected,
 }
 
 impl RejectReason {
     /// Every reason, for registering the counters at zero.
-    pub const ALL: [RejectReason; 9] = [
+    pub const ALL: [RejectReason; 10] = [
         RejectReason::MalformedJson,
         RejectReason::InvalidUtf8,
         RejectReason::NotObject,
@@ -129,6 +159,7 @@ impl RejectReason {
         RejectReason::Truncated,
         RejectReason::EmptyEvent,
         RejectReason::BinaryFrame,
+        RejectReason::StoreRejected,
     ];
 
     /// The label value, as stored in dead letters.
@@ -143,6 +174,7 @@ impl RejectReason {
             RejectReason::Truncated => "truncated",
             RejectReason::EmptyEvent => "empty_event",
             RejectReason::BinaryFrame => "binary_frame",
+            RejectReason::StoreRejected => "store_rejected",
         }
     }
 }
@@ -213,6 +245,73 @@ pub fn queue_depth(depth: i64) {
     gauge!(QUEUE_DEPTH).set(depth.max(0) as f64);
 }
 
+/// The gauge of whether the store takes writes.
+pub fn store_writable() -> metrics::Gauge {
+    gauge!(STORE_WRITABLE)
+}
+
+/// Writes started failing for a transient reason; they are retried until they pass.
+pub struct StoreUnwritable<'a> {
+    /// The first error.
+    pub error: &'a store::StoreError,
+}
+
+impl StoreUnwritable<'_> {
+    /// Logs it (the gauge is set by the caller, which owns it).
+    pub fn emit(self) {
+        tracing::error!(error = %self.error, "the store cannot be written; retrying with backoff, sources wait meanwhile (/readyz answers 503)");
+    }
+}
+
+/// Writes pass again after a transient failure.
+pub struct StoreWritableAgain;
+
+impl StoreWritableAgain {
+    /// Logs it.
+    pub fn emit(self) {
+        tracing::info!("the store takes writes again");
+    }
+}
+
+/// The store refused a batch for a reason retrying will not change; it is split to find
+/// what it refuses.
+pub struct WriteSplit<'a> {
+    /// The collection.
+    pub collection: &'a str,
+    /// Items in the refused group.
+    pub items: usize,
+    /// The store's reason.
+    pub error: String,
+}
+
+impl WriteSplit<'_> {
+    /// Counts it (as a failed write) and logs it.
+    pub fn emit(self) {
+        counter!(WRITE_ERRORS, "collection" => self.collection.to_string()).increment(1);
+        tracing::warn!(collection = self.collection, items = self.items, error = %self.error, "the store refused a batch; splitting it to isolate what it refuses");
+    }
+}
+
+/// The store refused one item for good.
+pub struct StoreRefused<'a> {
+    /// The collection.
+    pub collection: &'a str,
+    /// What it was (an event's source and sequence number, a rollup key).
+    pub what: String,
+    /// The store's reason.
+    pub error: &'a store::StoreError,
+    /// Where it went: `dead letters`, or `dropped` (a rollup update: its event is stored).
+    pub outcome: &'static str,
+}
+
+impl StoreRefused<'_> {
+    /// Counts and logs it.
+    pub fn emit(self) {
+        counter!(STORE_REFUSED, "collection" => self.collection.to_string()).increment(1);
+        tracing::warn!(collection = self.collection, what = %self.what, error = %self.error, outcome = self.outcome, "the store refused an item");
+    }
+}
+
 /// A write was acknowledged by the store.
 pub struct WriteAcked<'a> {
     /// `embedded` or `mongodb`.
@@ -230,6 +329,14 @@ impl WriteAcked<'_> {
     pub fn emit(self) {
         histogram!(WRITE_LATENCY, "engine" => self.engine, "collection" => self.collection.to_string(), "durability" => self.durability.as_str())
             .record(self.latency.as_secs_f64());
+    }
+}
+
+/// Idle rollup counters of `field` were removed.
+pub fn rollups_expired(field: &str, n: u64) {
+    counter!(ROLLUPS_EXPIRED, "field" => field.to_string()).increment(n);
+    if n > 0 {
+        tracing::debug!(field, removed = n, "idle rollup counters removed");
     }
 }
 
@@ -291,6 +398,57 @@ impl SourceReconnecting<'_> {
         counter!(SOURCE_RECONNECTS, "source" => self.source.to_string(), "reason" => self.reason.as_str())
             .increment(1);
         tracing::info!(source = %self.source, reason = self.reason.as_str(), "reconnecting in {:.1} s", self.delay.as_secs_f64());
+    }
+}
+
+/// Server-sent events of one source whose types it does not ingest: counted by name, the
+/// label's values capped at [`MAX_SKIPPED_EVENT_LABELS`] (then `other`); each new name is
+/// logged once, so a misconfigured `events` list shows at once what the server sends.
+pub struct SkippedEvents {
+    source: String,
+    /// The names the source ingests, for the log line.
+    accepted: String,
+    /// One counter per name seen, at most [`MAX_SKIPPED_EVENT_LABELS`].
+    names: Vec<(String, Counter)>,
+    /// Everything after: created (and logged) on first use.
+    other: Option<Counter>,
+}
+
+/// The longest `event` label value, in characters (names are the server's choice).
+const MAX_EVENT_LABEL_CHARS: usize = 64;
+
+impl SkippedEvents {
+    /// The skipped-event counters of `source`, which ingests the types `accepted`.
+    pub fn new(source: &str, accepted: &[String]) -> Self {
+        SkippedEvents {
+            source: source.to_owned(),
+            accepted: accepted.join(", "),
+            names: Vec::new(),
+            other: None,
+        }
+    }
+
+    /// One event of type `event` was skipped.
+    pub fn emit(&mut self, event: &str) {
+        let label: String = event.chars().take(MAX_EVENT_LABEL_CHARS).collect();
+        if let Some((_, c)) = self.names.iter().find(|(n, _)| *n == label) {
+            c.increment(1);
+            return;
+        }
+        if self.names.len() < MAX_SKIPPED_EVENT_LABELS {
+            tracing::info!(source = %self.source, event = %label, ingested = %self.accepted, "skipping server-sent events of a type this source does not ingest (counted in {SOURCE_EVENTS_SKIPPED}; add it to the source's `events` to ingest it)");
+            let c = counter!(SOURCE_EVENTS_SKIPPED, "source" => self.source.clone(), "event" => label.clone());
+            c.increment(1);
+            self.names.push((label, c));
+            return;
+        }
+        let source = &self.source;
+        self.other
+            .get_or_insert_with(|| {
+                tracing::warn!(source = %source, "more than {MAX_SKIPPED_EVENT_LABELS} distinct server-sent event types; further ones are counted as event=\"other\"");
+                counter!(SOURCE_EVENTS_SKIPPED, "source" => source.clone(), "event" => "other")
+            })
+            .increment(1);
     }
 }
 

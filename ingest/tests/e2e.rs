@@ -16,6 +16,31 @@ async fn default_pipeline_exposes_its_metrics() {
     // A short Bollinger period so the rate bands are defined within seconds.
     let mut t = Tailrace::start(dir.path(), &[("TAILRACE_STATS__PERIOD", "3")]).await;
     let first = t.metrics().await;
+    // Incident counters exist at zero from the start on a healthy pipeline, so panels and
+    // alerts see 0, not "No data".
+    for reason in ["malformed_json", "too_large", "invalid_key", "store_rejected"] {
+        assert_eq!(
+            first.one(
+                "tailrace_events_rejected_total",
+                &[("source", "sample"), ("reason", reason)]
+            ),
+            Some(0.0),
+            "rejections for {reason} at zero\n{}",
+            t.report()
+        );
+    }
+    for feed in ["tail", "changes"] {
+        for reason in ["position_lost", "history_lost", "cursor_died", "error"] {
+            assert_eq!(
+                first.one(
+                    "tailrace_feed_restarts_total",
+                    &[("feed", feed), ("reason", reason)]
+                ),
+                Some(0.0),
+                "{feed} restarts for {reason} at zero"
+            );
+        }
+    }
     let started = std::time::Instant::now();
     let events_at =
         |m: &common::Metrics| m.sum("tailrace_source_events_total", &[("source", "sample")]);

@@ -34,8 +34,13 @@ fn bad_input() -> (Vec<u8>, Vec<(&'static str, Vec<u8>)>) {
             "too_large",
             format!("{{\"pad\": \"{}\"}}", "x".repeat(5000)).into_bytes(),
         ),
-        ("invalid_key", b"{\"$where\": 1}".to_vec()),
-        ("invalid_key", b"{\"a\": {\"b.c\": 1}}".to_vec()),
+        // `$`-prefixed and dotted keys are events; what no engine can store is not: a NUL in
+        // a key, and a key of 255 period-separated parts (MongoDB refuses it).
+        ("invalid_key", b"{\"nul\\u0000key\": 1}".to_vec()),
+        (
+            "invalid_key",
+            format!("{{\"a\": {{\"{}\": 1}}}}", vec!["p"; 255].join(".")).into_bytes(),
+        ),
         ("too_deep", serde_json::to_vec(&deep).unwrap()),
     ];
     let mut text = Vec::new();

@@ -6,7 +6,7 @@
 use ingest::ingester::validate;
 use ingest::source::Raw;
 use ingest::source::framing::{LineFramer, frame_chunks, ndjson};
-use ingest::source::sse::SseAssembler;
+use ingest::source::sse::{Dispatched, SseAssembler};
 use proptest::prelude::*;
 
 const MAX: usize = 64;
@@ -63,7 +63,7 @@ proptest! {
         // SSE over the same bytes does not panic either, and stays bounded.
         let mut sse = SseAssembler::new(MAX, None);
         for frame in frame_chunks(&mut LineFramer::new(MAX), cut(&bytes, cuts)) {
-            if let Some(Raw::Bytes(b) | Raw::Invalid { bytes: b, .. }) = sse.push(frame) {
+            if let Some(Dispatched::Record(Raw::Bytes(b) | Raw::Invalid { bytes: b, .. })) = sse.push(frame) {
                 prop_assert!(b.len() <= MAX.max(4096));
             }
         }

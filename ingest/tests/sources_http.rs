@@ -8,6 +8,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::io::Write;
@@ -23,7 +25,9 @@ use futures::stream::BoxStream;
 use ingest::ingester::{Handed, IngestOptions, IngestStats, Ingester};
 use ingest::source::http::HttpFormat;
 use ingest::source::http::{HttpOptions, HttpSource};
-use ingest::source::{Raw, RejectReason, Source};
+use ingest::source::{Raw, RejectReason, Source, USER_AGENT};
+use ingest::telemetry::SOURCE_EVENTS_SKIPPED;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::{Value, json};
 use store::embedded::{EmbeddedOptions, EmbeddedStore};
 use store::{CappedSpec, Durability, Start, Store};
@@ -201,6 +205,20 @@ async fn log_line(parts: &[&str]) -> String {
     .unwrap_or_else(|_| panic!("no log line with {parts:?} within {T:?}:\n{}", log_text()))
 }
 
+/// The process's metrics recorder (installed before any source that counts starts).
+fn recorder() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let h = PrometheusBuilder::new().install_recorder().unwrap();
+        ingest::telemetry::describe();
+        h
+    })
+}
+
+fn metric(name: &str, labels: &[(&str, &str)]) -> f64 {
+    common::Metrics::parse(&recorder().render()).sum(name, labels)
+}
+
 // ---------------------------------------------------------------------------------------
 // The source
 // ---------------------------------------------------------------------------------------
@@ -280,7 +298,10 @@ async fn sse_events_and_a_reconnect_with_last_event_id() {
         ok(vec![send("id: 3\ndata: {\"a\":3}\n\n"), Step::Stall]),
     ])
     .await;
-    let mut s = source("sse", options(addr, HttpFormat::Sse));
+    let mut o = options(addr, HttpFormat::Sse);
+    // Named `tweet` events are records too (by default only unnamed ones and `message` are).
+    o.events = vec!["message".into(), "tweet".into()];
+    let mut s = source("sse", o);
     assert_eq!(
         take(&mut s, 4).await,
         vec![
@@ -461,9 +482,10 @@ async fn sse_bad_input_reaches_the_dead_letters_and_good_events_all_arrive() {
     let mut body = format!(
         "data: {{\"good\":1}}\n\n\
          event: ping\n\n\
+         event: message\n\n\
          data: {{\"good\":2}}\n\n\
          data: [1,2]\n\n\
-         data: {{\"$set\":1}}\n\n\
+         data: {{\"nul\\u0000key\":1}}\n\n\
          data: {deep}\n\n\
          data: {{\"big\":\"{}\"}}\n\n\
          data: {{\"good\":3}}\n\n",
@@ -501,6 +523,7 @@ async fn sse_bad_input_reaches_the_dead_letters_and_good_events_all_arrive() {
         },
         engine: "embedded",
         stats: Arc::new(IngestStats::default()),
+        health: Default::default(),
     };
     let (tx, rx) = mpsc::channel::<Handed>(64);
     tokio::spawn(ingester.run(rx));
@@ -511,6 +534,7 @@ async fn sse_bad_input_reaches_the_dead_letters_and_good_events_all_arrive() {
                 source: Arc::from("web"),
                 raw,
                 received_us: 0,
+                position: None,
             };
             if tx.send(h).await.is_err() {
                 break;
@@ -560,7 +584,7 @@ async fn sse_bad_input_reaches_the_dead_letters_and_good_events_all_arrive() {
         assert_eq!(d["source"], "web");
     }
     assert_eq!(letters[1]["raw"], "[1,2]");
-    assert_eq!(letters[2]["raw"], "{\"$set\":1}");
+    assert_eq!(letters[2]["raw"], "{\"nul\\u0000key\":1}");
     assert!(
         letters[4]["raw"]
             .as_str()
@@ -573,4 +597,143 @@ async fn sse_bad_input_reaches_the_dead_letters_and_good_events_all_arrive() {
         "the cut-off event keeps what came"
     );
     store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn user_agent_by_default_and_a_configured_one_replaces_it() {
+    let (plain, addr) = Server::start(vec![
+        Plan {
+            status: 503,
+            headers: vec![],
+            body: vec![send("busy")],
+        },
+        ok(vec![send("{\"n\":1}\n"), Step::Stall]),
+    ])
+    .await;
+    let mut s = source("ua-default", options(addr, HttpFormat::Ndjson));
+    assert_eq!(take(&mut s, 1).await, vec![bytes("{\"n\":1}")]);
+    plain.requests(2).await;
+    plain.seen(|r| {
+        for (i, req) in r.iter().enumerate() {
+            assert_eq!(
+                req.headers.get_all("user-agent").iter().collect::<Vec<_>>(),
+                vec![USER_AGENT],
+                "request {i}: tailrace's User-Agent, once, on every attempt"
+            );
+        }
+    });
+    assert!(
+        USER_AGENT.starts_with(&format!(
+            "tailrace/{} (+https://",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{USER_AGENT}"
+    );
+
+    let (custom, addr) = Server::start(vec![ok(vec![send("{\"n\":2}\n"), Step::Stall])]).await;
+    let mut o = options(addr, HttpFormat::Sse);
+    o.format = HttpFormat::Ndjson;
+    // Configured in any case: header names are case-insensitive.
+    o.headers = vec![("user-AGENT".into(), "my-bot/2.0 (ops@example.org)".into())];
+    let mut s = source("ua-custom", o);
+    assert_eq!(take(&mut s, 1).await, vec![bytes("{\"n\":2}")]);
+    custom.seen(|r| {
+        assert_eq!(
+            r[0].headers
+                .get_all("user-agent")
+                .iter()
+                .collect::<Vec<_>>(),
+            vec!["my-bot/2.0 (ops@example.org)"],
+            "the configured User-Agent replaces tailrace's, it is not sent twice"
+        );
+    });
+}
+
+/// Named events as Mastodon sends them, JSON-array ids as Wikimedia sends them: only the
+/// configured names are records, the others are counted by name (the label capped at 16
+/// names, then `other`), never dead letters; the last id goes back byte for byte.
+#[tokio::test]
+async fn named_events_are_chosen_counted_and_ids_echoed_verbatim() {
+    recorder();
+    let id = r#"[{"topic":"eqiad.mediawiki.recentchange","partition":0,"timestamp":1714564800124},{"topic":"codfw.mediawiki.recentchange","partition":0,"offset":-1}]"#;
+    let mut first = format!(
+        ":)\n\nevent: update\nid: {id}\ndata: {{\"id\":\"1\"}}\n\n\
+         :thump\n\nevent: delete\ndata: 109846\n\n\
+         event: status.update\ndata: {{\"id\":\"1\",\"edited_at\":\"2024-05-01T12:00:00Z\"}}\n\n\
+         retry: 300\ndata: {{\"unnamed\":1}}\n\n"
+    );
+    // A hostile server invents names: 20 of them, each twice.
+    for round in 0..2 {
+        for n in 0..20 {
+            first.push_str(&format!("event: made-up-{n}\ndata: {round}\n\n"));
+        }
+    }
+    first.push_str("event: update\ndata: {\"id\":\"2\"}\n\n");
+    let (srv, addr) = Server::start(vec![
+        ok(vec![send(&first)]),
+        ok(vec![
+            send("event: update\ndata: {\"id\":\"3\"}\n\n"),
+            Step::Stall,
+        ]),
+    ])
+    .await;
+    let mut o = options(addr, HttpFormat::Sse);
+    o.events = vec!["update".into()];
+    o.reconnect_max = Duration::from_secs(5);
+    let mut s = source("masto", o);
+    assert_eq!(
+        take(&mut s, 3).await,
+        vec![
+            bytes("{\"id\":\"1\"}"),
+            bytes("{\"id\":\"2\"}"),
+            bytes("{\"id\":\"3\"}")
+        ],
+        "only `update` events are records"
+    );
+    srv.requests(2).await;
+    srv.seen(|r| {
+        assert_eq!(
+            r[1].headers["last-event-id"].as_bytes(),
+            id.as_bytes(),
+            "the JSON-array id goes back byte for byte"
+        );
+        let gap = r[1].at - r[0].at;
+        assert!(
+            gap >= Duration::from_millis(150),
+            "the server's `retry: 300` sets the reconnect delay (jittered to 150..300 ms): {gap:?}"
+        );
+    });
+    let skipped = |event: &str| {
+        metric(
+            SOURCE_EVENTS_SKIPPED,
+            &[("source", "masto"), ("event", event)],
+        )
+    };
+    assert_eq!(skipped("delete"), 1.0);
+    assert_eq!(skipped("status.update"), 1.0);
+    assert_eq!(skipped("message"), 1.0, "unnamed events are `message`");
+    assert_eq!(
+        (0..13)
+            .map(|n| skipped(&format!("made-up-{n}")))
+            .sum::<f64>(),
+        26.0,
+        "the first 16 names (3 real + 13 made up) have their own label"
+    );
+    assert_eq!(
+        skipped("made-up-13"),
+        0.0,
+        "the 17th name does not get a label"
+    );
+    assert_eq!(
+        skipped("other"),
+        14.0,
+        "names 17 to 23, twice each, are `other`"
+    );
+    let labels = common::Metrics::parse(&recorder().render())
+        .samples
+        .iter()
+        .filter(|(n, l, _)| n == SOURCE_EVENTS_SKIPPED && l["source"] == "masto")
+        .count();
+    assert_eq!(labels, 17, "16 names and `other`");
+    log_line(&["masto", "skipping server-sent events", "delete"]).await;
 }

@@ -93,6 +93,7 @@ async fn http_source_sustained_rate_into_the_embedded_store() {
         },
         engine: "embedded",
         stats: Arc::new(IngestStats::default()),
+        health: Default::default(),
     };
     let (tx, rx) = mpsc::channel::<Handed>(4096);
     tokio::spawn(ingester.run(rx));
@@ -108,6 +109,7 @@ async fn http_source_sustained_rate_into_the_embedded_store() {
                 source: Arc::from("bench"),
                 raw,
                 received_us: 0,
+                position: None,
             };
             if tx.send(h).await.is_err() {
                 break;

@@ -159,6 +159,18 @@ pub trait Keyed: Send + Sync + 'static {
     /// Removes `key`; returns whether it existed.
     async fn delete(&self, key: &str, durability: Durability) -> Result<bool>;
 
+    /// Removes up to `limit` keys starting with `prefix` whose last write (update, set) is
+    /// older than `written_before_us` (µs since the epoch), oldest first, each published as a
+    /// delete; returns how many. The write time is the engine's, kept beside each document
+    /// (not in it): documents read back are unchanged.
+    async fn expire(
+        &self,
+        prefix: &str,
+        written_before_us: i64,
+        limit: usize,
+        durability: Durability,
+    ) -> Result<u64>;
+
     /// The document of `key`.
     async fn get(&self, key: &str) -> Result<Option<Document>>;
 

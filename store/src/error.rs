@@ -1,7 +1,7 @@
 //! The one error type of the store boundary.
 //!
-//! Callers branch on meaning (`is_position_lost`, `is_history_lost`), not on engine details:
-//! both engines map their own failures onto these variants.
+//! Callers branch on meaning (`is_position_lost`, `is_history_lost`, `is_transient`), not on
+//! engine details: both engines map their own failures onto these variants.
 
 use crate::{Position, ResumeToken};
 
@@ -60,7 +60,19 @@ pub enum StoreError {
     /// A document could not be encoded or decoded.
     #[error("document encoding: {0}")]
     Json(#[from] serde_json::Error),
-    /// The underlying engine failed; the message is the engine's.
+    /// The store cannot take writes right now, for a reason that passes (disk full, database
+    /// busy, connection lost, no primary, write-concern timeout): retry the same write later,
+    /// with backoff. The message is the engine's.
+    #[error("{engine} engine unavailable: {message}")]
+    Unavailable {
+        /// `embedded` or `mongodb`.
+        engine: &'static str,
+        /// The engine's own description.
+        message: String,
+    },
+    /// The underlying engine refused or failed the operation for a reason that retrying the
+    /// same request will not change (a document or update it rejects, a broken invariant);
+    /// the message is the engine's.
     #[error("{engine} engine: {message}")]
     Engine {
         /// `embedded` or `mongodb`.
@@ -88,13 +100,77 @@ impl StoreError {
     pub fn is_history_lost(&self) -> bool {
         matches!(self, StoreError::HistoryLost { .. })
     }
+
+    /// True when the same request may succeed later (retry it with backoff); false when it
+    /// will fail again as it is (isolate what it carries) or when the store is closed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Unavailable { .. } => true,
+            StoreError::Io { source, .. } => !matches!(
+                source.kind(),
+                std::io::ErrorKind::NotFound
+                    | std::io::ErrorKind::PermissionDenied
+                    | std::io::ErrorKind::InvalidInput
+                    | std::io::ErrorKind::InvalidData
+            ),
+            StoreError::PositionLost { .. }
+            | StoreError::HistoryLost { .. }
+            | StoreError::NotIndexed { .. }
+            | StoreError::Invalid(_)
+            | StoreError::Incompatible { .. }
+            | StoreError::Locked(_)
+            | StoreError::Closed
+            | StoreError::Json(_)
+            | StoreError::Engine { .. } => false,
+        }
+    }
+
+    /// A copy to hand to several callers (a failed group commit fails every job in it), with
+    /// the same meaning: an I/O error or a JSON error becomes its message in the variant that
+    /// keeps `is_transient` the same.
+    pub fn duplicate(&self, engine: &'static str) -> StoreError {
+        let message = self.to_string();
+        match self {
+            StoreError::Closed => StoreError::Closed,
+            StoreError::Invalid(m) => StoreError::Invalid(m.clone()),
+            StoreError::Unavailable { engine, message } => StoreError::Unavailable {
+                engine,
+                message: message.clone(),
+            },
+            StoreError::Engine { engine, message } => StoreError::Engine {
+                engine,
+                message: message.clone(),
+            },
+            e if e.is_transient() => StoreError::Unavailable { engine, message },
+            _ => StoreError::Engine { engine, message },
+        }
+    }
 }
 
 impl From<rusqlite::Error> for StoreError {
+    /// SQLite's result codes say which failures pass: a full disk, a busy or locked database,
+    /// an I/O error, no memory, a file that cannot be opened now. Constraint failures (a
+    /// trigger that refuses a row, as a validation rule would), misuse and corruption do not.
     fn from(e: rusqlite::Error) -> Self {
-        StoreError::Engine {
-            engine: "embedded",
-            message: e.to_string(),
+        use rusqlite::ErrorCode as C;
+        let message = e.to_string();
+        match e.sqlite_error_code() {
+            Some(
+                C::DiskFull
+                | C::DatabaseBusy
+                | C::DatabaseLocked
+                | C::SystemIoFailure
+                | C::OutOfMemory
+                | C::CannotOpen
+                | C::FileLockingProtocolFailed,
+            ) => StoreError::Unavailable {
+                engine: "embedded",
+                message,
+            },
+            _ => StoreError::Engine {
+                engine: "embedded",
+                message,
+            },
         }
     }
 }

@@ -30,6 +30,12 @@ pub struct Stamp {
     /// unknown (documents written by hand or by other tools).
     #[serde(default)]
     pub ingested_us: i64,
+    /// Where the source was right after this event (a file offset, an SSE event id, a stream
+    /// cursor), for resumable sources: stored in the same document as the event, so it is
+    /// committed with it, and a restarted source continues exactly after the newest stored
+    /// event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<Value>,
 }
 
 impl Stamp {
@@ -41,12 +47,16 @@ impl Stamp {
 
     /// The stamp as the JSON value stored under [`STAMP_FIELD`].
     pub fn to_value(&self) -> Value {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "source": self.source,
             "seq": self.seq,
             "received_us": self.received_us,
             "ingested_us": self.ingested_us,
-        })
+        });
+        if let Some(p) = &self.position {
+            v["position"] = p.clone();
+        }
+        v
     }
 }
 
@@ -63,6 +73,7 @@ mod tests {
             seq: 42,
             received_us: 1_700_000_000_000_000,
             ingested_us: 1_700_000_000_000_100,
+            position: Some(serde_json::json!({"offset": 42})),
         };
         let mut doc = Document::new();
         doc.insert(STAMP_FIELD.into(), s.to_value());

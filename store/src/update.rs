@@ -20,10 +20,17 @@ pub fn get_path<'a>(doc: &'a Document, path: &str) -> Option<&'a Value> {
 
 /// Checks a dotted field path as configuration names one (`user.screen_name`): non-empty
 /// segments, none starting with `$` (MongoDB reads those as operators, and cannot index them).
+/// Events may still hold such fields (they are stored unchanged); they cannot be addressed.
 pub fn check_path(path: &str) -> Result<(), String> {
-    if path.is_empty() || path.split('.').any(|s| s.is_empty() || s.starts_with('$')) {
+    if path.is_empty() || path.split('.').any(str::is_empty) {
         return Err(format!(
             "{path:?} is not a field path (dot-separated names, e.g. \"user.id\")"
+        ));
+    }
+    if let Some(segment) = path.split('.').find(|s| s.starts_with('$')) {
+        return Err(format!(
+            "{path:?}: {segment:?} starts with $, which MongoDB reads as an operator and cannot \
+             index; events keep such fields, but no path can address them"
         ));
     }
     Ok(())

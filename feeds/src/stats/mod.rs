@@ -363,6 +363,7 @@ mod tests {
                 seq,
                 received_us: t_us,
                 ingested_us: t_us,
+                position: None,
             }),
             doc,
         }

@@ -157,11 +157,15 @@ impl TopKeys {
     }
 }
 
-/// A top-k key: a string, a number, or the `text` of an object.
+/// A top-k key: a string, a number, or the `text` (Twitter's hashtag entities) or else the
+/// `name` (Mastodon's tags, `{"name": "rust", "url": ..}`) of an object.
 fn key_of(v: &Value) -> Option<&str> {
     match v {
         Value::String(s) => Some(s),
-        Value::Object(o) => o.get("text").and_then(Value::as_str),
+        Value::Object(o) => o
+            .get("text")
+            .and_then(Value::as_str)
+            .or_else(|| o.get("name").and_then(Value::as_str)),
         _ => None,
     }
 }
@@ -425,6 +429,38 @@ mod tests {
             out["top"],
             json!([["5", 1], ["a", 1], ["b", 1], ["東京", 1]]),
             "every usable element counted once, case-folded"
+        );
+    }
+
+    #[test]
+    fn mastodon_tags_count_by_their_name() {
+        let config = StatsConfig {
+            topk_field: "tags".into(),
+            ..StatsConfig::default()
+        };
+        let mut stat = TopKeys::new(&config, "test");
+        let statuses = [
+            json!({"tags": [
+                {"name": "rust", "url": "https://mastodon.social/tags/rust"},
+                {"name": "Fediverse", "url": "https://mastodon.social/tags/fediverse"},
+            ]}),
+            json!({"tags": [{"name": "rust", "url": "https://x/tags/rust"}, {"url": "no name"}]}),
+            json!({"tags": [{"text": "wins", "name": "loses"}, {"name": 7}]}),
+            json!({"tags": []}),
+        ];
+        for (i, s) in statuses.iter().enumerate() {
+            stat.on_event(&Event {
+                t_us: i as i64,
+                stamp: None,
+                doc: s.as_object().unwrap(),
+            });
+        }
+        let mut out = Map::new();
+        stat.snapshot(&mut out);
+        assert_eq!(
+            out["top"],
+            json!([["rust", 2], ["fediverse", 1], ["wins", 1]]),
+            "tags counted by name (case-folded); `text` first when both exist; no name, no key"
         );
     }
 }

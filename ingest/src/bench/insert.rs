@@ -207,6 +207,7 @@ async fn variant(
         },
         engine: store.engine(),
         stats: stats.clone(),
+        health: Default::default(),
     };
 
     // Pre-encoded NDJSON lines, so the producer only hands them over.
@@ -265,6 +266,7 @@ async fn variant(
             source: source.clone(),
             raw: Raw::Bytes(p),
             received_us: now_us(),
+            position: None,
         };
         if tx.send(handed).await.is_err() {
             return Err(BenchError::Scenario("the ingester stopped early".into()));

@@ -383,6 +383,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         rollups: store.keyed("bench_outbox_rollups").await?,
         ingest: Arc::new(IngestStats::default()),
         ready: Arc::new(AtomicBool::new(true)),
+        health: Default::default(),
         info: Arc::new(json!({"bench": "outbox"})),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -205,6 +205,11 @@ pub struct IngestConfig {
     /// array field each element is counted.
     #[serde(default = "default_rollup_fields")]
     pub rollup_fields: Vec<String>,
+    /// A per-value counter not counted for this many seconds is removed (published as a
+    /// delete), so `rollups` holds the values seen lately, not every value ever seen; 0 keeps
+    /// them forever. The per-source summaries are kept.
+    #[serde(default = "default_rollup_idle_ttl_secs")]
+    pub rollup_idle_ttl_secs: u64,
 }
 
 fn default_listen() -> SocketAddr {
@@ -260,6 +265,9 @@ fn default_max_event_bytes() -> u64 {
 }
 fn default_rollup_fields() -> Vec<String> {
     vec!["lang".into(), "hashtags".into()]
+}
+fn default_rollup_idle_ttl_secs() -> u64 {
+    86_400
 }
 
 impl Default for Config {
@@ -334,6 +342,7 @@ impl Default for IngestConfig {
             queue_capacity: default_queue_capacity(),
             max_event_bytes: default_max_event_bytes(),
             rollup_fields: default_rollup_fields(),
+            rollup_idle_ttl_secs: default_rollup_idle_ttl_secs(),
         }
     }
 }

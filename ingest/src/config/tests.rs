@@ -651,7 +651,7 @@ fn source_kinds_get_their_defaults_and_only_their_keys() {
         [
             "unknown key sources[0].follow (allowed: name, kind) (from TOML source string)",
             "unknown key sources[1].restart (allowed: name, kind, url, format, headers, \
-             connect_timeout_ms, idle_timeout_ms, reconnect_max_ms) (from TOML source string)",
+             connect_timeout_ms, idle_timeout_ms, reconnect_max_ms, events) (from TOML source string)",
         ]
     );
     let found = toml_problems(
@@ -951,4 +951,197 @@ fn prints_flat_tables_and_reads_them_back() {
     let back = Config::from_figment(Figment::from(Toml::string(&text)))
         .unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert_eq!(back, config, "as TOML, as check-config prints it");
+}
+
+#[test]
+fn stats_fields_that_the_rollups_also_write_are_refused() {
+    // The poison pill of issue 11: with value_field = "count" every event's rollup update did
+    // `$inc count` then `$set count`; one non-numeric count stopped ingestion for good.
+    let found = toml_problems("[stats]\nvalue_field = \"count\"\n");
+    assert_eq!(
+        found,
+        [
+            "stats.value_field: \"count\" collides with `count`, the rollup's event counter, in each source:<name> rollup (both are written on every event); choose another field (from TOML source string)"
+        ]
+    );
+    let found = toml_problems("[stats]\ntopk_field = \"_tailrace.source\"\n");
+    assert!(
+        found[0].starts_with("stats.topk_field: \"_tailrace.source\" collides with `_tailrace`"),
+        "{found:?}"
+    );
+    let found = toml_problems("[stats]\nvalue_field = \"meta.len\"\ntopk_field = \"meta\"\n");
+    assert!(
+        found[0].starts_with("stats.topk_field: \"meta\" and stats.value_field \"meta.len\" nest"),
+        "{found:?}"
+    );
+    // Side by side, or the same field for both, is fine.
+    assert!(
+        toml_problems("[stats]\nvalue_field = \"count_x\"\ntopk_field = \"meta.tags\"\n")
+            .is_empty()
+    );
+    assert!(toml_problems("[stats]\nvalue_field = \"n\"\ntopk_field = \"n\"\n").is_empty());
+}
+
+/// Paths that name a `$`-prefixed segment are refused, each with a one-line error that names
+/// the key (events keep such fields; configuration cannot address them).
+#[test]
+fn dollar_prefixed_paths_are_one_line_errors_naming_the_key() {
+    let ws = "[[sources]]\nname = \"jet\"\nkind = \"websocket\"\nurl = \"ws://127.0.0.1:1/s\"\n";
+    let file =
+        "[[sources]]\nname = \"f\"\nkind = \"file\"\npath = \"x.ndjson\"\npace = \"timestamps\"\n";
+    for (toml, key) in [
+        (
+            "[store.events]\nindexes = [\"wiki\", \"$schema\"]\n".to_owned(),
+            "store.events.indexes[1]",
+        ),
+        (
+            "[ingest]\nrollup_fields = [\"meta.$dt\"]\n".to_owned(),
+            "ingest.rollup_fields[0]",
+        ),
+        (
+            "[stats]\nvalue_field = \"$len\"\n".to_owned(),
+            "stats.value_field",
+        ),
+        (
+            "[stats]\ntopk_field = \"commit.record.$type\"\n".to_owned(),
+            "stats.topk_field",
+        ),
+        (
+            format!("{ws}resume = {{ field = \"$cursor\", param = \"cursor\" }}\n"),
+            "sources[0].resume.field",
+        ),
+        (
+            format!("{file}timestamp_field = \"meta.$dt\"\n"),
+            "sources[0].timestamp_field",
+        ),
+    ] {
+        let err = toml_err(&toml);
+        assert_eq!(
+            err.lines().count(),
+            1,
+            "{key}: expected one line, got {err:?}"
+        );
+        assert!(
+            err.starts_with(&format!("{key}: ")) && err.contains("starts with $"),
+            "{key}: expected the key first and why, got {err:?}"
+        );
+    }
+}
+
+#[test]
+fn sse_event_names_are_checked() {
+    let http = |extra: &str| {
+        format!("[[sources]]\nname = \"h\"\nkind = \"http\"\nurl = \"http://x/\"\n{extra}")
+    };
+    let c = with_toml(&http(
+        "format = \"sse\"\nevents = [\"update\", \"status.update\"]\n",
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    match &c.sources[0].kind {
+        SourceKind::Http(h) => assert_eq!(h.events, ["update", "status.update"]),
+        other => panic!("not http: {other:?}"),
+    }
+    let c = with_toml(&http("format = \"sse\"\n")).unwrap_or_else(|e| panic!("{e}"));
+    match &c.sources[0].kind {
+        SourceKind::Http(h) => assert_eq!(h.events, ["message"], "the default"),
+        other => panic!("not http: {other:?}"),
+    }
+    assert_eq!(
+        toml_err(&http("events = [\"update\"]\n")),
+        "sources[0].events: only for format = \"sse\" (event names are an SSE notion) (from TOML source string)"
+    );
+    assert_eq!(
+        toml_err(&http("format = \"sse\"\nevents = []\n")),
+        "sources[0].events: must name at least one event type (\"message\" for events without `event:`) (from TOML source string)"
+    );
+    assert_eq!(
+        toml_err(&http("format = \"sse\"\nevents = [\"ok\", \"a\\nb\"]\n")),
+        "sources[0].events[1]: \"a\\nb\" is not an event name (1-256 bytes, no line break or NUL) (from TOML source string)"
+    );
+}
+
+/// Every ready-made configuration in `config/examples/` loads, validates and builds its
+/// sources (so they never rot), and says what the README promises of it.
+#[test]
+fn every_example_loads_and_builds() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/examples");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".toml"))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["bluesky.toml", "mastodon.toml", "wikimedia.toml"]);
+    for name in names {
+        let text = std::fs::read_to_string(dir.join(&name)).unwrap();
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.set_env("MASTODON_TOKEN", "token-for-the-test");
+            jail.create_file(&name, &text)?;
+            let c = Config::load(Some(Path::new(&name))).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(c.sources.len(), 1, "{name}: one source");
+            assert!(
+                !c.store.events.indexes.is_empty() && !c.ingest.rollup_fields.is_empty(),
+                "{name}: sets indexes and rollup fields"
+            );
+            let stem = name.trim_end_matches(".toml");
+            assert_eq!(
+                c.store.path,
+                Path::new("data").join(stem),
+                "{name}: its own data directory"
+            );
+            assert_eq!(
+                c.sources[0].name, stem,
+                "{name}: the source is named after the stream"
+            );
+            let (kind, url) = match &c.sources[0].kind {
+                SourceKind::Http(h) => {
+                    assert_eq!(h.format, HttpFormat::Sse, "{name}");
+                    ("http", h.url.clone())
+                }
+                SourceKind::Websocket(w) => ("websocket", w.url.clone()),
+                other => panic!("{name}: unexpected kind {other:?}"),
+            };
+            match stem {
+                "wikimedia" => {
+                    assert_eq!(
+                        (kind, url.as_str()),
+                        (
+                            "http",
+                            "https://stream.wikimedia.org/v2/stream/recentchange"
+                        )
+                    );
+                    assert_eq!(c.stats.topk_field, "wiki");
+                    for f in ["wiki", "user", "type"] {
+                        assert!(c.store.events.indexes.iter().any(|i| i == f), "{f}");
+                    }
+                }
+                "bluesky" => {
+                    assert_eq!(kind, "websocket");
+                    assert!(
+                        url.contains("wantedCollections=app.bsky.feed.post"),
+                        "{url}"
+                    );
+                    let SourceKind::Websocket(w) = &c.sources[0].kind else {
+                        unreachable!()
+                    };
+                    let r = w.resume.as_ref().expect("resumes from a cursor");
+                    assert_eq!((r.field.as_str(), r.param.as_str()), ("time_us", "cursor"));
+                }
+                "mastodon" => {
+                    let SourceKind::Http(h) = &c.sources[0].kind else {
+                        unreachable!()
+                    };
+                    assert_eq!(h.events, ["update"]);
+                    assert_eq!(h.headers["Authorization"], "Bearer ${MASTODON_TOKEN}");
+                    assert_eq!(c.stats.topk_field, "tags");
+                }
+                other => panic!("no expectations for {other}"),
+            }
+            let built = crate::source::build(&c.sources, c.ingest.max_event_bytes as usize)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(built[0].kind(), kind);
+            Ok(())
+        });
+    }
 }

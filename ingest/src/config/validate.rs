@@ -248,4 +248,54 @@ fn validate_ingest(c: &Config, p: &mut Problems) {
         );
     }
     p.field_paths("ingest.rollup_fields", &i.rollup_fields);
+    for (j, field) in i.rollup_fields.iter().enumerate() {
+        if field == "source" {
+            p.push(
+                format!("ingest.rollup_fields[{j}]"),
+                "\"source\" would count its values under keys source:<value>, which are the per-source summaries' keys; count another field",
+            );
+        }
+    }
+    // The `source:<name>` rollup of each source is updated once per event with `$inc count`
+    // and `$set` of the stamp, the value field and the top-k field: a field the update also
+    // writes (or one inside another) would make every later update of it fail.
+    let own = [
+        ("count", "the rollup's event counter"),
+        ("_id", "the rollup's key"),
+        (store::STAMP_FIELD, "the ingest stamp"),
+    ];
+    let stats = [
+        ("stats.value_field", &c.stats.value_field),
+        ("stats.topk_field", &c.stats.topk_field),
+    ];
+    for (key, path) in stats {
+        for (field, what) in own {
+            if overlaps(path, field) {
+                p.push(
+                    key,
+                    format!(
+                        "{path:?} collides with `{field}`, {what}, in each source:<name> rollup (both are written on every event); choose another field"
+                    ),
+                );
+            }
+        }
+    }
+    let (value, topk) = (&c.stats.value_field, &c.stats.topk_field);
+    if value != topk && overlaps(value, topk) {
+        p.push(
+            "stats.topk_field",
+            format!(
+                "{topk:?} and stats.value_field {value:?} nest one inside the other: both are copied into each source:<name> rollup, so one would overwrite the other's parent; choose fields side by side"
+            ),
+        );
+    }
+}
+
+/// Whether one dotted path is the other or lies inside it (`a` and `a.b`).
+fn overlaps(a: &str, b: &str) -> bool {
+    let inside = |inner: &str, outer: &str| {
+        inner == outer
+            || (inner.starts_with(outer) && inner.as_bytes().get(outer.len()) == Some(&b'.'))
+    };
+    inside(a, b) || inside(b, a)
 }

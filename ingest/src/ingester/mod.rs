@@ -5,27 +5,34 @@
 //! Order matters: one task assigns per-source sequence numbers and writes batches one after
 //! the other, so sequence order is commit order and a feed can prove completeness.
 //!
-//! Layout: this file runs the loop and writes; [`validate`] decides what is an event and
-//! what a dead letter keeps; [`rollups`] derives the `rollups` updates of each event.
+//! Layout: this file runs the loop; [`validate`] decides what is an event and what a dead
+//! letter keeps; [`rollups`] derives the `rollups` updates of each event; [`write`] writes
+//! a batch so that transient failures are retried and permanent ones isolated; [`retention`]
+//! removes rollup counters that went idle.
 
+pub mod retention;
 pub mod rollups;
 pub mod validate;
+pub mod write;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 use store::backoff::Backoff;
 use store::clock::now_us;
-use store::{Capped, Durability, Keyed, STAMP_SOURCE_PATH, Stamp, StoreError};
+use store::{Capped, Document, Durability, KeyUpdate, Keyed, STAMP_SOURCE_PATH, Stamp, StoreError};
 use tokio::sync::mpsc;
 
 pub use rollups::{coalesce_counters, rollups};
 pub use validate::{Rejection, dead_letter, validate};
+pub use write::StoreHealth;
 
-use crate::source::Raw;
+use write::{Refused, Written, write_isolating};
+
+use crate::source::{Raw, RejectReason};
 use crate::telemetry as t;
 
 /// Ingester settings.
@@ -53,8 +60,11 @@ pub struct Handed {
     pub source: Arc<str>,
     /// The record.
     pub raw: Raw,
-    /// When the source handed it over (µs since the epoch).
+    /// When the source handed it over (µs since the epoch); strictly increasing per source.
     pub received_us: i64,
+    /// The source's position right after this record, if it can resume (see
+    /// [`crate::source::Source::positioned`]); stored in the stamp of the event it becomes.
+    pub position: Option<Value>,
 }
 
 /// What the status line and `/api` show about ingestion.
@@ -68,6 +78,21 @@ pub struct IngestStats {
     pub queue_depth: AtomicI64,
     /// Write latency of `events` batches since the last status line (µs).
     pub write_latency_us: Mutex<Option<hdrhistogram::Histogram<u64>>>,
+}
+
+/// A batch ready for the store.
+struct Prepared {
+    /// Validated, stamped events.
+    docs: Vec<Document>,
+    /// Their rollup updates, uncoalesced ...
+    updates: Vec<KeyUpdate>,
+    /// ... and the index in `docs` of the event each belongs to (the updates of an event the
+    /// store refuses are not applied).
+    owners: Vec<usize>,
+    /// Dead letters of the records that are not events.
+    dead: Vec<Document>,
+    /// The newest sequence number of each source in `docs`.
+    last_seq: HashMap<Arc<str>, u64>,
 }
 
 /// The ingester's collections.
@@ -84,9 +109,45 @@ pub struct Ingester {
     pub engine: &'static str,
     /// Shared counters for the status line and API.
     pub stats: Arc<IngestStats>,
+    /// Whether the store takes writes (for `/readyz` and the gauge).
+    pub health: Arc<StoreHealth>,
 }
 
 impl Ingester {
+    /// Where `source` stood after its newest stored record: the position in the stamp of its
+    /// newest event, or in its newest dead letter when that came later (a bad last record).
+    /// Records re-ingested by `tailrace dead-letters replay` carry no position and an old
+    /// hand-over time, so they are passed over. `None` for a source that never stored a
+    /// position (or cannot resume).
+    pub async fn stored_position(&self, source: &str) -> Result<Option<Value>, StoreError> {
+        /// Newest events looked at: more than a replay usually re-ingests at once.
+        const LOOK_BACK: usize = 256;
+        let key = json!(source);
+        let event = self
+            .events
+            .latest(STAMP_SOURCE_PATH, &key, LOOK_BACK)
+            .await?
+            .iter()
+            .filter_map(|r| Stamp::of(&r.doc))
+            .filter_map(|s| Some((s.received_us, s.position?)))
+            .max_by_key(|(at, _)| *at);
+        let letter = self
+            .dead_letters
+            .latest("source", &key, 1)
+            .await?
+            .into_iter()
+            .next()
+            .and_then(|r| {
+                let at = r.doc.get("received_us").and_then(Value::as_i64)?;
+                Some((at, r.doc.get("position").cloned()?))
+            });
+        Ok(match (event, letter) {
+            (Some(e), Some(l)) if l.0 > e.0 => Some(l.1),
+            (Some(e), _) => Some(e.1),
+            (None, l) => l.map(|l| l.1),
+        })
+    }
+
     /// The next sequence number of `source`: one after the newest stored, so sequences continue
     /// across restarts (and crashes: only acknowledged writes are found).
     ///
@@ -157,16 +218,31 @@ impl Ingester {
     }
 
     /// Runs until every sender of `rx` is gone and the last batch is written.
+    ///
+    /// Two stages: this task gathers a batch and prepares it (validation, stamps, rollup
+    /// updates) while a second task writes the batch before it, so the store's writer is not
+    /// idle while the next batch is prepared. Batches are written one after the other, in
+    /// order: sequence order is still commit order.
     pub async fn run(self, mut rx: mpsc::Receiver<Handed>) {
+        let this = Arc::new(self);
+        let (to_write, mut prepared) = mpsc::channel::<Prepared>(1);
+        let writer = {
+            let this = this.clone();
+            tokio::spawn(async move {
+                while let Some(batch) = prepared.recv().await {
+                    this.write_prepared(batch).await;
+                }
+            })
+        };
         let mut next_seq: HashMap<Arc<str>, u64> = HashMap::new();
-        let mut batch: Vec<Handed> = Vec::with_capacity(self.options.batch_max_events);
+        let mut batch: Vec<Handed> = Vec::with_capacity(this.options.batch_max_events);
         loop {
             batch.clear();
             // Wait for the first record, then up to batch_max_wait for more.
             let Some(first) = rx.recv().await else { break };
             batch.push(first);
-            let deadline = tokio::time::Instant::now() + self.options.batch_max_wait;
-            while batch.len() < self.options.batch_max_events {
+            let deadline = tokio::time::Instant::now() + this.options.batch_max_wait;
+            while batch.len() < this.options.batch_max_events {
                 match rx.try_recv() {
                     Ok(h) => batch.push(h),
                     Err(mpsc::error::TryRecvError::Empty) => {
@@ -178,23 +254,38 @@ impl Ingester {
                     Err(mpsc::error::TryRecvError::Disconnected) => break,
                 }
             }
-            let d = self
+            let d = this
                 .stats
                 .queue_depth
                 .fetch_sub(batch.len() as i64, Ordering::Relaxed)
                 - batch.len() as i64;
             t::queue_depth(d);
-            self.write_batch(&mut batch, &mut next_seq).await;
+            let ready = this.prepare(&mut batch, &mut next_seq).await;
+            if to_write.send(ready).await.is_err() {
+                break;
+            }
+        }
+        drop(to_write);
+        if let Err(e) = writer.await {
+            tracing::error!(error = %e, "the ingester's writing task failed");
         }
         tracing::info!("ingester flushed and stopped");
     }
 
-    async fn write_batch(&self, batch: &mut Vec<Handed>, next_seq: &mut HashMap<Arc<str>, u64>) {
+    /// Validates and stamps a batch, and derives its rollup updates.
+    async fn prepare(
+        &self,
+        batch: &mut Vec<Handed>,
+        next_seq: &mut HashMap<Arc<str>, u64>,
+    ) -> Prepared {
         let now = now_us();
-        let mut docs = Vec::with_capacity(batch.len());
-        let mut dead = Vec::new();
-        let mut updates = Vec::new();
-        let mut last_seq: HashMap<Arc<str>, u64> = HashMap::new();
+        let mut ready = Prepared {
+            docs: Vec::with_capacity(batch.len()),
+            updates: Vec::with_capacity(batch.len() * 4),
+            owners: Vec::with_capacity(batch.len() * 4),
+            dead: Vec::new(),
+            last_seq: HashMap::new(),
+        };
         for h in batch.drain(..) {
             match validate(h.raw, self.options.max_event_bytes) {
                 Ok(mut doc) => {
@@ -226,12 +317,14 @@ impl Ingester {
                         seq: *seq,
                         received_us: h.received_us,
                         ingested_us: now,
+                        position: h.position,
                     };
-                    doc.insert(store::STAMP_FIELD.into(), stamp.to_value());
-                    last_seq.insert(h.source.clone(), *seq);
+                    validate::stamp(&mut doc, &stamp);
+                    ready.last_seq.insert(h.source.clone(), *seq);
                     *seq += 1;
-                    rollups(&doc, &h.source, &self.options, &mut updates);
-                    docs.push(doc);
+                    rollups(&doc, &h.source, &self.options, &mut ready.updates);
+                    ready.owners.resize(ready.updates.len(), ready.docs.len());
+                    ready.docs.push(doc);
                 }
                 Err((rejection, bytes)) => {
                     t::RecordRejected {
@@ -240,79 +333,181 @@ impl Ingester {
                     }
                     .emit();
                     self.stats.rejected.fetch_add(1, Ordering::Relaxed);
-                    dead.push(dead_letter(&h.source, &rejection, &bytes, h.received_us));
+                    let mut letter = dead_letter(&h.source, &rejection, &bytes, h.received_us);
+                    if let Some(p) = h.position {
+                        // So a restart resumes after a bad last record too.
+                        letter.insert("position".into(), p);
+                    }
+                    ready.dead.push(letter);
                 }
             }
         }
-        coalesce_counters(&mut updates);
-        let n = docs.len();
+        ready
+    }
+
+    async fn write_prepared(&self, ready: Prepared) {
+        let Prepared {
+            docs,
+            mut updates,
+            owners,
+            dead,
+            last_seq,
+        } = ready;
         let d = self.options.durability;
-        let (events, rollups, dead_letters) = tokio::join!(
-            self.timed(self.events.name(), n, || self
-                .events
-                .append(docs.clone(), d)),
-            self.timed("rollups", updates.len(), || self
-                .rollups
-                .update(updates.clone(), d)),
-            self.timed(self.dead_letters.name(), dead.len(), || self
-                .dead_letters
-                .append(dead.clone(), d)),
+        let n = docs.len();
+        // Events first, then their rollups: a crash in between leaves the rollups behind the
+        // events, never ahead (recovery repairs behind; ahead would count events twice once
+        // their source re-reads them from the stored position).
+        let (events, dead_letters) = tokio::join!(
+            write_isolating(self.events.name(), docs, &self.health, |docs| {
+                let events = self.events.clone();
+                async move { events.append(docs, d).await.map(|_| ()) }
+            }),
+            write_isolating(self.dead_letters.name(), dead, &self.health, |dead| {
+                let letters = self.dead_letters.clone();
+                async move { letters.append(dead, d).await.map(|_| ()) }
+            }),
         );
-        let _ = (rollups, dead_letters);
-        if let Some(us) = events {
-            self.stats.written.fetch_add(n as i64, Ordering::Relaxed);
+        // The rollups of the events that were stored (not of the ones the store refused).
+        if !events.refused.is_empty() {
+            let refused: std::collections::HashSet<usize> =
+                events.refused.iter().map(|r| r.index).collect();
+            updates = updates
+                .into_iter()
+                .zip(owners)
+                .filter(|(_, event)| !refused.contains(event))
+                .map(|(u, _)| u)
+                .collect();
+        }
+        coalesce_counters(&mut updates);
+        let rollups = write_isolating("rollups", updates, &self.health, |updates| {
+            let rollups = self.rollups.clone();
+            async move { rollups.update(updates, d).await }
+        })
+        .await;
+        self.account(n, events, rollups, dead_letters, last_seq)
+            .await;
+    }
+
+    /// Counts what was written, turns events the store refused into dead letters (reason
+    /// `store_rejected`), and reports what could not be kept anywhere.
+    async fn account(
+        &self,
+        n: usize,
+        events: Written<Document>,
+        rollups: Written<store::KeyUpdate>,
+        dead_letters: Written<Document>,
+        last_seq: HashMap<Arc<str>, u64>,
+    ) {
+        let d = self.options.durability;
+        let events_name = self.events.name();
+        // Every event that was neither refused nor left unwritten at shutdown.
+        let stored = n - events.refused.len() - events.unwritten;
+        self.stats
+            .written
+            .fetch_add(stored as i64, Ordering::Relaxed);
+        let mut letters = Vec::with_capacity(events.refused.len());
+        for Refused {
+            item: doc, error, ..
+        } in &events.refused
+        {
+            let stamp = Stamp::of(doc);
+            let source = stamp.as_ref().map_or("", |s| s.source.as_str());
+            t::StoreRefused {
+                collection: events_name,
+                what: stamp.as_ref().map_or_else(String::new, |s| {
+                    format!("event {} of source {}", s.seq, s.source)
+                }),
+                error,
+                outcome: "dead letters",
+            }
+            .emit();
+            t::RecordRejected {
+                source,
+                reason: RejectReason::StoreRejected,
+            }
+            .emit();
+            let bytes = serde_json::to_vec(doc).unwrap_or_default();
+            let rejection = Rejection {
+                reason: RejectReason::StoreRejected,
+                detail: format!("{events_name}: {error}"),
+            };
+            let received = stamp.as_ref().map_or(0, |s| s.received_us);
+            letters.push(dead_letter(source, &rejection, &bytes, received));
+        }
+        self.stats
+            .rejected
+            .fetch_add(letters.len() as i64, Ordering::Relaxed);
+        let mut lost = dead_letters.refused;
+        if !letters.is_empty() {
+            let more = write_isolating(self.dead_letters.name(), letters, &self.health, |dead| {
+                let letters = self.dead_letters.clone();
+                async move { letters.append(dead, d).await.map(|_| ()) }
+            })
+            .await;
+            lost.extend(more.refused);
+        }
+        for Refused {
+            item: letter,
+            error,
+            ..
+        } in &lost
+        {
+            t::StoreRefused {
+                collection: self.dead_letters.name(),
+                what: format!(
+                    "a dead letter of source {} ({})",
+                    letter.get("source").and_then(Value::as_str).unwrap_or("?"),
+                    letter.get("reason").and_then(Value::as_str).unwrap_or("?"),
+                ),
+                error,
+                outcome: "lost",
+            }
+            .emit();
+        }
+        for Refused {
+            item: update,
+            error,
+            ..
+        } in &rollups.refused
+        {
+            t::StoreRefused {
+                collection: "rollups",
+                what: format!("the update of key {:?}", update.key),
+                error,
+                outcome: "dropped (its event is stored)",
+            }
+            .emit();
+        }
+        if let Some(latency) = events.latency {
             if let Ok(mut h) = self.stats.write_latency_us.lock()
                 && let Some(h) = h.as_mut()
             {
-                let _ = h.record(us.max(1));
+                let _ = h.record((latency.as_micros() as u64).max(1));
             }
+            t::WriteAcked {
+                engine: self.engine,
+                collection: events_name,
+                durability: d,
+                latency,
+            }
+            .emit();
             for (source, seq) in last_seq {
                 t::sequence_acked(&source, seq);
             }
         }
-    }
-
-    /// Runs a write, retrying with backoff until it succeeds (nothing is dropped while the
-    /// store is down; backpressure reaches the sources), and records its latency.
-    /// Returns the latency in µs of the successful attempt, or `None` for an empty write.
-    async fn timed<F, Fut, T>(&self, collection: &str, n: usize, mut write: F) -> Option<u64>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, StoreError>>,
-    {
-        if n == 0 {
-            return None;
-        }
-        let d = self.options.durability;
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-        loop {
-            let start = Instant::now();
-            match write().await {
-                Ok(_) => {
-                    let latency = start.elapsed();
-                    t::WriteAcked {
-                        engine: self.engine,
-                        collection,
-                        durability: d,
-                        latency,
-                    }
-                    .emit();
-                    return Some(latency.as_micros() as u64);
+        for (collection, written) in [
+            ("rollups", rollups.latency),
+            (self.dead_letters.name(), dead_letters.latency),
+        ] {
+            if let Some(latency) = written {
+                t::WriteAcked {
+                    engine: self.engine,
+                    collection,
+                    durability: d,
+                    latency,
                 }
-                Err(e) => {
-                    let wait = backoff.next_wait();
-                    t::WriteFailed {
-                        collection,
-                        items: n,
-                        error: e.to_string(),
-                        retry_in: wait,
-                    }
-                    .emit();
-                    if matches!(e, StoreError::Closed) {
-                        return None;
-                    }
-                    tokio::time::sleep(wait).await;
-                }
+                .emit();
             }
         }
     }

@@ -15,11 +15,26 @@ use super::IngestOptions;
 pub fn rollups(doc: &Document, source: &str, o: &IngestOptions, out: &mut Vec<KeyUpdate>) {
     let mut summary = Update::inc("count", 1);
     if let Some(stamp) = doc.get(STAMP_FIELD) {
-        summary = summary.and_set(STAMP_FIELD, stamp.clone());
+        // The stamp, without what the event itself carried under `_id`/`_tailrace` (kept in
+        // the event; a summary updated on every event has no use for it).
+        let mut stamp = stamp.clone();
+        if let Value::Object(fields) = &mut stamp {
+            fields.remove(super::validate::ORIGINAL_FIELD);
+        }
+        summary = summary.and_set(STAMP_FIELD, stamp);
     }
+    // When one field lies inside the other (`a` and `a.b`), a null for the outer one would
+    // make setting the inner one fail: such fields are only set when present, as before.
+    let nested =
+        is_inside(&o.value_field, &o.topk_field) || is_inside(&o.topk_field, &o.value_field);
     for field in [&o.value_field, &o.topk_field] {
-        if let Some(v) = get_path(doc, field) {
-            summary = summary.and_set(field.clone(), v.clone());
+        match get_path(doc, field) {
+            Some(v) => summary = summary.and_set(field.clone(), v.clone()),
+            // An event without the field sets it to null: left alone, the summary would keep
+            // the previous event's value, and change feeds would count it again (real streams
+            // often lack it: Wikimedia log events have no `length`, Bluesky deletes no `langs`).
+            None if !nested => summary = summary.and_set(field.clone(), Value::Null),
+            None => {}
         }
     }
     out.push(KeyUpdate::new(format!("source:{source}"), summary));
@@ -50,6 +65,11 @@ pub fn rollups(doc: &Document, source: &str, o: &IngestOptions, out: &mut Vec<Ke
             None => {}
         }
     }
+}
+
+/// `inner` is a path strictly inside `outer` (`a.b` inside `a`).
+fn is_inside(inner: &str, outer: &str) -> bool {
+    inner.len() > outer.len() && inner.starts_with(outer) && inner.as_bytes()[outer.len()] == b'.'
 }
 
 /// Merges the pure-`$inc` updates of one key within a batch into one update at the place of
@@ -145,7 +165,7 @@ mod tests {
             durability: Durability::Acknowledged,
         };
         let doc = json!({"lang": "EN", "hashtags": ["Rust", "db"], "retweet_count": 4,
-                         "_tailrace": {"source": "s", "seq": 9}});
+                         "_tailrace": {"source": "s", "seq": 9, "original": {"_id": 1}}});
         let mut out = Vec::new();
         rollups(doc.as_object().unwrap(), "s", &o, &mut out);
         let keys: Vec<&str> = out.iter().map(|u| u.key.as_str()).collect();
@@ -156,8 +176,57 @@ mod tests {
         let mut summary = Document::new();
         store::update::apply(&mut summary, &out[0].update).unwrap();
         assert_eq!(summary["_tailrace"]["seq"], json!(9));
+        assert!(
+            summary["_tailrace"].get("original").is_none(),
+            "the event's own _id stays in the event"
+        );
         assert_eq!(summary["retweet_count"], json!(4));
         assert_eq!(summary["hashtags"], json!(["Rust", "db"]));
         assert_eq!(summary["count"], json!(1));
+    }
+
+    /// A change feed reads each event's value and top-k field from the summary: an event
+    /// without them must not leave the previous event's there.
+    #[test]
+    fn an_event_without_the_statistics_fields_clears_them_in_the_summary() {
+        let o = IngestOptions {
+            batch_max_events: 1,
+            batch_max_wait: Duration::ZERO,
+            max_event_bytes: 1000,
+            rollup_fields: vec![],
+            value_field: "length.new".into(),
+            topk_field: "tags".into(),
+            durability: Durability::Acknowledged,
+        };
+        let edit = json!({"length": {"old": 10, "new": 12}, "tags": [{"name": "rust"}]});
+        let log = json!({"log_type": "block"});
+        let mut summary = Document::new();
+        for doc in [&edit, &log] {
+            let mut out = Vec::new();
+            rollups(doc.as_object().unwrap(), "s", &o, &mut out);
+            store::update::apply(&mut summary, &out[0].update).unwrap();
+        }
+        assert_eq!(
+            summary["length"],
+            json!({"new": null}),
+            "the value of the event before is gone: {summary:?}"
+        );
+        assert_eq!(summary["tags"], json!(null), "{summary:?}");
+        assert_eq!(summary["count"], json!(2));
+
+        // Nested fields (`a` and `a.b`): an absent one is left alone, so the update applies.
+        let nested = IngestOptions {
+            value_field: "a.b".into(),
+            topk_field: "a".into(),
+            ..o
+        };
+        let mut summary = Document::new();
+        for doc in [json!({"a": {"b": 1}}), json!({"a": 5}), json!({"x": 1})] {
+            let mut out = Vec::new();
+            rollups(doc.as_object().unwrap(), "s", &nested, &mut out);
+            store::update::apply(&mut summary, &out[0].update)
+                .unwrap_or_else(|e| panic!("{doc}: {e}"));
+        }
+        assert_eq!(summary["a"], json!(5));
     }
 }

@@ -1,12 +1,44 @@
 //! What the ingester accepts as an event, and what it keeps of what it refuses.
+//!
+//! **Keys are stored as the world sends them.** Real streams use keys MongoDB once refused:
+//! Wikimedia's `$schema`, Bluesky's `$type` and `$link`, dotted names (`facets.count`), the
+//! empty key. MongoDB 5.0+ stores `$`-prefixed and dotted field names at any depth on insert
+//! (its manual, "Field Names with Periods and Dollar Signs"), and the embedded engine stores
+//! JSON text as it is, so both engines keep such keys unchanged. What no engine can store is
+//! refused as `invalid_key`, and only that:
+//! - a NUL character in a key (BSON field names are NUL-terminated C strings);
+//! - a key of [`MAX_KEY_PARTS`] or more period-separated parts (MongoDB returns an error from
+//!   255 on);
+//!
+//! and nesting deeper than [`MAX_DEPTH`] is `too_deep` (MongoDB's limit).
+//!
+//! Such keys can be stored but not addressed: a dotted path (`user.id`: indexes, `latest`,
+//! statistics, rollups) walks nested objects, so a key that itself contains a `.` or starts
+//! with `$` cannot be named by one (configuration refuses `$`-prefixed segments; see the
+//! README).
+//!
+//! **Two top-level names are tailrace's own**: `_id` (the MongoDB engine's position of each
+//! event) and `_tailrace` (the ingest stamp). An event that carries either keeps it, moved
+//! under `_tailrace.original` (`{"_tailrace": {"source": .., "seq": .., "original": {"_id":
+//! .., "_tailrace": ..}}}`) by [`stamp`]: nothing is lost, nothing is overwritten, and both
+//! engines store the same shape.
 
 use serde_json::{Map, Value, json};
-use store::Document;
+use store::{Document, STAMP_FIELD, Stamp};
 
 use crate::source::{Raw, RejectReason};
 
 /// Nesting deeper than this is rejected (MongoDB's limit is 100 levels).
-const MAX_DEPTH: usize = 100;
+pub const MAX_DEPTH: usize = 100;
+/// A key with this many period-separated parts or more is rejected: MongoDB limits field
+/// names to fewer than 255 of them.
+pub const MAX_KEY_PARTS: usize = 255;
+/// The field of the stamp that keeps an event's own values of the reserved names.
+pub const ORIGINAL_FIELD: &str = "original";
+/// Top-level names tailrace writes itself: the MongoDB engine's position and the stamp.
+const RESERVED: [&str; 2] = ["_id", STAMP_FIELD];
+/// How much deeper a reserved field's value ends up (`_tailrace.original.<name>`).
+const MOVED_DEPTH: usize = 2;
 /// Raw bytes kept in a dead letter (the rest is dropped, the length is kept).
 pub const DEAD_LETTER_RAW_BYTES: usize = 4096;
 
@@ -94,7 +126,9 @@ fn kind_of(v: &Value) -> &'static str {
     }
 }
 
-/// Keys must be storable by every engine: not `$`-prefixed, no `.`, no NUL; nesting bounded.
+/// Keys must be storable by every engine (see the module doc); nesting bounded. At the top
+/// level (`depth` 1), the values of the reserved names are checked at the depth [`stamp`]
+/// moves them to.
 fn check_keys(doc: &Map<String, Value>, depth: usize) -> Result<(), Rejection> {
     if depth > MAX_DEPTH {
         return Err(reject(
@@ -103,13 +137,23 @@ fn check_keys(doc: &Map<String, Value>, depth: usize) -> Result<(), Rejection> {
         ));
     }
     for (k, v) in doc {
-        if k.starts_with('$') || k.contains('.') || k.contains('\0') {
+        if k.contains('\0') {
             return Err(reject(
                 RejectReason::InvalidKey,
-                format!("key {k:?}: keys may not start with $ or contain . or NUL"),
+                format!("key {k:?}: a key may not contain NUL (BSON keys are C strings)"),
             ));
         }
-        check_value(v, depth)?;
+        if k.split('.').nth(MAX_KEY_PARTS - 1).is_some() {
+            return Err(reject(
+                RejectReason::InvalidKey,
+                format!(
+                    "key {:?}…: {MAX_KEY_PARTS} or more period-separated parts (MongoDB refuses it)",
+                    k.chars().take(40).collect::<String>()
+                ),
+            ));
+        }
+        let moved = depth == 1 && RESERVED.contains(&k.as_str());
+        check_value(v, if moved { depth + MOVED_DEPTH } else { depth })?;
     }
     Ok(())
 }
@@ -128,6 +172,24 @@ fn check_value(v: &Value, depth: usize) -> Result<(), Rejection> {
         }
         _ => Ok(()),
     }
+}
+
+/// Stamps a validated event: writes `stamp` under `_tailrace`, first moving the event's own
+/// `_id` and `_tailrace`, if any, under `_tailrace.original` (see the module doc).
+pub fn stamp(doc: &mut Document, stamp: &Stamp) {
+    let mut value = stamp.to_value();
+    let mut original = Map::new();
+    for name in RESERVED {
+        if let Some(v) = doc.remove(name) {
+            original.insert(name.to_owned(), v);
+        }
+    }
+    if !original.is_empty()
+        && let Value::Object(fields) = &mut value
+    {
+        fields.insert(ORIGINAL_FIELD.to_owned(), Value::Object(original));
+    }
+    doc.insert(STAMP_FIELD.to_owned(), value);
 }
 
 /// The dead-letter document of a rejected record.
@@ -176,8 +238,12 @@ mod tests {
             reason(Raw::Json(json!({"a": "x".repeat(1000)}))),
             "too_large"
         );
-        assert_eq!(reason(Raw::Json(json!({"$where": 1}))), "invalid_key");
-        assert_eq!(reason(Raw::Json(json!({"a": {"b.c": 1}}))), "invalid_key");
+        assert_eq!(reason(Raw::Json(json!({"a\u{0}b": 1}))), "invalid_key");
+        assert_eq!(
+            reason(Raw::Bytes(br#"{"ok": [{"nul\u0000": 1}]}"#.to_vec())),
+            "invalid_key",
+            "a NUL escaped in JSON, inside an array, is still a NUL"
+        );
         assert_eq!(
             reason(Raw::Invalid {
                 bytes: vec![],
@@ -194,6 +260,116 @@ mod tests {
             RejectReason::TooDeep
         );
         assert!(validate(Raw::Bytes(b"{\"ok\": [1, {\"x\": 2}]}".to_vec()), 1000).is_ok());
+    }
+
+    #[test]
+    fn keys_as_the_world_sends_them_are_accepted_unchanged() {
+        // Wikimedia's `$schema`, Bluesky's `$type`/`$link`, operator names, DBRef-like keys,
+        // dotted and empty keys, every script: all stored as given, at any depth.
+        let event = json!({
+            "$schema": "/mediawiki/recentchange/1.0.0",
+            "meta": {"dt": "2024-05-01T12:00:00Z", "domain": "en.wikipedia.org"},
+            "$where": 1, "$inc": {"$set": [{"$ref": "x", "$id": 7, "$db": "d"}]},
+            "facets.count": 3, "a": {"b.c": {"": {"$link": "bafkrei"}}},
+            "": "empty key", ".": "a lone dot", "..": 2, "$": "$",
+            "名前.姓": "山田", "emoji🏳️‍🌈.key": "flag", "עברית": "rtl",
+        });
+        let raw = serde_json::to_vec(&event).unwrap();
+        let doc = validate(Raw::Bytes(raw), 10_000).unwrap();
+        assert_eq!(
+            Value::Object(doc),
+            event,
+            "every key kept, unchanged (parsed from bytes)"
+        );
+        let doc = validate(Raw::Json(event.clone()), 10_000).unwrap();
+        assert_eq!(
+            Value::Object(doc),
+            event,
+            "every key kept (handed over parsed)"
+        );
+    }
+
+    #[test]
+    fn keys_with_255_period_separated_parts_are_refused() {
+        let parts = |n: usize| vec!["p"; n].join(".");
+        let mut ok = Map::new();
+        ok.insert(parts(MAX_KEY_PARTS - 1), json!(1));
+        assert!(
+            validate(Raw::Json(Value::Object(ok)), 10_000).is_ok(),
+            "254 parts are within MongoDB's limit"
+        );
+        let mut bad = Map::new();
+        bad.insert("x".into(), json!({ parts(MAX_KEY_PARTS): 1 }));
+        let (r, _) = validate(Raw::Json(Value::Object(bad)), 10_000).unwrap_err();
+        assert_eq!(r.reason, RejectReason::InvalidKey, "{}", r.detail);
+        assert!(
+            r.detail.len() < 200,
+            "the detail quotes a prefix of the key, not all of it: {}",
+            r.detail
+        );
+    }
+
+    fn stamp_of(source: &str, seq: u64) -> Stamp {
+        Stamp {
+            source: source.into(),
+            seq,
+            received_us: 10,
+            ingested_us: 20,
+            position: None,
+        }
+    }
+
+    #[test]
+    fn an_events_own_id_and_stamp_move_under_original_and_nothing_is_lost() {
+        let event = json!({
+            "_id": {"$oid": "65f1c0ffee"},
+            "_tailrace": {"seq": "theirs", "source": 17},
+            "_ids": 1, "x": {"_id": 2, "_tailrace": 3},
+        });
+        let mut doc = validate(Raw::Json(event), 10_000).unwrap();
+        stamp(&mut doc, &stamp_of("s", 5));
+        assert_eq!(
+            Value::Object(doc.clone()),
+            json!({
+                "_tailrace": {
+                    "source": "s", "seq": 5, "received_us": 10, "ingested_us": 20,
+                    "original": {
+                        "_id": {"$oid": "65f1c0ffee"},
+                        "_tailrace": {"seq": "theirs", "source": 17},
+                    },
+                },
+                "_ids": 1, "x": {"_id": 2, "_tailrace": 3},
+            }),
+            "top-level _id and _tailrace moved; nested ones and look-alikes untouched"
+        );
+        assert_eq!(
+            Stamp::of(&doc),
+            Some(stamp_of("s", 5)),
+            "readers still find the stamp"
+        );
+        let mut plain = validate(Raw::Json(json!({"n": 1})), 100).unwrap();
+        stamp(&mut plain, &stamp_of("s", 6));
+        assert!(
+            plain[STAMP_FIELD].get(ORIGINAL_FIELD).is_none(),
+            "no `original` when nothing was moved: {plain:?}"
+        );
+    }
+
+    #[test]
+    fn moved_values_are_checked_at_the_depth_they_are_stored_at() {
+        let nest = |levels: usize| {
+            let mut v = json!(1);
+            for _ in 0..levels {
+                v = json!({ "d": v });
+            }
+            v
+        };
+        // `{"a": nest(99)}`: the innermost object is at depth 100, allowed.
+        assert!(validate(Raw::Json(json!({"a": nest(99)})), 1 << 20).is_ok());
+        // The same value under `_id` ends up two levels deeper (`_tailrace.original._id`).
+        let (r, _) = validate(Raw::Json(json!({"_id": nest(99)})), 1 << 20).unwrap_err();
+        assert_eq!(r.reason, RejectReason::TooDeep, "{}", r.detail);
+        assert!(validate(Raw::Json(json!({"_id": nest(97)})), 1 << 20).is_ok());
     }
 
     #[test]

@@ -11,6 +11,12 @@
 //! sleep loop; a 5 s re-check remains as a safety net for file systems that send none (NFS).
 //! An unterminated last line is held back while following (more may come); a file that
 //! shrinks (truncated) or is replaced (rotated) is read again from its start.
+//!
+//! **Resumable**: each record carries the file's identity (device and inode) and the byte
+//! offset just past its line ([`FilePosition`]); the ingester stores it with the event, and
+//! a restarted pipeline continues at the stored offset of the same file (a `.gz` file is
+//! decompressed up to it). A different file at the path (rotated, replaced) or one shorter
+//! than the offset is read from its start, and the log says so.
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -23,12 +29,13 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_util::codec::Decoder;
+use tokio_util::codec::{Decoder, FramedRead};
 
 use serde::{Deserialize, Serialize};
+use tokio::io::AsyncSeekExt;
 
 use super::framing::{self, LineFramer};
-use super::{BuildContext, Raw, Source, SourceError, SourceSettings};
+use super::{BuildContext, Positioned, Raw, Source, SourceError, SourceSettings};
 use crate::config::Problems;
 
 /// How fast a file source replays its events (`pace`).
@@ -142,6 +149,7 @@ impl SourceSettings for FileConfig {
             pacing,
             follow: self.follow,
             max_line: ctx.max_line,
+            start: None,
         };
         Ok(Box::new(FileSource::new(name, o)))
     }
@@ -178,6 +186,32 @@ pub struct FileOptions {
     pub follow: bool,
     /// Longest line in bytes.
     pub max_line: usize,
+    /// Where to continue (set by [`Source::resume`]); `None`: from the start.
+    pub start: Option<FilePosition>,
+}
+
+/// Where a file source stands: the file (device and inode, so a rotated or replaced file is
+/// recognised) and the byte offset just past the last line handed over (of the decompressed
+/// stream for a `.gz` file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilePosition {
+    /// The file's device.
+    pub dev: u64,
+    /// The file's inode.
+    pub ino: u64,
+    /// Bytes read up to the end of the last line handed over.
+    pub offset: u64,
+}
+
+impl FilePosition {
+    fn at(id: (u64, u64), offset: u64) -> Option<serde_json::Value> {
+        serde_json::to_value(FilePosition {
+            dev: id.0,
+            ino: id.1,
+            offset,
+        })
+        .ok()
+    }
 }
 
 /// The file source.
@@ -206,6 +240,10 @@ impl Source for FileSource {
     }
 
     fn records(self: Box<Self>) -> BoxStream<'static, Raw> {
+        self.positioned().map(|p| p.raw).boxed()
+    }
+
+    fn positioned(self: Box<Self>) -> BoxStream<'static, Positioned> {
         let FileSource { name, options } = *self;
         let pacing = options.pacing.clone();
         let lines = if options.follow {
@@ -215,35 +253,92 @@ impl Source for FileSource {
         };
         paced(lines, pacing).boxed()
     }
+
+    fn resume(&mut self, position: &serde_json::Value) {
+        match FilePosition::deserialize(position) {
+            Ok(p) => self.options.start = Some(p),
+            Err(e) => {
+                tracing::warn!(source = %self.name, error = %e, "the stored position is not a file position; reading from the start")
+            }
+        }
+    }
+}
+
+/// Where to start reading `file` (identity `id`) given the stored position: its offset when
+/// it is the same file and long enough, else 0 (said in the log).
+fn start_offset(name: &str, o: &FileOptions, id: (u64, u64), len: u64, gz: bool) -> u64 {
+    let Some(p) = o.start else {
+        return 0;
+    };
+    if (p.dev, p.ino) != id {
+        tracing::info!(source = %name, path = %o.path.display(), "the stored position is of another file (rotated or replaced); reading this one from the start");
+        return 0;
+    }
+    if !gz && p.offset > len {
+        tracing::warn!(source = %name, path = %o.path.display(), offset = p.offset, len, "the file is shorter than the stored position (truncated); reading it from the start");
+        return 0;
+    }
+    tracing::info!(source = %name, path = %o.path.display(), offset = p.offset, "continuing after the stored position");
+    p.offset
 }
 
 fn is_gz(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "gz")
 }
 
-/// The whole file once.
-fn once(name: String, o: FileOptions) -> impl Stream<Item = Raw> + Send + 'static {
+/// The whole file once (from the stored position, if any).
+fn once(name: String, o: FileOptions) -> impl Stream<Item = Positioned> + Send + 'static {
     async_stream::stream! {
-        let file = match tokio::fs::File::open(&o.path).await {
+        let mut file = match tokio::fs::File::open(&o.path).await {
             Ok(f) => f,
             Err(e) => {
                 tracing::error!(source = %name, path = %o.path.display(), error = %e, "cannot open the file; the source ends");
                 return;
             }
         };
+        let meta = file.metadata().await.ok();
+        let id = meta.as_ref().map(identity).unwrap_or((0, 0));
+        let len = meta.as_ref().map_or(0, |m| m.len());
+        let gz = is_gz(&o.path);
+        let start = start_offset(&name, &o, id, len, gz);
+        if start > 0 && !gz && let Err(e) = file.seek(std::io::SeekFrom::Start(start)).await {
+            tracing::error!(source = %name, path = %o.path.display(), error = %e, "cannot seek to the stored position; the source ends");
+            return;
+        }
         tracing::info!(source = %name, path = %o.path.display(), "replaying");
-        let reader: Pin<Box<dyn AsyncRead + Send>> = if is_gz(&o.path) {
+        let mut reader: Pin<Box<dyn AsyncRead + Send>> = if gz {
             let mut gz = GzipDecoder::new(BufReader::new(file));
             gz.multiple_members(true);
             Box::pin(gz)
         } else {
             Box::pin(file)
         };
-        let mut records = std::pin::pin!(framing::ndjson_records(reader, o.max_line, name.clone()));
+        if start > 0 && gz {
+            // A compressed stream cannot seek: decompress up to the position.
+            let skipped = tokio::io::copy(&mut (&mut reader).take(start), &mut tokio::io::sink()).await;
+            if !matches!(skipped, Ok(n) if n == start) {
+                tracing::error!(source = %name, path = %o.path.display(), "the file ends before the stored position; the source ends");
+                return;
+            }
+        }
+        let mut frames = FramedRead::new(reader, LineFramer::new(o.max_line));
         let mut n: u64 = 0;
-        while let Some(raw) = records.next().await {
+        while let Some(frame) = frames.next().await {
+            let frame = match frame {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::error!(source = %name, path = %o.path.display(), error = %e, "read failed; the source ends here");
+                    break;
+                }
+            };
+            let Some(raw) = framing::ndjson(frame) else { continue };
+            let framer = frames.decoder();
+            let position = framer
+                .at_line_start()
+                .then(|| FilePosition::at(id, start + framer.consumed()))
+                .flatten();
             n += 1;
-            yield raw;
+            yield Positioned { raw, position };
         }
         tracing::info!(source = %name, path = %o.path.display(), records = n, "end of file");
     }
@@ -300,16 +395,17 @@ async fn wait_for_change(changed: &mut mpsc::Receiver<()>, watching: bool) {
 }
 
 /// Reads lines as they are appended, forever.
-fn follow(name: String, o: FileOptions) -> impl Stream<Item = Raw> + Send + 'static {
+fn follow(name: String, mut o: FileOptions) -> impl Stream<Item = Positioned> + Send + 'static {
     async_stream::stream! {
         let (watcher, mut changed) = watch(&name, &o.path);
         let mut waiting_logged = false;
         loop {
             // Open (or wait for) the file.
-            let (mut file, id) = match tokio::fs::File::open(&o.path).await {
+            let (mut file, id, len) = match tokio::fs::File::open(&o.path).await {
                 Ok(f) => {
-                    let id = f.metadata().await.map(|m| identity(&m)).ok();
-                    (f, id)
+                    let meta = f.metadata().await.ok();
+                    let id = meta.as_ref().map(identity);
+                    (f, id, meta.map_or(0, |m| m.len()))
                 }
                 Err(e) => {
                     if !waiting_logged {
@@ -321,10 +417,23 @@ fn follow(name: String, o: FileOptions) -> impl Stream<Item = Raw> + Send + 'sta
                 }
             };
             waiting_logged = false;
+            let fid = id.unwrap_or((0, 0));
+            // The stored position applies to the first file opened only.
+            let start = start_offset(&name, &o, fid, len, false);
+            o.start = None;
+            if start > 0 && let Err(e) = file.seek(std::io::SeekFrom::Start(start)).await {
+                tracing::error!(source = %name, path = %o.path.display(), error = %e, "cannot seek to the stored position; reading from the start");
+            }
             tracing::info!(source = %name, path = %o.path.display(), "following");
             let mut framer = LineFramer::new(o.max_line);
             let mut buf = BytesMut::with_capacity(64 * 1024);
-            let mut offset: u64 = 0;
+            let mut offset: u64 = start;
+            let at = |framer: &LineFramer| {
+                framer
+                    .at_line_start()
+                    .then(|| FilePosition::at(fid, start + framer.consumed()))
+                    .flatten()
+            };
             'read: loop {
                 match file.read_buf(&mut buf).await {
                     Ok(0) => {
@@ -338,7 +447,7 @@ fn follow(name: String, o: FileOptions) -> impl Stream<Item = Raw> + Send + 'sta
                             // Whatever the old file left unterminated is cut off.
                             while let Ok(Some(f)) = framer.decode_eof(&mut buf) {
                                 if let Some(raw) = framing::ndjson(f) {
-                                    yield raw;
+                                    yield Positioned { raw, position: at(&framer) };
                                 }
                             }
                             tracing::info!(source = %name, path = %o.path.display(), "file truncated or replaced; reading it from the start");
@@ -350,7 +459,7 @@ fn follow(name: String, o: FileOptions) -> impl Stream<Item = Raw> + Send + 'sta
                         offset += n as u64;
                         while let Ok(Some(f)) = framer.decode(&mut buf) {
                             if let Some(raw) = framing::ndjson(f) {
-                                yield raw;
+                                yield Positioned { raw, position: at(&framer) };
                             }
                         }
                     }
@@ -367,16 +476,16 @@ fn follow(name: String, o: FileOptions) -> impl Stream<Item = Raw> + Send + 'sta
 
 /// Applies `pacing` to a stream of records.
 fn paced(
-    records: impl Stream<Item = Raw> + Send + 'static,
+    records: impl Stream<Item = Positioned> + Send + 'static,
     pacing: Pacing,
-) -> impl Stream<Item = Raw> + Send + 'static {
+) -> impl Stream<Item = Positioned> + Send + 'static {
     async_stream::stream! {
         let mut records = std::pin::pin!(records);
         let start = Instant::now();
         let mut n: u64 = 0;
         // (first event time in seconds, when it was handed over)
         let mut origin: Option<(f64, Instant)> = None;
-        while let Some(raw) = records.next().await {
+        while let Some(record) = records.next().await {
             match &pacing {
                 Pacing::Fast => {}
                 Pacing::Rate(rate) => {
@@ -385,7 +494,7 @@ fn paced(
                     tokio::time::sleep_until(due).await;
                 }
                 Pacing::Timestamps { field, speed } => {
-                    if let Some(at) = event_time(&raw, field) {
+                    if let Some(at) = event_time(&record.raw, field) {
                         match origin {
                             None => origin = Some((at, Instant::now())),
                             Some((t0, w0)) => {
@@ -396,7 +505,7 @@ fn paced(
                     }
                 }
             }
-            yield raw;
+            yield record;
         }
     }
 }
@@ -447,6 +556,7 @@ mod tests {
                 pacing,
                 follow,
                 max_line: 1000,
+                start: None,
             },
         ))
         .records()
@@ -571,5 +681,92 @@ mod tests {
         // Truncated and rewritten: read from the start again.
         std::fs::write(&path, "{\"n\":9}\n").unwrap();
         assert_eq!(next(&mut s).await, Raw::Bytes(b"{\"n\":9}".to_vec()));
+    }
+
+    async fn positioned(o: FileOptions) -> Vec<Positioned> {
+        let mut s = Box::new(FileSource::new("f", o)).positioned();
+        let mut out = Vec::new();
+        while let Some(p) = tokio::time::timeout(T, s.next()).await.unwrap() {
+            out.push(p);
+        }
+        out
+    }
+
+    fn options(path: PathBuf) -> FileOptions {
+        FileOptions {
+            path,
+            pacing: Pacing::Fast,
+            follow: false,
+            max_line: 64,
+            start: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_resumed_file_continues_exactly_after_the_stored_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.ndjson");
+        let long = "x".repeat(100);
+        let body = format!(
+            "{{\"n\":1,\"t\":\"東京 🦀\"}}\r\n\n{{\"n\":2}}\n{{\"n\":\"{long}\"}}\n{{\"n\":3,\"$schema\":\"x\"}}\nnot json\n{{\"n\":4}}"
+        );
+        std::fs::write(&path, &body).unwrap();
+        let all = positioned(options(path.clone())).await;
+        assert_eq!(all.len(), 6, "{all:?}");
+        // Resume after each record in turn: the rest is exactly what followed it.
+        for k in 0..all.len() {
+            let Some(p) = &all[k].position else {
+                continue;
+            };
+            let mut s = FileSource::new("f", options(path.clone()));
+            s.resume(p);
+            let rest = positioned(s.options.clone()).await;
+            let raws: Vec<&Raw> = rest.iter().map(|p| &p.raw).collect();
+            let expected: Vec<&Raw> = all[k + 1..].iter().map(|p| &p.raw).collect();
+            assert_eq!(raws, expected, "resumed after record {k}");
+        }
+        let last = all.last().unwrap().position.as_ref().unwrap();
+        assert_eq!(
+            last["offset"],
+            serde_json::json!(body.len()),
+            "the last position is the end of the file"
+        );
+        // Another file at the path (replaced): read from its start.
+        let stored = all[2].position.clone().unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, "{\"n\":9}\n").unwrap();
+        let mut s = FileSource::new("f", options(path.clone()));
+        s.resume(&stored);
+        let fresh = positioned(s.options.clone()).await;
+        let new_file_id = (
+            fresh[0].position.as_ref().unwrap()["ino"].clone(),
+            stored["ino"].clone(),
+        );
+        if new_file_id.0 != new_file_id.1 {
+            assert_eq!(
+                fresh.len(),
+                1,
+                "a replaced file is read from its start: {fresh:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_resumed_gz_file_is_decompressed_up_to_the_stored_position() {
+        use flate2::write::GzEncoder;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.ndjson.gz");
+        let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::default());
+        for n in 0..50 {
+            writeln!(gz, "{{\"n\":{n},\"t\":\"مرحبا\"}}").unwrap();
+        }
+        std::fs::write(&path, gz.finish().unwrap()).unwrap();
+        let all = positioned(options(path.clone())).await;
+        assert_eq!(all.len(), 50);
+        let mut s = FileSource::new("f", options(path.clone()));
+        s.resume(all[29].position.as_ref().unwrap());
+        let rest = positioned(s.options.clone()).await;
+        assert_eq!(rest.len(), 20, "records 30..50");
+        assert_eq!(rest[0].raw, all[30].raw);
     }
 }

@@ -44,6 +44,9 @@ pub struct LineFramer {
     /// Bytes of the buffer already searched for `\n` (so a slowly arriving line is scanned
     /// once, not once per chunk).
     scanned: usize,
+    /// Bytes taken off the input so far (lines, their endings, discarded bytes): after a
+    /// frame, the offset in the input right after it.
+    consumed: u64,
 }
 
 impl LineFramer {
@@ -53,12 +56,25 @@ impl LineFramer {
             max_line: max_line.max(1),
             discarding: false,
             scanned: 0,
+            consumed: 0,
         }
     }
 
     /// The limit.
     pub fn max_line(&self) -> usize {
         self.max_line
+    }
+
+    /// Bytes of input taken so far: right after a frame is returned, the offset just past
+    /// it. Meaningful as a place to resume from only when [`LineFramer::at_line_start`].
+    pub fn consumed(&self) -> u64 {
+        self.consumed
+    }
+
+    /// Whether the input so far ends at a line boundary (false while the rest of an
+    /// over-long line is still being discarded: resuming there would start mid-line).
+    pub fn at_line_start(&self) -> bool {
+        !self.discarding
     }
 }
 
@@ -83,11 +99,13 @@ impl Decoder for LineFramer {
                 match memchr(buf) {
                     Some(i) => {
                         buf.advance(i + 1);
+                        self.consumed += i as u64 + 1;
                         self.discarding = false;
                         self.scanned = 0;
                         continue;
                     }
                     None => {
+                        self.consumed += buf.len() as u64;
                         buf.clear();
                         return Ok(None);
                     }
@@ -97,6 +115,7 @@ impl Decoder for LineFramer {
             match memchr(&buf[from..]).map(|i| i + from) {
                 Some(i) => {
                     self.scanned = 0;
+                    self.consumed += i as u64 + 1;
                     // `\r\n`: the `\r` does not count against the limit.
                     let len = if i > 0 && buf[i - 1] == b'\r' {
                         i - 1
@@ -115,6 +134,7 @@ impl Decoder for LineFramer {
                     // One byte of slack for a `\r` that may precede the coming `\n`.
                     if buf.len() > self.max_line + 1 {
                         let p = prefix(buf, self.max_line);
+                        self.consumed += buf.len() as u64;
                         buf.clear();
                         self.scanned = 0;
                         self.discarding = true;
@@ -135,12 +155,14 @@ impl Decoder for LineFramer {
         if self.discarding {
             // The over-long last line was already reported.
             self.discarding = false;
+            self.consumed += buf.len() as u64;
             buf.clear();
             return Ok(None);
         }
         if buf.is_empty() {
             return Ok(None);
         }
+        self.consumed += buf.len() as u64;
         let rest = buf.split().to_vec();
         Ok(Some(Frame::Partial(strip_cr(rest))))
     }
@@ -358,6 +380,39 @@ mod tests {
                 Raw::Bytes(b"not json".to_vec()),
                 Raw::Bytes(b"{\"b\":2}".to_vec()),
             ]
+        );
+    }
+
+    #[test]
+    fn consumed_counts_every_byte_and_says_where_lines_end() {
+        let input: &[u8] =
+            b"{\"a\":1}\r\n\n{\"b\":\"\xe6\x9d\xb1\"}\n0123456789012345678901234567\nlast";
+        let mut framer = LineFramer::new(16);
+        let mut buf = BytesMut::new();
+        let mut ends = Vec::new();
+        for chunk in input.chunks(5) {
+            buf.extend_from_slice(chunk);
+            while let Ok(Some(f)) = framer.decode(&mut buf) {
+                ends.push((f, framer.consumed(), framer.at_line_start()));
+            }
+        }
+        while let Ok(Some(f)) = framer.decode_eof(&mut buf) {
+            ends.push((f, framer.consumed(), framer.at_line_start()));
+        }
+        let offsets: Vec<(u64, bool)> = ends.iter().map(|(_, o, s)| (*o, *s)).collect();
+        // `{"a":1}\r\n` ends at 9; the blank line is a frame ending at 10; `{"b":"東"}\n` (東 is
+        // 3 bytes) at 22; the over-long line is reported mid-line (not a place to resume), then `last`.
+        assert_eq!(
+            offsets[..3],
+            [(9, true), (10, true), (22, true)],
+            "{ends:?}"
+        );
+        assert!(matches!(ends[3].0, Frame::TooLong(_)), "{ends:?}");
+        assert!(!ends[3].2, "mid-line after an over-long line's prefix");
+        assert_eq!(
+            *ends.last().unwrap(),
+            (Frame::Partial(b"last".to_vec()), input.len() as u64, true),
+            "every byte consumed at the end"
         );
     }
 }

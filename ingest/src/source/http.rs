@@ -10,8 +10,10 @@
 //!
 //! - NDJSON: [`framing`](super::framing) rules; a line cut off by a dropped connection is
 //!   `truncated`.
-//! - SSE: [`sse`](super::sse) rules; the last event id is sent back as `Last-Event-ID` on
-//!   every reconnect, so the server can resume.
+//! - SSE: [`sse`](super::sse) rules; the last event id is sent back, verbatim, as
+//!   `Last-Event-ID` on every reconnect, so the server can resume. Only events whose type is
+//!   in `events` (default `["message"]`: unnamed events) are records; the others are counted
+//!   in `tailrace_source_events_skipped_total{source,event}` and dropped.
 //! - Timeouts: `connect_timeout_ms` bounds the TCP/TLS connect; `idle_timeout_ms` bounds the
 //!   wait for the response headers and for each chunk of the body (heartbeats count).
 //! - gzip: `Accept-Encoding: gzip` is sent and a gzip body is decoded (reqwest's `gzip`).
@@ -31,8 +33,8 @@ use tokio_util::codec::FramedRead;
 use tokio_util::io::StreamReader;
 
 use super::framing::{self, Frame, LineFramer};
-use super::sse::SseAssembler;
-use super::{BuildContext, Raw, Source, SourceError, SourceSettings, USER_AGENT};
+use super::sse::{self, Dispatched, SseAssembler};
+use super::{BuildContext, Positioned, Raw, Source, SourceError, SourceSettings, USER_AGENT};
 use crate::config::redact::redact_url;
 use crate::config::validate::scheme_of;
 use crate::config::{Problems, REDACTED, interpolate};
@@ -86,6 +88,9 @@ fn default_idle_timeout_ms() -> u64 {
 pub(super) fn default_reconnect_max_ms() -> u64 {
     DEFAULT_RECONNECT_MAX_MS
 }
+fn default_events() -> Vec<String> {
+    vec![sse::DEFAULT_EVENT.to_owned()]
+}
 
 /// Settings of an http source (`kind = "http"`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -113,6 +118,10 @@ pub struct HttpConfig {
     /// jitter.
     #[serde(default = "default_reconnect_max_ms")]
     pub reconnect_max_ms: u64,
+    /// `format = "sse"`: the event types that are records (`event:` names; `message` also
+    /// stands for events without one). Events of other types are counted, not stored.
+    #[serde(default = "default_events")]
+    pub events: Vec<String>,
 }
 
 impl HttpConfig {
@@ -125,6 +134,7 @@ impl HttpConfig {
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
             idle_timeout_ms: DEFAULT_IDLE_TIMEOUT_MS,
             reconnect_max_ms: DEFAULT_RECONNECT_MAX_MS,
+            events: default_events(),
         }
     }
 }
@@ -198,6 +208,7 @@ impl SourceSettings for HttpConfig {
             self.reconnect_max_ms,
             100,
         );
+        validate_events(at, self.format, &self.events, p);
     }
 
     fn build(&self, name: &str, ctx: &BuildContext) -> Result<Box<dyn Source>, SourceError> {
@@ -206,10 +217,19 @@ impl SourceSettings for HttpConfig {
         o.connect_timeout = Duration::from_millis(self.connect_timeout_ms);
         o.idle_timeout = Duration::from_millis(self.idle_timeout_ms);
         o.reconnect_max = Duration::from_millis(self.reconnect_max_ms);
+        o.events = self.events.clone();
         Ok(Box::new(HttpSource::new(name, o)))
     }
 
     fn describe(&self) -> String {
+        if self.format == HttpFormat::Sse && self.events != default_events() {
+            return format!(
+                "{} ({}), {}",
+                self.format,
+                self.events.join(", "),
+                url_for_logs(&self.url)
+            );
+        }
         format!("{}, {}", self.format, url_for_logs(&self.url))
     }
 
@@ -217,6 +237,40 @@ impl SourceSettings for HttpConfig {
         self.url = redact_url(&self.url);
         for value in self.headers.values_mut() {
             *value = REDACTED.to_owned();
+        }
+    }
+}
+
+/// Checks `events`: SSE only, at least one name, each a possible `event:` value.
+fn validate_events(at: &str, format: HttpFormat, events: &[String], p: &mut Problems) {
+    let key = format!("{at}.events");
+    if format != HttpFormat::Sse {
+        if events != default_events() {
+            p.push(
+                key,
+                "only for format = \"sse\" (event names are an SSE notion)",
+            );
+        }
+        return;
+    }
+    if events.is_empty() {
+        p.push(
+            key,
+            "must name at least one event type (\"message\" for events without `event:`)",
+        );
+        return;
+    }
+    for (i, name) in events.iter().enumerate() {
+        if name.is_empty() || name.contains(['\r', '\n', '\0']) || name.len() > 256 {
+            p.push(
+                format!("{key}[{i}]"),
+                format!("{name:?} is not an event name (1-256 bytes, no line break or NUL)"),
+            );
+        } else if name.starts_with(' ') {
+            p.push(
+                format!("{key}[{i}]"),
+                format!("{name:?}: a leading space is never part of a received event name"),
+            );
         }
     }
 }
@@ -252,6 +306,10 @@ pub struct HttpOptions {
     pub reconnect_max: Duration,
     /// Longest line (NDJSON) or event data (SSE), in bytes.
     pub max_line: usize,
+    /// SSE: the event id to resume after (sent as `Last-Event-ID` on the first request).
+    pub last_event_id: Option<String>,
+    /// SSE: the event types that are records (default `["message"]`: unnamed events).
+    pub events: Vec<String>,
 }
 
 impl HttpOptions {
@@ -266,6 +324,8 @@ impl HttpOptions {
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_millis(DEFAULT_RECONNECT_MAX_MS),
             max_line,
+            last_event_id: None,
+            events: default_events(),
         }
     }
 }
@@ -296,7 +356,23 @@ impl Source for HttpSource {
     }
 
     fn records(self: Box<Self>) -> BoxStream<'static, Raw> {
+        self.positioned().map(|p| p.raw).boxed()
+    }
+
+    fn positioned(self: Box<Self>) -> BoxStream<'static, Positioned> {
         run(self.name, self.options).boxed()
+    }
+
+    /// SSE: the stored position is the last event id; the first request sends it as
+    /// `Last-Event-ID`, so the server continues after it. NDJSON streams have no position.
+    fn resume(&mut self, position: &serde_json::Value) {
+        match (self.options.format, position.as_str()) {
+            (HttpFormat::Sse, Some(id)) => self.options.last_event_id = Some(id.to_owned()),
+            (HttpFormat::Sse, None) => {
+                tracing::warn!(source = %self.name, "the stored position is not an SSE event id; starting without Last-Event-ID")
+            }
+            (HttpFormat::Ndjson, _) => {}
+        }
     }
 }
 
@@ -405,7 +481,7 @@ async fn excerpt(resp: &mut reqwest::Response, idle: Duration) -> String {
     if cut { format!("{text}…") } else { text }
 }
 
-fn run(name: String, o: HttpOptions) -> impl Stream<Item = Raw> + Send + 'static {
+fn run(name: String, o: HttpOptions) -> impl Stream<Item = Positioned> + Send + 'static {
     async_stream::stream! {
         let shown_url = url_for_logs(&o.url);
         let client = match client()
@@ -421,7 +497,14 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Raw> + Send + 'static
         let headers = header_map(&o.headers);
         let connected = t::SourceLink::new(&name);
         let mut backoff = Backoff::new(o.reconnect_min, o.reconnect_max);
-        let mut sse = SseAssembler::new(o.max_line, None);
+        let mut sse = SseAssembler::new(o.max_line, o.last_event_id.clone()).with_events(o.events.clone());
+        let mut skipped = t::SkippedEvents::new(&name, &o.events);
+        // An SSE record's position is the id of the event it came from (what a reconnect or a
+        // restart sends back as Last-Event-ID).
+        let at = |sse: &SseAssembler| match o.format {
+            HttpFormat::Sse => sse.last_event_id().map(|id| serde_json::Value::String(id.to_owned())),
+            HttpFormat::Ndjson => None,
+        };
         let mut ever_connected = false;
         loop {
             let mut req = client.get(&o.url).headers(headers.clone());
@@ -470,12 +553,12 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Raw> + Send + 'static
                     let ended = loop {
                         match frames.next().await {
                             Some(Ok(frame)) => {
-                                if let Some(raw) = to_raw(o.format, &mut sse, frame) {
+                                if let Some(raw) = to_raw(o.format, &mut sse, &mut skipped, frame) {
                                     if !got_any {
                                         got_any = true;
                                         backoff.reset();
                                     }
-                                    yield raw;
+                                    yield Positioned { position: at(&sse), raw };
                                 }
                             }
                             Some(Err(e)) => {
@@ -487,12 +570,12 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Raw> + Send + 'static
                                     rest.push(f);
                                 }
                                 for f in rest {
-                                    if let Some(raw) = to_raw(o.format, &mut sse, f) {
-                                        yield raw;
+                                    if let Some(raw) = to_raw(o.format, &mut sse, &mut skipped, f) {
+                                        yield Positioned { position: at(&sse), raw };
                                     }
                                 }
-                                if let Some(raw) = sse_finish(o.format, &mut sse) {
-                                    yield raw;
+                                if let Some(raw) = sse_finish(o.format, &mut sse, &mut skipped) {
+                                    yield Positioned { position: at(&sse), raw };
                                 }
                                 if e.kind() == std::io::ErrorKind::TimedOut {
                                     tracing::warn!(source = %name, url = %shown_url, "stream stalled: {e}; reconnecting");
@@ -502,8 +585,8 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Raw> + Send + 'static
                                 break ReconnectReason::ReadError;
                             }
                             None => {
-                                if let Some(raw) = sse_finish(o.format, &mut sse) {
-                                    yield raw;
+                                if let Some(raw) = sse_finish(o.format, &mut sse, &mut skipped) {
+                                    yield Positioned { position: at(&sse), raw };
                                 }
                                 tracing::warn!(source = %name, url = %shown_url, "the server closed the stream; reconnecting");
                                 break ReconnectReason::Closed;
@@ -525,17 +608,37 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Raw> + Send + 'static
     }
 }
 
-fn to_raw(format: HttpFormat, sse: &mut SseAssembler, frame: Frame) -> Option<Raw> {
+fn to_raw(
+    format: HttpFormat,
+    sse: &mut SseAssembler,
+    skipped: &mut t::SkippedEvents,
+    frame: Frame,
+) -> Option<Raw> {
     match format {
         HttpFormat::Ndjson => framing::ndjson(frame),
-        HttpFormat::Sse => sse.push(frame),
+        HttpFormat::Sse => record(sse.push(frame)?, skipped),
     }
 }
 
-fn sse_finish(format: HttpFormat, sse: &mut SseAssembler) -> Option<Raw> {
+fn sse_finish(
+    format: HttpFormat,
+    sse: &mut SseAssembler,
+    skipped: &mut t::SkippedEvents,
+) -> Option<Raw> {
     match format {
         HttpFormat::Ndjson => None,
-        HttpFormat::Sse => sse.finish(),
+        HttpFormat::Sse => record(sse.finish()?, skipped),
+    }
+}
+
+/// The record of a dispatched event; a skipped one is counted instead.
+fn record(d: Dispatched, skipped: &mut t::SkippedEvents) -> Option<Raw> {
+    match d {
+        Dispatched::Record(raw) => Some(raw),
+        Dispatched::Skipped { event } => {
+            skipped.emit(&event);
+            None
+        }
     }
 }
 

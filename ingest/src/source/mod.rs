@@ -27,7 +27,7 @@ pub mod stdin;
 pub mod synthetic;
 pub mod websocket;
 
-use futures::stream::BoxStream;
+use futures::stream::{BoxStream, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -60,13 +60,39 @@ pub enum Raw {
     },
 }
 
+/// A record with where the source stood right after it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Positioned {
+    /// The record.
+    pub raw: Raw,
+    /// The source's position right after this record (a file offset, an SSE event id, a
+    /// stream cursor), if the source can resume from it. Stored with the event it produced.
+    pub position: Option<Value>,
+}
+
+impl From<Raw> for Positioned {
+    fn from(raw: Raw) -> Self {
+        Positioned {
+            raw,
+            position: None,
+        }
+    }
+}
+
 /// A stream of events with a name.
 ///
-/// Contract: `records` is called once. The stream yields records in order and ends when the
-/// source is exhausted (a file, stdin) — the pipeline then keeps running the other sources —
-/// or never (a generator, a live stream). Transient failures (a dropped connection) are the
-/// source's to handle (reconnect with backoff) and to log; they do not end the stream. The
-/// stream is dropped on shutdown, so it must not need an explicit stop.
+/// Contract: `records` (or `positioned`) is called once. The stream yields records in order
+/// and ends when the source is exhausted (a file, stdin) — the pipeline then keeps running
+/// the other sources — or never (a generator, a live stream). Transient failures (a dropped
+/// connection) are the source's to handle (reconnect with backoff) and to log; they do not end
+/// the stream. The stream is dropped on shutdown, so it must not need an explicit stop.
+///
+/// **Resumable sources** (a file, an SSE stream with event ids, a WebSocket with a cursor)
+/// also implement [`Source::positioned`], giving with each record where the source stood right
+/// after it, and [`Source::resume`]. The ingester stores a record's position in the same
+/// document as the event it became, so it is committed with it; before a restarted pipeline
+/// starts a source, it calls `resume` with the position stored with that source's newest
+/// record: the source continues exactly after it, and nothing is read twice or skipped.
 pub trait Source: Send + 'static {
     /// The source's name: the `source` label of metrics, stored with each event.
     fn name(&self) -> &str;
@@ -76,6 +102,18 @@ pub trait Source: Send + 'static {
 
     /// The records.
     fn records(self: Box<Self>) -> BoxStream<'static, Raw>;
+
+    /// The records with their positions; by default none (a source that cannot resume).
+    fn positioned(self: Box<Self>) -> BoxStream<'static, Positioned> {
+        self.records().map(Positioned::from).boxed()
+    }
+
+    /// Called once, before the records are read, with the position stored with this
+    /// source's newest record in the store. A source that cannot use it ignores it (the
+    /// default); one that can, continues right after it.
+    fn resume(&mut self, position: &Value) {
+        let _ = position;
+    }
 }
 
 /// What every source kind's settings provide.

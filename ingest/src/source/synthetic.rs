@@ -1,5 +1,17 @@
 //! A synthetic tweet-like stream: Poisson arrivals at a mean rate, occasional bursts, seeded
 //! for reproducibility. The default source, so `cargo run` shows a live pipeline at once.
+//!
+//! Two vocabularies (`vocabulary = "..."`):
+//! - `realistic` (the default): the [`realistic`](super::realistic) generator — hashtags and
+//!   users drawn from Zipf laws over millions of distinct values (`hashtags`, `users`), texts
+//!   of tweet-like lengths in twenty-one languages and their scripts, emoji, RTL, combining
+//!   marks. What a real stream stresses (index and top-k cardinality, Unicode) is stressed.
+//! - `small`: 24 hashtags, 5,000 users named `user<N>`, English-like words (the [`Generator`]
+//!   below): a stream whose values are easy to read and to query by hand.
+//!
+//! Both write the same fields (`id`, `id_str`, `created_at`, `user {id, screen_name,
+//! followers_count}`, `lang`, `text`, `hashtags`, `retweet_count`, sometimes `coordinates`).
+//! With a `seed`, the events and their arrival gaps are the same on every run.
 
 use std::time::{Duration, SystemTime};
 
@@ -11,8 +23,30 @@ use tokio::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use super::realistic::{MAX_VOCABULARY, Realistic, Shape};
 use super::{BuildContext, Raw, Source, SourceError, SourceSettings};
 use crate::config::Problems;
+
+/// Which words, hashtags and users a synthetic stream draws from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Vocabulary {
+    /// Long-tailed hashtags and users, many scripts: the shape of a real sample stream.
+    #[default]
+    Realistic,
+    /// 24 hashtags, 5,000 `user<N>` accounts, English-like words.
+    Small,
+}
+
+impl Vocabulary {
+    /// The name used in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Vocabulary::Realistic => "realistic",
+            Vocabulary::Small => "small",
+        }
+    }
+}
 
 const LANGS: [(&str, u32); 8] = [
     ("en", 50),
@@ -75,6 +109,16 @@ pub struct SyntheticConfig {
     /// How long a burst lasts, in seconds (>= 1).
     #[serde(default = "default_burst_secs")]
     pub burst_secs: u64,
+    /// `realistic` (long tails, many scripts; the default) or `small` (a few dozen hashtags
+    /// and words).
+    #[serde(default)]
+    pub vocabulary: Vocabulary,
+    /// `realistic` only: distinct hashtags (Zipf-distributed); absent = 2,000,000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hashtags: Option<u64>,
+    /// `realistic` only: distinct users (Zipf-distributed activity); absent = 5,000,000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub users: Option<u64>,
 }
 
 fn default_burst_probability() -> f64 {
@@ -96,7 +140,22 @@ impl SyntheticConfig {
             burst_probability: default_burst_probability(),
             burst_multiplier: default_burst_multiplier(),
             burst_secs: default_burst_secs(),
+            vocabulary: Vocabulary::default(),
+            hashtags: None,
+            users: None,
         }
+    }
+
+    /// The realistic generator's shape with this source's sizes.
+    fn shape(&self) -> Shape {
+        let mut shape = Shape::default();
+        if let Some(n) = self.hashtags {
+            shape.hashtags = n;
+        }
+        if let Some(n) = self.users {
+            shape.users = n;
+        }
+        shape
     }
 }
 
@@ -121,6 +180,20 @@ impl SourceSettings for SyntheticConfig {
             );
         }
         p.at_least(&format!("{at}.burst_secs"), self.burst_secs, 1);
+        for (key, value) in [("hashtags", self.hashtags), ("users", self.users)] {
+            let Some(n) = value else { continue };
+            if self.vocabulary != Vocabulary::Realistic {
+                p.push(
+                    format!("{at}.{key}"),
+                    "only for vocabulary = \"realistic\" (the small vocabulary has fixed sizes)",
+                );
+            } else if !(1..=MAX_VOCABULARY).contains(&n) {
+                p.push(
+                    format!("{at}.{key}"),
+                    format!("must be in 1..={MAX_VOCABULARY} (got {n})"),
+                );
+            }
+        }
     }
 
     fn build(&self, name: &str, _: &BuildContext) -> Result<Box<dyn Source>, SourceError> {
@@ -128,7 +201,10 @@ impl SourceSettings for SyntheticConfig {
     }
 
     fn describe(&self) -> String {
-        format!("{}/s", self.rate_per_sec)
+        match self.vocabulary {
+            Vocabulary::Realistic => format!("{}/s", self.rate_per_sec),
+            Vocabulary::Small => format!("{}/s, small vocabulary", self.rate_per_sec),
+        }
     }
 }
 
@@ -160,19 +236,60 @@ impl Source for Synthetic {
     fn records(self: Box<Self>) -> BoxStream<'static, Raw> {
         let o = self.options;
         let seed = o.seed.unwrap_or_else(rand::random);
-        let generator = Generator::new(seed);
-        let state = (generator, Instant::now(), Pacer::new(o));
-        futures::stream::unfold(state, |(mut generator, mut next, mut pacer)| async move {
+        let events = Events::new(seed, &o);
+        let state = (events, Instant::now(), Pacer::new(o));
+        futures::stream::unfold(state, |(mut events, mut next, mut pacer)| async move {
             // Poisson arrivals: exponential gaps. When behind schedule (a slow consumer, a
             // high rate), events go out without sleeping until the schedule is met again.
-            next += pacer.gap(&mut generator.rng, next);
+            next += pacer.gap(events.pace_rng(), next);
             if next > Instant::now() {
                 tokio::time::sleep_until(next).await;
             }
-            let event = generator.event();
-            Some((Raw::Json(event), (generator, next, pacer)))
+            let event = events.next();
+            Some((Raw::Json(event), (events, next, pacer)))
         })
         .boxed()
+    }
+}
+
+/// The events of a synthetic stream, from the configured vocabulary, and the random source of
+/// its arrival gaps (so one seed fixes both).
+enum Events {
+    /// The small generator draws the gaps from its own random stream (as it always has, so a
+    /// seeded small stream is what it was).
+    Small(Generator),
+    /// The realistic generator keeps its random stream to itself (its events depend only on
+    /// the seed and the shape); the gaps come from a second stream derived from the seed.
+    Realistic(Box<Realistic>, StdRng),
+}
+
+impl Events {
+    fn new(seed: u64, o: &SyntheticConfig) -> Self {
+        match o.vocabulary {
+            Vocabulary::Small => Events::Small(Generator::new(seed)),
+            Vocabulary::Realistic => Events::Realistic(
+                Box::new(Realistic::new(seed, o.shape())),
+                // Any fixed odd constant decorrelates the two streams of one seed.
+                StdRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15),
+            ),
+        }
+    }
+
+    fn pace_rng(&mut self) -> &mut StdRng {
+        match self {
+            Events::Small(g) => &mut g.rng,
+            Events::Realistic(_, rng) => rng,
+        }
+    }
+
+    fn next(&mut self) -> Value {
+        match self {
+            Events::Small(g) => g.event(),
+            Events::Realistic(r, _) => {
+                let created = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+                r.event(&created)
+            }
+        }
     }
 }
 
@@ -347,6 +464,7 @@ mod tests {
             burst_probability: 0.0,
             burst_multiplier: 1.0,
             burst_secs: 1,
+            ..SyntheticConfig::at(70.0)
         };
         let mut p = Pacer::new(o);
         let mut rng = StdRng::seed_from_u64(3);
@@ -369,6 +487,7 @@ mod tests {
             burst_probability: 1.0,
             burst_multiplier: 5.0,
             burst_secs: 3600,
+            ..SyntheticConfig::at(70.0)
         };
         let mut p = Pacer::new(o);
         let mut rng = StdRng::seed_from_u64(3);
@@ -379,5 +498,127 @@ mod tests {
         }
         let rate = 20_000.0 / (t - start).as_secs_f64();
         assert!((rate - 350.0).abs() < 350.0 * 0.035, "burst rate {rate}");
+    }
+
+    /// The first `n` events of a seeded source's stream (the generator, without pacing).
+    fn first_events(o: &SyntheticConfig, n: usize) -> Vec<Value> {
+        let mut events = Events::new(o.seed.unwrap(), o);
+        (0..n)
+            .map(|_| {
+                let mut e = events.next();
+                e.as_object_mut().unwrap().remove("created_at");
+                e
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_default_vocabulary_is_realistic_and_seeded_streams_repeat() {
+        let mut o = SyntheticConfig::at(70.0);
+        assert_eq!(o.vocabulary, Vocabulary::Realistic, "realistic by default");
+        o.seed = Some(42);
+        let a = first_events(&o, 300);
+        assert_eq!(a, first_events(&o, 300), "same seed, same events");
+        let mut other = o.clone();
+        other.seed = Some(43);
+        assert_ne!(a, first_events(&other, 300), "another seed, other events");
+        // The realistic generator's output, through the source, unchanged.
+        let mut direct = Realistic::new(42, Shape::default());
+        let mut want = direct.event("t");
+        want.as_object_mut().unwrap().remove("created_at");
+        assert_eq!(
+            a[0], want,
+            "the source hands over the realistic generator's events"
+        );
+        // Long tails and many scripts, as the issue asks of the default stream.
+        let names: std::collections::BTreeSet<&str> = a
+            .iter()
+            .map(|e| e["user"]["screen_name"].as_str().unwrap())
+            .collect();
+        assert!(
+            names.len() > 250,
+            "300 events of a 5,000,000-user stream come from hundreds of users: {}",
+            names.len()
+        );
+        assert!(
+            a.iter().any(|e| !e["text"].as_str().unwrap().is_ascii()),
+            "non-ASCII texts"
+        );
+        assert!(
+            a.iter()
+                .all(|e| e["hashtags"].is_array() && e["retweet_count"].is_u64())
+        );
+    }
+
+    #[test]
+    fn the_small_vocabulary_is_the_old_generator() {
+        let mut o = SyntheticConfig::at(70.0);
+        o.vocabulary = Vocabulary::Small;
+        o.seed = Some(7);
+        let mut g = Generator::new(7);
+        let want: Vec<Value> = (0..50)
+            .map(|_| {
+                let mut e = g.event();
+                e.as_object_mut().unwrap().remove("created_at");
+                e
+            })
+            .collect();
+        assert_eq!(first_events(&o, 50), want);
+        for e in &want {
+            for tag in e["hashtags"].as_array().unwrap() {
+                assert!(
+                    HASHTAGS.contains(&tag.as_str().unwrap()),
+                    "small hashtags come from the fixed list: {tag}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn sizes_shape_the_realistic_vocabulary() {
+        let mut o = SyntheticConfig::at(70.0);
+        o.seed = Some(1);
+        o.hashtags = Some(3);
+        o.users = Some(2);
+        let events = first_events(&o, 500);
+        let users: std::collections::BTreeSet<&str> = events
+            .iter()
+            .map(|e| e["user"]["screen_name"].as_str().unwrap())
+            .collect();
+        let tags: std::collections::BTreeSet<&str> = events
+            .iter()
+            .flat_map(|e| e["hashtags"].as_array().unwrap())
+            .map(|t| t.as_str().unwrap())
+            .collect();
+        assert_eq!(users.len(), 2, "users = 2: {users:?}");
+        assert!(
+            !tags.is_empty() && tags.len() <= 3,
+            "hashtags = 3: {tags:?}"
+        );
+    }
+
+    #[test]
+    fn sizes_are_checked() {
+        let problems = |o: &SyntheticConfig| {
+            let mut p = Problems::default();
+            o.validate("sources[0]", &mut p);
+            format!("{p:?}")
+        };
+        let mut o = SyntheticConfig::at(70.0);
+        o.hashtags = Some(0);
+        let found = problems(&o);
+        assert!(
+            found.contains("sources[0].hashtags") && found.contains("must be in 1..="),
+            "{found}"
+        );
+        o.hashtags = Some(10);
+        o.vocabulary = Vocabulary::Small;
+        let found = problems(&o);
+        assert!(
+            found.contains("sources[0].hashtags") && found.contains("only for vocabulary"),
+            "{found}"
+        );
+        o.vocabulary = Vocabulary::Realistic;
+        assert_eq!(problems(&o), format!("{:?}", Problems::default()), "valid");
     }
 }

@@ -82,7 +82,9 @@ use super::http::{
     DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_RECONNECT_MAX_MS,
     default_reconnect_max_ms, resolve_headers, validate_headers,
 };
-use super::{BuildContext, Raw, RejectReason, Source, SourceError, SourceSettings, USER_AGENT};
+use super::{
+    BuildContext, Positioned, Raw, RejectReason, Source, SourceError, SourceSettings, USER_AGENT,
+};
 use crate::config::redact::redact_url;
 use crate::config::{Problems, REDACTED};
 use crate::telemetry::{self as t, ReconnectReason};
@@ -410,7 +412,31 @@ impl Source for WebSocketSource {
     }
 
     fn records(self: Box<Self>) -> BoxStream<'static, Raw> {
+        self.positioned().map(|p| p.raw).boxed()
+    }
+
+    /// With `resume` set, each record's position is the cursor (the resume field of the last
+    /// event handed over).
+    fn positioned(self: Box<Self>) -> BoxStream<'static, Positioned> {
         run(self.name, self.options).boxed()
+    }
+
+    /// The stored cursor becomes `start`: the first connection asks for the events from it.
+    fn resume(&mut self, position: &Value) {
+        if self.options.resume.is_none() {
+            return;
+        }
+        let cursor = match position {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        };
+        match cursor {
+            Some(c) => self.options.start = Some(c),
+            None => {
+                tracing::warn!(source = %self.name, "the stored position is not a cursor; connecting without one")
+            }
+        }
     }
 }
 
@@ -546,6 +572,11 @@ impl Resumer {
             ties_bytes: 0,
             replay: None,
         }
+    }
+
+    /// The value of the last event handed over (or `start`): where the stream stands.
+    pub fn position(&self) -> Option<&str> {
+        self.last.as_ref().map(|c| c.text.as_str())
     }
 
     /// The cursor to send on the next connection, if any; opens the replay window.
@@ -903,7 +934,7 @@ fn finding_record(found: Option<Finding>, fallback: RejectReason) -> Raw {
     }
 }
 
-fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Raw> + Send + 'static {
+fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Positioned> + Send + 'static {
     async_stream::stream! {
         let shown_url = super::http::url_for_logs(&o.url);
         let target = match Target::parse(&o.url) {
@@ -919,6 +950,12 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Raw> + Send + 's
         let mut backoff = Backoff::new(o.reconnect_min, o.reconnect_max);
         let mut resumer = o.resume.as_ref().map(|r| (r.param.clone(), Resumer::new(&r.field, o.start.clone())));
         let mut ever_connected = false;
+        let at = |resumer: &Option<(String, Resumer)>| {
+            resumer
+                .as_ref()
+                .and_then(|(_, r)| r.position())
+                .map(|c| Value::String(c.to_owned()))
+        };
         loop {
             let url = match &mut resumer {
                 Some((param, r)) => match r.connecting() {
@@ -980,7 +1017,7 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Raw> + Send + 's
                             let message = match next {
                                 None => {
                                     if let Some(cut) = ws.get_mut().tracker.take_cut() {
-                                        yield finding_record(Some(cut), RejectReason::Truncated);
+                                        yield Positioned { raw: finding_record(Some(cut), RejectReason::Truncated), position: at(&resumer) };
                                     }
                                     tracing::warn!(source = %name, url = %shown_url, "no frame for {} ms: the connection is stalled; reconnecting", o.idle_timeout.as_millis());
                                     break ReconnectReason::IdleTimeout;
@@ -999,12 +1036,12 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Raw> + Send + 's
                                     match e {
                                         tungstenite::Error::Capacity(CapacityError::MessageTooLong { size, max_size }) => {
                                             let found = tracker.take_bad().filter(|f| matches!(f, Finding::TooLarge { .. }));
-                                            yield finding_record(found, RejectReason::TooLarge);
+                                            yield Positioned { raw: finding_record(found, RejectReason::TooLarge), position: at(&resumer) };
                                             tracing::warn!(source = %name, url = %shown_url, "a message of {size} bytes is over the limit of {max_size}; kept its first bytes as a dead letter; reconnecting (tungstenite cannot skip the rest of it)");
                                         }
                                         tungstenite::Error::Utf8(detail) => {
                                             let found = tracker.take_bad().filter(|f| matches!(f, Finding::InvalidUtf8(_)));
-                                            yield finding_record(found, RejectReason::InvalidUtf8);
+                                            yield Positioned { raw: finding_record(found, RejectReason::InvalidUtf8), position: at(&resumer) };
                                             tracing::warn!(source = %name, url = %shown_url, "a text message is not UTF-8 ({detail}); kept it as a dead letter; reconnecting (the protocol requires closing)");
                                         }
                                         tungstenite::Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) if !tracker.mid_frame() => {
@@ -1013,7 +1050,7 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Raw> + Send + 's
                                         }
                                         e => {
                                             if let Some(cut) = tracker.take_cut() {
-                                                yield finding_record(Some(cut), RejectReason::Truncated);
+                                                yield Positioned { raw: finding_record(Some(cut), RejectReason::Truncated), position: at(&resumer) };
                                             }
                                             let how = if matches!(e, tungstenite::Error::Protocol(ProtocolError::ResetWithoutClosingHandshake)) {
                                                 "the connection was cut inside a frame".to_owned()
@@ -1035,12 +1072,12 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Raw> + Send + 's
                                             duplicates.increment(1);
                                             continue;
                                         }
-                                        yield raw;
+                                        yield Positioned { raw, position: at(&resumer) };
                                     }
                                 }
                                 Message::Binary(bytes) => {
                                     let keep = bytes.len().min(PREFIX_BYTES);
-                                    yield Raw::Invalid { bytes: bytes[..keep].to_vec(), reason: RejectReason::BinaryFrame };
+                                    yield Positioned { raw: Raw::Invalid { bytes: bytes[..keep].to_vec(), reason: RejectReason::BinaryFrame }, position: at(&resumer) };
                                 }
                                 Message::Close(frame) => {
                                     let why = frame.map(|f| {

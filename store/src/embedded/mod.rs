@@ -109,6 +109,7 @@ impl EmbeddedStore {
         let db_path = dir.join(schema::DB_FILE);
         let conn = schema::open(&db_path)?;
         conn.execute_batch(schema::CREATE)?;
+        schema::migrate(&conn)?;
         let newest_op: i64 = conn
             .query_row(
                 "SELECT seq FROM sqlite_sequence WHERE name = 'oplog'",
@@ -403,6 +404,10 @@ impl Capped for EmbeddedCapped {
             .submit(
                 Op::Append {
                     coll: self.name.clone(),
+                    bodies: docs
+                        .iter()
+                        .map(serde_json::to_string)
+                        .collect::<std::result::Result<_, _>>()?,
                     docs,
                 },
                 durability,
@@ -535,6 +540,31 @@ impl Keyed for EmbeddedKeyed {
         {
             Reply::Deleted(d) => Ok(d),
             _ => Ok(false),
+        }
+    }
+
+    async fn expire(
+        &self,
+        prefix: &str,
+        written_before_us: i64,
+        limit: usize,
+        durability: Durability,
+    ) -> Result<u64> {
+        match self
+            .inner
+            .submit(
+                Op::Expire {
+                    coll: self.name.clone(),
+                    prefix: prefix.to_string(),
+                    before: written_before_us,
+                    limit,
+                },
+                durability,
+            )
+            .await?
+        {
+            Reply::Expired(n) => Ok(n),
+            _ => Ok(0),
         }
     }
 

@@ -85,7 +85,7 @@ pub(super) fn latest(
     let value = sql_value(value)?;
     let mut stmt = c.prepare_cached(&format!(
         "SELECT pos, body, ts FROM {table} WHERE {} = ?1 ORDER BY pos DESC LIMIT ?2",
-        schema::field_expr(field)
+        schema::field_sql(c, table, field)?
     ))?;
     let rows = stmt.query_map(params![value, limit as i64], |r| {
         Ok((
@@ -108,10 +108,10 @@ pub(super) fn latest(
 /// The query plan of `latest` on `field` (tests assert that the index is used).
 pub fn explain_latest(c: &Connection, coll: &str, field: &str) -> Result<String> {
     schema::check_field(field)?;
+    let table = capped_table(coll);
     let mut stmt = c.prepare(&format!(
-        "EXPLAIN QUERY PLAN SELECT pos, body, ts FROM {} WHERE {} = ?1 ORDER BY pos DESC LIMIT 20",
-        capped_table(coll),
-        schema::field_expr(field)
+        "EXPLAIN QUERY PLAN SELECT pos, body, ts FROM {table} WHERE {} = ?1 ORDER BY pos DESC LIMIT 20",
+        schema::field_sql(c, &table, field)?
     ))?;
     let rows = stmt.query_map(["x"], |r| r.get::<_, String>(3))?;
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?.join("; "))

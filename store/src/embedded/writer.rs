@@ -32,6 +32,9 @@ pub(crate) enum Op {
     Append {
         coll: String,
         docs: Vec<Document>,
+        /// Each document's JSON text, encoded by the caller: the encoding then runs on the
+        /// caller's thread, beside the writer's, not on it.
+        bodies: Vec<String>,
     },
     Update {
         coll: String,
@@ -46,6 +49,12 @@ pub(crate) enum Op {
         coll: String,
         key: String,
     },
+    Expire {
+        coll: String,
+        prefix: String,
+        before: i64,
+        limit: usize,
+    },
     Checkpoint {
         feed: String,
         body: String,
@@ -58,6 +67,7 @@ pub(crate) enum Op {
 pub(crate) enum Reply {
     Positions(Vec<Position>),
     Deleted(bool),
+    Expired(u64),
     Done,
 }
 
@@ -81,6 +91,11 @@ pub(crate) struct Commit {
 /// In-memory bookkeeping of a capped collection, so eviction needs no `COUNT(*)`.
 struct CappedMeta {
     table: String,
+    /// The index columns of the table and their fields (every one, whatever the spec of the
+    /// handle that appends: a document is indexed by every index its collection has).
+    indexed: Vec<(String, String)>,
+    /// The insert statement, with a parameter per index column.
+    insert: String,
     max_docs: u64,
     max_bytes: u64,
     count: u64,
@@ -89,9 +104,60 @@ struct CappedMeta {
     newest: Arc<AtomicU64>,
 }
 
+/// Documents of keyed collections as last written, with their JSON text: an update of a hot
+/// key (a source's summary, updated on every event) then needs no read and no parse. The
+/// writer is the only writer, so the cache is exact; it is cleared whenever a job or a
+/// transaction is rolled back.
+#[derive(Default)]
+struct KvCache {
+    /// By collection, then key (nested so a lookup by borrowed strings allocates nothing).
+    docs: HashMap<String, HashMap<String, (Document, String)>>,
+    len: usize,
+}
+
+impl KvCache {
+    /// Entries kept at most; beyond, the cache starts over (cold keys of a long tail are read
+    /// from the table anyway).
+    const CAPACITY: usize = 4096;
+
+    /// Takes the entry out: its key is about to be rewritten or deleted.
+    fn take(&mut self, coll: &str, key: &str) -> Option<(Document, String)> {
+        let entry = self.docs.get_mut(coll)?.remove(key)?;
+        self.len -= 1;
+        Some(entry)
+    }
+
+    fn put(&mut self, coll: &str, key: &str, doc: Document, body: String) {
+        if self.len >= Self::CAPACITY {
+            self.clear();
+        }
+        let keys = match self.docs.get_mut(coll) {
+            Some(keys) => keys,
+            None => self.docs.entry(coll.to_owned()).or_default(),
+        };
+        if keys.insert(key.to_owned(), (doc, body)).is_none() {
+            self.len += 1;
+        }
+    }
+
+    fn remove(&mut self, coll: &str, key: &str) {
+        if let Some(keys) = self.docs.get_mut(coll)
+            && keys.remove(key).is_some()
+        {
+            self.len -= 1;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.docs.clear();
+        self.len = 0;
+    }
+}
+
 pub(crate) struct Writer {
     conn: Connection,
     capped: HashMap<String, CappedMeta>,
+    kv: KvCache,
     oplog_max_entries: u64,
     /// Whether `synchronous=FULL` is currently set; toggled per group as durability needs.
     sync_full: bool,
@@ -113,6 +179,7 @@ impl Writer {
         conn.pragma_update(None, "temp_store", "MEMORY")?;
         Ok(Writer {
             conn,
+            kv: KvCache::default(),
             capped: HashMap::new(),
             oplog_max_entries,
             sync_full: true,
@@ -144,15 +211,12 @@ impl Writer {
             // The whole transaction is gone: every caller hears why, and the in-memory
             // bookkeeping is reloaded from what is really on disk.
             let _ = self.conn.execute_batch("ROLLBACK");
-            tracing::error!(error = %e, jobs = jobs.len(), "embedded store commit failed");
-            let msg = e.to_string();
+            self.kv.clear();
+            tracing::error!(error = %e, jobs = jobs.len(), transient = e.is_transient(), "embedded store commit failed");
             self.reload_capped_meta();
             for job in jobs {
                 if let Some(tx) = job.reply {
-                    let _ = tx.send(Err(StoreError::Engine {
-                        engine: "embedded",
-                        message: msg.clone(),
-                    }));
+                    let _ = tx.send(Err(e.duplicate("embedded")));
                 }
             }
             return;
@@ -187,6 +251,13 @@ impl Writer {
         }
     }
 
+    /// Runs a statement without parameters through the statement cache (`execute_batch`
+    /// parses its text on every call; these run several times per group).
+    fn exec_cached(&self, sql: &str) -> Result<()> {
+        self.conn.prepare_cached(sql)?.execute([])?;
+        Ok(())
+    }
+
     fn transaction(
         &mut self,
         full: bool,
@@ -200,21 +271,22 @@ impl Writer {
             self.sync_full = full;
         }
         let now = now_us();
-        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        self.exec_cached("BEGIN IMMEDIATE")?;
         let mut wrote_oplog = false;
         for job in jobs.iter_mut() {
-            self.conn.execute_batch("SAVEPOINT job")?;
+            self.exec_cached("SAVEPOINT job")?;
             let before_appended = commit.appended.len();
             let before_changes = commit.changes.len();
             match self.apply(&mut job.op, now, commit) {
                 Ok(reply) => {
-                    self.conn.execute_batch("RELEASE job")?;
+                    self.exec_cached("RELEASE job")?;
                     wrote_oplog |= commit.changes.len() > before_changes;
                     results.push(Ok(reply));
                 }
                 Err(e) => {
                     // Only this job is undone; the others in the group still commit.
                     self.conn.execute_batch("ROLLBACK TO job; RELEASE job")?;
+                    self.kv.clear();
                     commit.appended.truncate(before_appended);
                     commit.changes.truncate(before_changes);
                     self.reload_capped_meta();
@@ -236,7 +308,7 @@ impl Writer {
                     .execute([cut])?;
             }
         }
-        self.conn.execute_batch("COMMIT")?;
+        self.exec_cached("COMMIT")?;
         Ok(())
     }
 
@@ -265,35 +337,37 @@ impl Writer {
                 }
                 Ok(Reply::Done)
             }
-            Op::Append { coll, docs } => {
-                let records = self.append(coll, std::mem::take(docs), now)?;
+            Op::Append { coll, docs, bodies } => {
+                let records =
+                    self.append(coll, std::mem::take(docs), std::mem::take(bodies), now)?;
                 let positions = records.iter().map(|r| r.position).collect();
                 commit.appended.push((coll.clone(), records));
                 Ok(Reply::Positions(positions))
             }
             Op::Update { coll, updates } => {
                 for KeyUpdate { key, update: u } in updates.iter() {
-                    let before = self.get_kv(coll, key)?;
-                    let mut after = before.clone().unwrap_or_else(|| {
-                        let mut d = Document::new();
-                        d.insert("_id".into(), key.clone().into());
-                        d
-                    });
+                    let before = self.take_kv(coll, key)?;
+                    let mut after = match &before {
+                        Some((doc, _)) => doc.clone(),
+                        None => {
+                            let mut d = Document::new();
+                            d.insert("_id".into(), key.clone().into());
+                            d
+                        }
+                    };
                     update::apply(&mut after, u)?;
                     let op = if before.is_some() {
                         ChangeOp::Update
                     } else {
                         ChangeOp::Insert
                     };
-                    self.put_kv(coll, key, &after)?;
-                    commit
-                        .changes
-                        .push(self.log(coll, op, key, before, Some(after), now)?);
+                    let change = self.write_kv(coll, key, op, before, after, now)?;
+                    commit.changes.push(change);
                 }
                 Ok(Reply::Done)
             }
             Op::Set { coll, key, doc } => {
-                let before = self.get_kv(coll, key)?;
+                let before = self.take_kv(coll, key)?;
                 let mut after = std::mem::take(doc);
                 after.insert("_id".into(), key.clone().into());
                 let op = if before.is_some() {
@@ -301,24 +375,30 @@ impl Writer {
                 } else {
                     ChangeOp::Insert
                 };
-                self.put_kv(coll, key, &after)?;
-                commit
-                    .changes
-                    .push(self.log(coll, op, key, before, Some(after), now)?);
+                let change = self.write_kv(coll, key, op, before, after, now)?;
+                commit.changes.push(change);
                 Ok(Reply::Done)
             }
             Op::Delete { coll, key } => {
-                let before = self.get_kv(coll, key)?;
-                if before.is_none() {
+                let Some(before) = self.take_kv(coll, key)? else {
                     return Ok(Reply::Deleted(false));
-                }
+                };
                 self.conn
                     .prepare_cached("DELETE FROM kv WHERE coll = ?1 AND key = ?2")?
                     .execute([&*coll, &*key])?;
-                commit
-                    .changes
-                    .push(self.log(coll, ChangeOp::Delete, key, before, None, now)?);
+                let change = self.log(coll, ChangeOp::Delete, key, Some(before), None, now)?;
+                commit.changes.push(change);
                 Ok(Reply::Deleted(true))
+            }
+            Op::Expire {
+                coll,
+                prefix,
+                before,
+                limit,
+            } => {
+                let (coll, prefix) = (coll.clone(), prefix.clone());
+                let n = self.expire(&coll, &prefix, *before, *limit, now, commit)?;
+                Ok(Reply::Expired(n))
             }
             Op::Checkpoint { feed, body } => {
                 self.conn
@@ -368,14 +448,44 @@ impl Writer {
              ON CONFLICT(name) DO UPDATE SET max_docs = excluded.max_docs, max_bytes = excluded.max_bytes",
             params![name, spec.max_docs as i64, spec.max_bytes as i64],
         )?;
+        let columns = |conn: &Connection| -> Result<Vec<String>> {
+            let mut stmt =
+                conn.prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?;
+            let names = stmt.query_map([], |r| r.get::<_, String>(0))?;
+            Ok(names.collect::<rusqlite::Result<_>>()?)
+        };
+        let existing = columns(&self.conn)?;
         for field in &spec.indexes {
             schema::check_field(field)?;
+            let col = schema::index_column(field);
+            if !existing.contains(&col) {
+                // A new index: a column, filled once from the documents already stored.
+                self.conn.execute_batch(&format!(
+                    "ALTER TABLE {table} ADD COLUMN {col};
+                     UPDATE {table} SET {col} = {};",
+                    schema::field_expr(field)
+                ))?;
+            }
             self.conn.execute_batch(&format!(
-                "CREATE INDEX IF NOT EXISTS {} ON {table}({})",
-                schema::index_name(name, field),
-                schema::field_expr(field)
+                "DROP INDEX IF EXISTS {old};
+                 CREATE INDEX IF NOT EXISTS {table}_{col} ON {table}({col});",
+                old = schema::index_name(name, field),
             ))?;
         }
+        let indexed: Vec<(String, String)> = columns(&self.conn)?
+            .into_iter()
+            .filter_map(|c| schema::column_field(&c).map(|f| (c, f)))
+            .collect();
+        let insert = format!(
+            "INSERT INTO {table}(body, sz, ts{cols}) VALUES (?1, ?2, ?3{params})",
+            cols = indexed
+                .iter()
+                .map(|(c, _)| format!(", {c}"))
+                .collect::<String>(),
+            params = (0..indexed.len())
+                .map(|i| format!(", ?{}", i + 4))
+                .collect::<String>(),
+        );
         let (count, bytes, max): (i64, i64, i64) = self.conn.query_row(
             &format!("SELECT COUNT(*), COALESCE(SUM(sz), 0), COALESCE(MAX(pos), 0) FROM {table}"),
             [],
@@ -386,6 +496,8 @@ impl Writer {
             name.to_string(),
             CappedMeta {
                 table,
+                indexed,
+                insert,
                 max_docs: spec.max_docs,
                 max_bytes: spec.max_bytes,
                 count: count as u64,
@@ -411,20 +523,38 @@ impl Writer {
         }
     }
 
-    fn append(&mut self, coll: &str, docs: Vec<Document>, now: i64) -> Result<Vec<Record>> {
+    fn append(
+        &mut self,
+        coll: &str,
+        docs: Vec<Document>,
+        bodies: Vec<String>,
+        now: i64,
+    ) -> Result<Vec<Record>> {
         let meta = self.capped.get_mut(coll).ok_or_else(|| {
             StoreError::Invalid(format!("capped collection {coll} was not opened"))
         })?;
+        if bodies.len() != docs.len() {
+            return Err(StoreError::Invalid(format!(
+                "append to {coll}: {} documents and {} encodings",
+                docs.len(),
+                bodies.len()
+            )));
+        }
         let mut records = Vec::with_capacity(docs.len());
         {
-            let mut insert = self.conn.prepare_cached(&format!(
-                "INSERT INTO {}(body, sz, ts) VALUES (?1, ?2, ?3)",
-                meta.table
-            ))?;
-            for doc in docs {
-                let body = serde_json::to_string(&doc)?;
+            let mut insert = self.conn.prepare_cached(&meta.insert)?;
+            let mut values: Vec<rusqlite::types::Value> =
+                Vec::with_capacity(3 + meta.indexed.len());
+            for (doc, body) in docs.into_iter().zip(bodies) {
                 let size = body.len() as u64;
-                insert.execute(params![body, size as i64, now])?;
+                values.clear();
+                values.push(rusqlite::types::Value::Text(body));
+                values.push(rusqlite::types::Value::Integer(size as i64));
+                values.push(rusqlite::types::Value::Integer(now));
+                for (_, field) in &meta.indexed {
+                    values.push(schema::index_value(update::get_path(&doc, field)));
+                }
+                insert.execute(rusqlite::params_from_iter(values.drain(..)))?;
                 let pos = self.conn.last_insert_rowid() as u64;
                 meta.count += 1;
                 meta.bytes += size;
@@ -439,23 +569,93 @@ impl Writer {
         Ok(records)
     }
 
-    fn get_kv(&self, coll: &str, key: &str) -> Result<Option<Document>> {
+    /// The document of `key` and its JSON text, taken from the cache (the key is about to be
+    /// rewritten or deleted) or read from the table.
+    fn take_kv(&mut self, coll: &str, key: &str) -> Result<Option<(Document, String)>> {
+        if let Some(entry) = self.kv.take(coll, key) {
+            return Ok(Some(entry));
+        }
         let body: Option<String> = self
             .conn
             .prepare_cached("SELECT body FROM kv WHERE coll = ?1 AND key = ?2")?
             .query_row([coll, key], |r| r.get(0))
             .optional()?;
-        Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
+        body.map(|b| Ok((serde_json::from_str(&b)?, b))).transpose()
     }
 
-    fn put_kv(&self, coll: &str, key: &str, doc: &Document) -> Result<()> {
+    /// Writes `after` as the document of `key` and logs the change: `after` is encoded once
+    /// (for the table and the op log), and `before` keeps the text it was read with.
+    fn write_kv(
+        &mut self,
+        coll: &str,
+        key: &str,
+        op: ChangeOp,
+        before: Option<(Document, String)>,
+        after: Document,
+        now: i64,
+    ) -> Result<Change> {
+        let body = serde_json::to_string(&after)?;
+        self.put_kv(coll, key, &body, now)?;
+        self.kv.put(coll, key, after.clone(), body.clone());
+        let (before_doc, before_body) = before.unzip();
+        self.log_texts(
+            coll,
+            op,
+            key,
+            (before_doc, before_body.as_deref()),
+            (Some(after), Some(&body)),
+            now,
+        )
+    }
+
+    fn put_kv(&self, coll: &str, key: &str, body: &str, now: i64) -> Result<()> {
         self.conn
             .prepare_cached(
-                "INSERT INTO kv(coll, key, body) VALUES (?1, ?2, ?3)
-                 ON CONFLICT(coll, key) DO UPDATE SET body = excluded.body",
+                "INSERT INTO kv(coll, key, body, ts) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT(coll, key) DO UPDATE SET body = excluded.body, ts = excluded.ts",
             )?
-            .execute(params![coll, key, serde_json::to_string(doc)?])?;
+            .execute(params![coll, key, body, now])?;
         Ok(())
+    }
+
+    /// Deletes (and logs, as deletes) up to `limit` keys of `coll` starting with `prefix` that
+    /// were last written before `before`, oldest first.
+    fn expire(
+        &mut self,
+        coll: &str,
+        prefix: &str,
+        before: i64,
+        limit: usize,
+        now: i64,
+        commit: &mut Commit,
+    ) -> Result<u64> {
+        let upper = format!("{prefix}\u{10FFFF}");
+        let idle: Vec<(String, String)> = {
+            let mut stmt = self.conn.prepare_cached(
+                "SELECT key, body FROM kv WHERE coll = ?1 AND ts < ?2 AND key >= ?3 AND key < ?4
+                 ORDER BY ts LIMIT ?5",
+            )?;
+            let rows = stmt.query_map(params![coll, before, prefix, upper, limit as i64], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        for (key, body) in idle.iter() {
+            self.conn
+                .prepare_cached("DELETE FROM kv WHERE coll = ?1 AND key = ?2")?
+                .execute([coll, key.as_str()])?;
+            self.kv.remove(coll, key);
+            let before_image: Document = serde_json::from_str(body)?;
+            commit.changes.push(self.log_texts(
+                coll,
+                ChangeOp::Delete,
+                key,
+                (Some(before_image), Some(body)),
+                (None, None),
+                now,
+            )?);
+        }
+        Ok(idle.len() as u64)
     }
 
     fn log(
@@ -463,16 +663,37 @@ impl Writer {
         coll: &str,
         op: ChangeOp,
         key: &str,
-        before: Option<Document>,
+        before: Option<(Document, String)>,
         after: Option<Document>,
         now: i64,
     ) -> Result<Change> {
-        let enc = |d: &Option<Document>| d.as_ref().map(serde_json::to_string).transpose();
+        let after_body = after.as_ref().map(serde_json::to_string).transpose()?;
+        let (before_doc, before_body) = before.unzip();
+        self.log_texts(
+            coll,
+            op,
+            key,
+            (before_doc, before_body.as_deref()),
+            (after, after_body.as_deref()),
+            now,
+        )
+    }
+
+    /// Appends a change to the op log, with its images already encoded.
+    fn log_texts(
+        &self,
+        coll: &str,
+        op: ChangeOp,
+        key: &str,
+        (before, before_body): (Option<Document>, Option<&str>),
+        (after, after_body): (Option<Document>, Option<&str>),
+        now: i64,
+    ) -> Result<Change> {
         self.conn
             .prepare_cached(
                 "INSERT INTO oplog(coll, op, key, before, after, ts) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?
-            .execute(params![coll, op.as_str(), key, enc(&before)?, enc(&after)?, now])?;
+            .execute(params![coll, op.as_str(), key, before_body, after_body, now])?;
         let seq = self.conn.last_insert_rowid();
         Ok(Change {
             op,

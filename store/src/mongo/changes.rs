@@ -18,9 +18,10 @@ use tokio::sync::{oneshot, watch};
 pub(crate) type TokenCell = Arc<Mutex<Option<ResumeToken>>>;
 
 use super::convert::{
-    Class, OplogPos, Token, bson_doc_to_json, bson_to_json, classify, decode_token, encode_token,
-    engine_err, json_to_bson, key_string, map_error, regex_escape,
+    Class, OplogPos, Token, bson_to_json, classify, decode_token, encode_token, engine_err,
+    json_to_bson, key_string, map_error, regex_escape,
 };
+use super::keyed::{WRITTEN, keyed_doc_to_json};
 use super::oplog::oldest_entry;
 use super::{BACKOFF_MAX, BACKOFF_MIN, CHECKPOINTS, Inner, WIRE_VERSION_6_0, sleep_unless_closed};
 use crate::backoff::Backoff;
@@ -185,17 +186,21 @@ pub(crate) fn to_change(event: ChangeStreamEvent<BsonDoc>) -> Result<Option<Chan
         .and_then(|k| k.get("_id"))
         .map(key_string)
         .ok_or_else(|| engine_err(format!("a {} event without documentKey._id", op.as_str())))?;
-    let before = event.full_document_before_change.map(bson_doc_to_json);
+    let before = event.full_document_before_change.map(keyed_doc_to_json);
     let after = match op {
         ChangeOp::Delete => None,
         ChangeOp::Update => match event.full_document {
-            Some(d) => Some(bson_doc_to_json(d)),
+            Some(d) => Some(keyed_doc_to_json(d)),
             None => before
                 .as_ref()
                 .zip(event.update_description.as_ref())
-                .and_then(|(b, desc)| rebuild_after(b, desc)),
+                .and_then(|(b, desc)| rebuild_after(b, desc))
+                .map(|mut d| {
+                    d.remove(WRITTEN);
+                    d
+                }),
         },
-        ChangeOp::Insert | ChangeOp::Replace => event.full_document.map(bson_doc_to_json),
+        ChangeOp::Insert | ChangeOp::Replace => event.full_document.map(keyed_doc_to_json),
     };
     let committed_at_us = event
         .wall_time

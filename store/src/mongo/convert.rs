@@ -154,9 +154,11 @@ pub(crate) fn class_of_code(code: i32) -> Class {
         // PrimarySteppedDown, NotWritablePrimary, InterruptedAtShutdown,
         // InterruptedDueToReplStateChange, NotPrimaryNoSecondaryOk, NotPrimaryOrSecondary,
         // SocketException, ExceededTimeLimit, FailedToSatisfyReadPreference, StaleShardVersion,
-        // RetryChangeStream, CursorKilled (237).
+        // RetryChangeStream, CursorKilled (237); and for writes: LockTimeout (24),
+        // MaxTimeMSExpired (50), WriteConcernFailed (64, a `wtimeout`), Interrupted (11601),
+        // OutOfDiskSpace (14031).
         6 | 7 | 89 | 91 | 43 | 189 | 10107 | 11600 | 11602 | 13435 | 13436 | 9001 | 262 | 133
-        | 63 | 234 | 237 => Class::Transient,
+        | 63 | 234 | 237 | 24 | 50 | 64 | 11601 | 14031 => Class::Transient,
         _ => Class::Other,
     }
 }
@@ -212,7 +214,11 @@ pub(crate) fn map_error(e: DriverError) -> StoreError {
         },
         Class::Invalid => StoreError::Invalid(e.to_string()),
         Class::Closed => StoreError::Closed,
-        Class::PositionLost | Class::Transient | Class::Other => engine_err(e.to_string()),
+        Class::Transient => StoreError::Unavailable {
+            engine: ENGINE,
+            message: e.to_string(),
+        },
+        Class::PositionLost | Class::Other => engine_err(e.to_string()),
     }
 }
 
@@ -537,6 +543,45 @@ mod tests {
         assert_eq!(b.get("i"), Some(&Bson::Int64(7)), "integers are Int64");
         assert_eq!(b.get("f"), Some(&Bson::Double(1.5)));
         assert_eq!(Value::Object(bson_doc_to_json(b)), v);
+    }
+
+    /// Keys real streams send (`$`-prefixed, dotted, empty, extended-JSON look-alikes) go
+    /// through BSON bytes, as the driver sends and the server returns them, unchanged.
+    #[test]
+    fn keys_as_the_world_sends_them_survive_bson_bytes() {
+        let v = json!({
+            "$schema": "/mediawiki/recentchange/1.0.0",
+            "meta": {"dt": "2024-05-01T12:00:00Z"},
+            "commit": {"record": {"$type": "app.bsky.feed.post",
+                "embed": {"video": {"ref": {"$link": "bafkreih"}, "size": 12345}}}},
+            "a": {"b.c": {"": {"$inc": true}}}, "..": 1, "名前.姓": "山田",
+            "looks_like": {"$oid": "not an ObjectId", "$date": 5, "$numberLong": "7"},
+            "_tailrace": {"original": {"_id": {"$oid": "65f1c0ffee"}}},
+        });
+        let bytes = doc_to_bson(&obj(v.clone())).to_vec().unwrap();
+        let back = BsonDoc::from_reader(bytes.as_slice()).unwrap();
+        assert_eq!(
+            back.get("looks_like").map(Bson::element_type),
+            Some(bson::spec::ElementType::EmbeddedDocument),
+            "an object that looks like extended JSON stays a document"
+        );
+        assert_eq!(Value::Object(bson_doc_to_json(back)), v);
+    }
+
+    #[test]
+    fn a_nul_in_a_key_cannot_be_bson() {
+        let mut d = Document::new();
+        d.insert("a\u{0}b".into(), json!(1));
+        assert!(
+            doc_to_bson(&d).to_vec().is_err(),
+            "BSON keys are C strings: the ingester must refuse NUL in keys"
+        );
+        let mut ok = Document::new();
+        ok.insert("v".into(), json!("a\u{0}b"));
+        assert!(
+            doc_to_bson(&ok).to_vec().is_ok(),
+            "a NUL in a string value is fine"
+        );
     }
 
     #[test]

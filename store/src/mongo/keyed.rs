@@ -15,6 +15,7 @@ use super::convert::{
     write_concern,
 };
 use super::{Inner, WIRE_VERSION_6_0};
+use crate::clock::now_us;
 use crate::{
     ChangeFilter, ChangeStart, ChangeStream, Document, Durability, KeyUpdate, Keyed, KeyedDoc,
     Result, StoreError,
@@ -22,6 +23,30 @@ use crate::{
 
 /// The server's error code for "namespace already exists".
 const NAMESPACE_EXISTS: i32 = 48;
+
+/// The engine's own field in every keyed document: when its key was last written (µs since
+/// the epoch), for [`Keyed::expire`]. Indexed; removed from every document read back, so keyed
+/// documents look the same on both engines (the embedded engine keeps it in a column).
+pub(crate) const WRITTEN: &str = "_tailrace_written_us";
+
+/// A keyed document as JSON, without the engine's own [`WRITTEN`] field.
+pub(crate) fn keyed_doc_to_json(mut doc: BsonDoc) -> Document {
+    doc.remove(WRITTEN);
+    bson_doc_to_json(doc)
+}
+
+/// `update` with the write time added to its `$set`.
+fn stamped_update(mut update: BsonDoc, now: i64) -> BsonDoc {
+    match update.get_document_mut("$set") {
+        Ok(set) => {
+            set.insert(WRITTEN, now);
+        }
+        Err(_) => {
+            update.insert("$set", doc! {WRITTEN: now});
+        }
+    }
+    update
+}
 
 /// Whether an existing collection's `listCollections` entry can serve as a keyed collection,
 /// and whether its pre- and post-images still need switching on.
@@ -57,6 +82,19 @@ pub(crate) fn check_existing_keyed(name: &str, info: &BsonDoc) -> Result<bool> {
 /// change events carry exact before and after documents), and switches the images on for an
 /// existing one that lacks them.
 pub(crate) async fn ensure_keyed(db: &Database, name: &str, wire_version: i32) -> Result<()> {
+    ensure_keyed_collection(db, name, wire_version).await?;
+    // Expiry reads the oldest writes first.
+    db.collection::<BsonDoc>(name)
+        .create_index(
+            mongodb::IndexModel::builder()
+                .keys(doc! {WRITTEN: 1})
+                .build(),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn ensure_keyed_collection(db: &Database, name: &str, wire_version: i32) -> Result<()> {
     let images = wire_version >= WIRE_VERSION_6_0;
     match collection_info(db, name).await? {
         None => {
@@ -72,7 +110,7 @@ pub(crate) async fn ensure_keyed(db: &Database, name: &str, wire_version: i32) -
                 Ok(()) => Ok(()),
                 Err(e) if error_code(&e) == Some(NAMESPACE_EXISTS) => {
                     // Created meanwhile by another process: check it like any existing one.
-                    Box::pin(ensure_keyed(db, name, wire_version)).await
+                    Box::pin(ensure_keyed_collection(db, name, wire_version)).await
                 }
                 Err(e) => Err(e.into()),
             }
@@ -100,13 +138,14 @@ pub(crate) async fn ensure_keyed(db: &Database, name: &str, wire_version: i32) -
 
 /// The replacement document of `set`: the given fields under `_id = key` (a caller's own `_id`
 /// field is replaced by the key, as the embedded engine does).
-pub(crate) fn replacement(key: &str, doc: &Document) -> BsonDoc {
+pub(crate) fn replacement(key: &str, doc: &Document, now: i64) -> BsonDoc {
     let mut out = doc! {"_id": key};
     for (k, v) in doc_to_bson(doc) {
-        if k != "_id" {
+        if k != "_id" && k != WRITTEN {
             out.insert(k, v);
         }
     }
+    out.insert(WRITTEN, now);
     out
 }
 
@@ -185,9 +224,15 @@ impl Keyed for MongoKeyed {
         if updates.is_empty() {
             return Ok(());
         }
+        let now = now_us();
         let ops = updates
             .iter()
-            .map(|u| Ok((u.key.clone(), update_document(&u.update)?)))
+            .map(|u| {
+                Ok((
+                    u.key.clone(),
+                    stamped_update(update_document(&u.update)?, now),
+                ))
+            })
             .collect::<Result<Vec<_>>>()?;
         self.inner.wait_for_opening_streams().await;
         let write = run_updates(
@@ -210,7 +255,7 @@ impl Keyed for MongoKeyed {
     }
 
     async fn set(&self, key: &str, doc: Document, durability: Durability) -> Result<()> {
-        let replacement = replacement(key, &doc);
+        let replacement = replacement(key, &doc, now_us());
         self.inner.wait_for_opening_streams().await;
         let (coll, wc, owned_key) = (self.coll.clone(), self.wc(durability), key.to_string());
         let write = async move {
@@ -256,9 +301,48 @@ impl Keyed for MongoKeyed {
         Ok(false)
     }
 
+    async fn expire(
+        &self,
+        prefix: &str,
+        written_before_us: i64,
+        limit: usize,
+        durability: Durability,
+    ) -> Result<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let mut idle = scan_filter(prefix);
+        idle.insert(WRITTEN, doc! {"$lt": written_before_us});
+        let mut cursor = self
+            .coll
+            .find(idle.clone())
+            .sort(doc! {WRITTEN: 1})
+            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+            .projection(doc! {"_id": 1})
+            .await?;
+        let mut ids = Vec::new();
+        while let Some(d) = cursor.next().await {
+            if let Some(id) = d?.get("_id") {
+                ids.push(id.clone());
+            }
+        }
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        self.inner.wait_for_opening_streams().await;
+        // Still idle at delete time: a key written meanwhile stays.
+        idle.insert("_id", doc! {"$in": ids});
+        let deleted = self
+            .coll
+            .delete_many(idle)
+            .write_concern(self.wc(durability))
+            .await?;
+        Ok(deleted.deleted_count)
+    }
+
     async fn get(&self, key: &str) -> Result<Option<Document>> {
         let doc = self.coll.find_one(doc! {"_id": key}).await?;
-        Ok(doc.map(bson_doc_to_json))
+        Ok(doc.map(keyed_doc_to_json))
     }
 
     async fn scan(&self, prefix: &str) -> Result<Vec<KeyedDoc>> {
@@ -275,7 +359,7 @@ impl Keyed for MongoKeyed {
             let key = doc.get("_id").map(key_string).unwrap_or_default();
             out.push(KeyedDoc {
                 key,
-                doc: bson_doc_to_json(doc),
+                doc: keyed_doc_to_json(doc),
             });
         }
         Ok(out)
@@ -299,8 +383,21 @@ mod tests {
             .as_object()
             .unwrap()
             .clone();
-        let r = replacement("a", &doc);
-        assert_eq!(r, doc! {"_id": "a", "fresh": true});
+        let r = replacement("a", &doc, 7);
+        assert_eq!(r, doc! {"_id": "a", "fresh": true, WRITTEN: 7_i64});
+    }
+
+    #[test]
+    fn every_write_carries_its_time_and_reads_leave_it_out() {
+        let u = stamped_update(doc! {"$inc": {"count": 1}}, 9);
+        assert_eq!(u, doc! {"$inc": {"count": 1}, "$set": {WRITTEN: 9_i64}});
+        let u = stamped_update(doc! {"$set": {"a": 1}}, 9);
+        assert_eq!(u, doc! {"$set": {"a": 1, WRITTEN: 9_i64}});
+        let read = keyed_doc_to_json(doc! {"_id": "k", "count": 3, WRITTEN: 9_i64});
+        assert_eq!(
+            serde_json::Value::Object(read),
+            json!({"_id": "k", "count": 3})
+        );
     }
 
     #[test]

@@ -21,9 +21,10 @@ use mongodb::options::CursorType;
 
 use super::changes::{TokenCell, publish};
 use super::convert::{
-    Class, OplogPos, Token, bson_doc_to_json, classify, decode_token, encode_token, engine_err,
-    error_code, map_error, regex_escape,
+    Class, OplogPos, Token, classify, decode_token, encode_token, engine_err, error_code,
+    map_error, regex_escape,
 };
+use super::keyed::keyed_doc_to_json;
 use super::{BACKOFF_MAX, BACKOFF_MIN, CHECKPOINTS, Inner, sleep_unless_closed};
 use crate::backoff::Backoff;
 use crate::{
@@ -174,7 +175,7 @@ pub(crate) fn read_op(db: &str, op: &BsonDoc) -> Option<Pending> {
         "i" => (
             ChangeOp::Insert,
             string_key(o)?,
-            Some(bson_doc_to_json(o.clone())),
+            Some(keyed_doc_to_json(o.clone())),
         ),
         "d" => (ChangeOp::Delete, string_key(o)?, None),
         "u" => {
@@ -184,7 +185,7 @@ pub(crate) fn read_op(db: &str, op: &BsonDoc) -> Option<Pending> {
             if o.keys().any(|k| k.starts_with('$') || k == "diff") {
                 (ChangeOp::Update, key, None)
             } else {
-                (ChangeOp::Replace, key, Some(bson_doc_to_json(o.clone())))
+                (ChangeOp::Replace, key, Some(keyed_doc_to_json(o.clone())))
             }
         }
         _ => return None,
@@ -363,7 +364,7 @@ pub(crate) fn oplog_stream(
                                         .collection::<BsonDoc>(&p.collection)
                                         .find_one(doc! {"_id": p.key.as_str()})
                                         .await?
-                                        .map(bson_doc_to_json),
+                                        .map(keyed_doc_to_json),
                                     _ => p.after,
                                 };
                                 let change = Change {

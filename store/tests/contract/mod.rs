@@ -36,6 +36,7 @@ macro_rules! every_check {
             durability_levels,
             checkpoints_round_trip,
             resume_token_advances_past_filtered,
+            expire_removes_idle_keys,
         );
     };
 }
@@ -565,5 +566,74 @@ pub async fn resume_token_advances_past_filtered(store: &dyn Store) {
         next_change(&mut resumed).await.key,
         "yes:2",
         "nothing before, nothing skipped"
+    );
+}
+
+/// `expire` removes the keys of a prefix not written since a time, oldest first, up to a
+/// limit, each published as a delete; keys written since, and other prefixes, stay; documents
+/// read back do not show the engine's write time.
+pub async fn expire_removes_idle_keys(store: &dyn Store) {
+    let k = store.keyed("k_expire").await.unwrap();
+    let d = Durability::Acknowledged;
+    for key in ["tag:old1", "tag:old2", "tag:old3", "lang:old"] {
+        k.update(vec![store::KeyUpdate::new(key, Update::inc("count", 1))], d)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let cutoff = store::clock::now_us();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Written again after the cutoff: not idle.
+    k.update(
+        vec![store::KeyUpdate::new("tag:old2", Update::inc("count", 1))],
+        d,
+    )
+    .await
+    .unwrap();
+    k.set("tag:fresh", doc(json!({"count": 9})), d)
+        .await
+        .unwrap();
+    let mut changes = k.changes(ChangeFilter::default(), ChangeStart::Now);
+    assert_eq!(
+        k.expire("tag:", cutoff, 1, d).await.unwrap(),
+        1,
+        "the limit holds"
+    );
+    assert_eq!(
+        k.expire("tag:", cutoff, 100, d).await.unwrap(),
+        1,
+        "the other idle tag"
+    );
+    assert_eq!(
+        k.expire("tag:", cutoff, 100, d).await.unwrap(),
+        0,
+        "none left"
+    );
+    let mut deleted = Vec::new();
+    for _ in 0..2 {
+        let c = next_change(&mut changes).await;
+        assert_eq!(c.op, ChangeOp::Delete, "{c:?}");
+        assert_eq!(c.after, None);
+        deleted.push(c.key);
+    }
+    deleted.sort();
+    assert_eq!(
+        deleted,
+        ["tag:old1", "tag:old3"],
+        "the idle keys of the prefix"
+    );
+    let left: Vec<String> = k
+        .scan("")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.key)
+        .collect();
+    assert_eq!(left, ["lang:old", "tag:fresh", "tag:old2"]);
+    let fresh = k.get("tag:fresh").await.unwrap().unwrap();
+    assert_eq!(
+        Value::Object(fresh),
+        json!({"_id": "tag:fresh", "count": 9}),
+        "no engine field in the document"
     );
 }

@@ -1,0 +1,296 @@
+//! Writing a batch so that nothing stalls and nothing is lost: a transient failure (disk full,
+//! connection lost, no primary) is retried with backoff while the sources wait, and the store
+//! is reported unwritable meanwhile; a permanent failure (the store refuses what the batch
+//! carries) is isolated — the batch is split in halves until each culprit is alone — and the
+//! rest is written.
+
+use std::future::Future;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use store::StoreError;
+use store::backoff::Backoff;
+
+use crate::telemetry as t;
+
+/// Whether the store can be written, as the last write of each collection found it;
+/// `/readyz` and the `tailrace_store_writable` gauge show it. Unwritable while any
+/// collection's writes are failing for a transient reason: on a nearly full disk a small
+/// write may still pass while the events cannot be written, and that is not "writable".
+pub struct StoreHealth {
+    /// Collections whose writes are failing, with the last error.
+    failing: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
+    /// Mirrors `failing.is_empty()`, for cheap reads.
+    writable: AtomicBool,
+    gauge: metrics::Gauge,
+}
+
+impl StoreHealth {
+    /// Writable until a write says otherwise.
+    pub fn new() -> Self {
+        let gauge = t::store_writable();
+        gauge.set(1.0);
+        StoreHealth {
+            failing: Default::default(),
+            writable: AtomicBool::new(true),
+            gauge,
+        }
+    }
+
+    /// `None` when writable, else why not.
+    pub fn unwritable_reason(&self) -> Option<String> {
+        if self.writable.load(Ordering::Acquire) {
+            return None;
+        }
+        let failing = self.failing.lock().ok()?;
+        let reasons: Vec<String> = failing
+            .iter()
+            .map(|(collection, error)| format!("writing {collection}: {error}"))
+            .collect();
+        (!reasons.is_empty()).then(|| reasons.join("; "))
+    }
+
+    fn failed(&self, collection: &str, error: &StoreError) {
+        let Ok(mut failing) = self.failing.lock() else {
+            return;
+        };
+        failing.insert(collection.to_owned(), error.to_string());
+        if self.writable.swap(false, Ordering::AcqRel) {
+            self.gauge.set(0.0);
+            t::StoreUnwritable { error }.emit();
+        }
+    }
+
+    fn succeeded(&self, collection: &str) {
+        let Ok(mut failing) = self.failing.lock() else {
+            return;
+        };
+        if failing.remove(collection).is_some()
+            && failing.is_empty()
+            && !self.writable.swap(true, Ordering::AcqRel)
+        {
+            self.gauge.set(1.0);
+            t::StoreWritableAgain.emit();
+        }
+    }
+}
+
+impl Default for StoreHealth {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// An item the store refused for good.
+pub(super) struct Refused<T> {
+    /// Its index among the items written.
+    pub index: usize,
+    pub item: T,
+    /// The store's reason.
+    pub error: StoreError,
+}
+
+/// What became of the items of one write.
+pub(super) struct Written<T> {
+    /// The time of the first successful attempt, when any part was written.
+    pub latency: Option<Duration>,
+    /// Items the store refused for good, in order.
+    pub refused: Vec<Refused<T>>,
+    /// Items not written because the store was closed meanwhile (shutdown).
+    pub unwritten: usize,
+}
+
+/// Writes `items` with `write`: transient failures are retried with backoff (the store is
+/// marked unwritable until a write succeeds); a permanent failure splits the group in halves,
+/// written in order, until each refused item is alone. Items keep their order: positions
+/// still increase with insertion order.
+pub(super) async fn write_isolating<T, F, Fut>(
+    collection: &str,
+    items: Vec<T>,
+    health: &Arc<StoreHealth>,
+    mut write: F,
+) -> Written<T>
+where
+    T: Clone,
+    F: FnMut(Vec<T>) -> Fut,
+    Fut: Future<Output = Result<(), StoreError>>,
+{
+    let mut out = Written {
+        latency: None,
+        refused: Vec::new(),
+        unwritten: 0,
+    };
+    if items.is_empty() {
+        return out;
+    }
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    // Ranges still to write, in order (the next one last).
+    let mut todo: Vec<Range<usize>> = Vec::with_capacity(8);
+    todo.push(0..items.len());
+    let mut refused: Vec<(usize, StoreError)> = Vec::new();
+    while let Some(range) = todo.pop() {
+        let started = Instant::now();
+        match write(items[range.clone()].to_vec()).await {
+            Ok(()) => {
+                health.succeeded(collection);
+                backoff.reset();
+                out.latency.get_or_insert(started.elapsed());
+            }
+            Err(StoreError::Closed) => {
+                out.unwritten += range.len() + todo.iter().map(|r| r.len()).sum::<usize>();
+                break;
+            }
+            Err(e) if e.is_transient() => {
+                health.failed(collection, &e);
+                let wait = backoff.next_wait();
+                t::WriteFailed {
+                    collection,
+                    items: range.len(),
+                    error: e.to_string(),
+                    retry_in: wait,
+                }
+                .emit();
+                tokio::time::sleep(wait).await;
+                todo.push(range);
+            }
+            Err(e) if range.len() == 1 => {
+                // The store answered, so it is writable; it refuses this one item.
+                health.succeeded(collection);
+                refused.push((range.start, e));
+            }
+            Err(e) => {
+                health.succeeded(collection);
+                t::WriteSplit {
+                    collection,
+                    items: range.len(),
+                    error: e.to_string(),
+                }
+                .emit();
+                let mid = range.start + range.len() / 2;
+                // Popped last-in first: the left half is written first.
+                todo.push(mid..range.end);
+                todo.push(range.start..mid);
+            }
+        }
+    }
+    out.refused = refused
+        .into_iter()
+        .map(|(index, error)| Refused {
+            index,
+            item: items[index].clone(),
+            error,
+        })
+        .collect();
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    fn engine(message: &str) -> StoreError {
+        StoreError::Engine {
+            engine: "embedded",
+            message: message.into(),
+        }
+    }
+
+    /// Items 3 and 11 are refused for good; the first two attempts fail transiently.
+    #[tokio::test(start_paused = true)]
+    async fn transient_failures_retry_and_permanent_ones_are_isolated_in_order() {
+        let health = Arc::new(StoreHealth::new());
+        let written: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+        let attempts = Mutex::new(0u32);
+        let items: Vec<u32> = (0..16).collect();
+        let out = write_isolating("events", items, &health, |chunk: Vec<u32>| {
+            let n = {
+                let mut a = attempts.lock().unwrap();
+                *a += 1;
+                *a
+            };
+            let result = if n <= 2 {
+                Err(StoreError::Unavailable {
+                    engine: "embedded",
+                    message: "database or disk is full".into(),
+                })
+            } else if chunk.iter().any(|i| *i == 3 || *i == 11) {
+                Err(engine("CHECK constraint failed"))
+            } else {
+                written.lock().unwrap().extend(&chunk);
+                Ok(())
+            };
+            async move { result }
+        })
+        .await;
+        let refused: Vec<u32> = out.refused.iter().map(|r| r.item).collect();
+        let at: Vec<usize> = out.refused.iter().map(|r| r.index).collect();
+        assert_eq!(at, [3, 11]);
+        assert_eq!(refused, [3, 11], "only the culprits are refused");
+        let expected: Vec<u32> = (0..16).filter(|i| *i != 3 && *i != 11).collect();
+        assert_eq!(
+            *written.lock().unwrap(),
+            expected,
+            "everything else written, in order"
+        );
+        assert_eq!(out.unwritten, 0);
+        assert!(out.latency.is_some());
+        assert_eq!(health.unwritable_reason(), None, "writable again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_store_is_unwritable_while_transient_failures_last() {
+        let health = Arc::new(StoreHealth::new());
+        let fail = Arc::new(AtomicBool::new(true));
+        let task = {
+            let (health, fail) = (health.clone(), fail.clone());
+            tokio::spawn(async move {
+                write_isolating("events", vec![1u8], &health, move |_| {
+                    let failing = fail.load(Ordering::Acquire);
+                    async move {
+                        if failing {
+                            Err(StoreError::Unavailable {
+                                engine: "embedded",
+                                message: "database or disk is full".into(),
+                            })
+                        } else {
+                            Ok(())
+                        }
+                    }
+                })
+                .await
+            })
+        };
+        // Let a few retries happen.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let reason = health
+            .unwritable_reason()
+            .expect("unwritable while failing");
+        assert!(
+            reason.contains("disk is full") && reason.contains("events"),
+            "the reason names the collection and the error: {reason}"
+        );
+        fail.store(false, Ordering::Release);
+        let out = tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(out.refused.is_empty());
+        assert_eq!(health.unwritable_reason(), None);
+    }
+
+    #[tokio::test]
+    async fn a_closed_store_ends_the_write_and_counts_what_was_not_written() {
+        let health = Arc::new(StoreHealth::new());
+        let out = write_isolating("events", vec![1, 2, 3], &health, |_| async {
+            Err(StoreError::Closed)
+        })
+        .await;
+        assert_eq!(out.unwritten, 3);
+        assert!(out.refused.is_empty());
+    }
+}

@@ -1,0 +1,194 @@
+//! What the store refuses does not stop ingestion: the ingester isolates it and goes on.
+//!
+//! The refusals are real: a trigger in the embedded engine's own database refuses some
+//! documents, as a validation rule would on MongoDB. Before, a permanent error was retried
+//! forever: the sources blocked and the stop could not flush.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ingest::ingester::{Handed, IngestOptions, IngestStats, Ingester, StoreHealth};
+use ingest::source::Raw;
+use serde_json::{Value, json};
+use store::embedded::{EmbeddedOptions, EmbeddedStore};
+use store::{CappedSpec, Durability, Stamp, Start, Store};
+use tokio::sync::mpsc;
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    store: EmbeddedStore,
+    db: rusqlite::Connection,
+}
+
+async fn rig() -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+    let db = rusqlite::Connection::open(store.db_path()).unwrap();
+    db.busy_timeout(Duration::from_secs(5)).unwrap();
+    Rig {
+        _dir: dir,
+        store,
+        db,
+    }
+}
+
+/// Runs the ingester over `events` (every one from source `s`) and waits until it flushed.
+async fn ingest(r: &Rig, events: Vec<Value>) -> Arc<StoreHealth> {
+    let spec = CappedSpec {
+        max_docs: 100_000,
+        max_bytes: 1 << 26,
+        indexes: vec!["_tailrace.source".into(), "source".into()],
+    };
+    let health = Arc::new(StoreHealth::new());
+    let ingester = Ingester {
+        events: r.store.capped("events", &spec).await.unwrap(),
+        dead_letters: r.store.capped("dead_letters", &spec).await.unwrap(),
+        rollups: r.store.keyed("rollups").await.unwrap(),
+        options: IngestOptions {
+            batch_max_events: 64,
+            batch_max_wait: Duration::from_millis(2),
+            max_event_bytes: 1 << 16,
+            rollup_fields: vec!["lang".into()],
+            value_field: "n".into(),
+            topk_field: "tags".into(),
+            durability: Durability::Journaled,
+        },
+        engine: "embedded",
+        stats: Arc::new(IngestStats::default()),
+        health: health.clone(),
+    };
+    let (tx, rx) = mpsc::channel::<Handed>(128);
+    let task = tokio::spawn(ingester.run(rx));
+    for (i, e) in events.into_iter().enumerate() {
+        let h = Handed {
+            source: Arc::from("s"),
+            raw: Raw::Json(e),
+            received_us: 1_700_000_000_000_000 + i as i64,
+            position: None,
+        };
+        tx.send(h).await.unwrap();
+    }
+    drop(tx);
+    tokio::time::timeout(Duration::from_secs(60), task)
+        .await
+        .expect("the ingester flushed and stopped: nothing stalled")
+        .unwrap();
+    health
+}
+
+async fn all(r: &Rig, coll: &str) -> Vec<store::Record> {
+    let spec = CappedSpec {
+        max_docs: 100_000,
+        max_bytes: 1 << 26,
+        indexes: vec![],
+    };
+    let c = r.store.capped(coll, &spec).await.unwrap();
+    let Some(b) = c.bounds().await.unwrap() else {
+        return Vec::new();
+    };
+    let mut tail = c.tail(Start::Oldest);
+    let mut out = Vec::new();
+    use futures::StreamExt;
+    while let Some(rec) = tokio::time::timeout(Duration::from_secs(10), tail.next())
+        .await
+        .unwrap()
+    {
+        let rec = rec.unwrap();
+        let last = rec.position >= b.newest;
+        out.push(rec);
+        if last {
+            break;
+        }
+    }
+    out
+}
+
+fn event(i: u64, poison: bool) -> Value {
+    let mut e = json!({"i": i, "n": i % 7, "lang": if i.is_multiple_of(3) { "ja" } else { "en" },
+                       "tags": ["東京", "rust"], "text": format!("event {i} 🦀")});
+    if poison {
+        e["poison"] = json!(true);
+    }
+    e
+}
+
+#[tokio::test]
+async fn events_the_store_refuses_become_dead_letters_and_the_rest_is_stored_in_order() {
+    let r = rig().await;
+    // Created before the collection exists would fail: open it first through a no-op run.
+    ingest(&r, vec![event(0, false)]).await;
+    r.db.execute_batch(
+        "CREATE TRIGGER refuse_poison BEFORE INSERT ON capped_events
+         WHEN json_extract(NEW.body, '$.poison') IS NOT NULL
+         BEGIN SELECT RAISE(ABORT, 'poison refused by a validation rule'); END;",
+    )
+    .unwrap();
+    let poisoned = |i: u64| i % 37 == 5;
+    let events: Vec<Value> = (1..=300).map(|i| event(i, poisoned(i))).collect();
+    let n_poison = (1..=300).filter(|i| poisoned(*i)).count();
+    let health = ingest(&r, events).await;
+
+    let stored = all(&r, "events").await;
+    let ids: Vec<u64> = stored
+        .iter()
+        .map(|r| r.doc["i"].as_u64().unwrap())
+        .collect();
+    let expected: Vec<u64> = (0..=300).filter(|i| !poisoned(*i)).collect();
+    assert_eq!(ids, expected, "every event but the refused ones, in order");
+    let letters: Vec<store::Record> = all(&r, "dead_letters").await;
+    assert_eq!(letters.len(), n_poison, "one dead letter per refused event");
+    for l in &letters {
+        assert_eq!(l.doc["reason"], json!("store_rejected"), "{:?}", l.doc);
+        let detail = l.doc["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("poison refused by a validation rule"),
+            "the dead letter keeps the store's reason: {detail}"
+        );
+        let raw: Value = serde_json::from_str(l.doc["raw"].as_str().unwrap()).unwrap();
+        assert_eq!(raw["poison"], json!(true), "the raw event is kept whole");
+        let stamp = raw.as_object().and_then(Stamp::of);
+        assert!(
+            stamp.is_some_and(|s| s.source == "s"),
+            "the stamp is kept: {raw}"
+        );
+    }
+    assert_eq!(
+        health.unwritable_reason(),
+        None,
+        "a refusal is not an outage"
+    );
+}
+
+#[tokio::test]
+async fn a_rollup_update_the_store_refuses_is_dropped_and_ingestion_goes_on() {
+    let r = rig().await;
+    ingest(&r, vec![event(0, false)]).await;
+    r.db.execute_batch(
+        "CREATE TRIGGER refuse_ja BEFORE INSERT ON kv
+         WHEN NEW.key = 'lang:ja'
+         BEGIN SELECT RAISE(ABORT, 'no Japanese counter here'); END;",
+    )
+    .unwrap();
+    let events: Vec<Value> = (1..=200).map(|i| event(i, false)).collect();
+    ingest(&r, events).await;
+    let stored = all(&r, "events").await;
+    assert_eq!(stored.len(), 201, "every event is stored");
+    let rollups = r.store.keyed("rollups").await.unwrap();
+    let en = rollups.get("lang:en").await.unwrap().unwrap();
+    let n_en = (0..=200).filter(|i| i % 3 != 0).count() as u64;
+    assert_eq!(en["count"], json!(n_en), "the other counters are exact");
+    let ja = rollups.get("lang:ja").await.unwrap().unwrap();
+    assert_eq!(
+        ja["count"],
+        json!(1),
+        "the counter kept only what was counted before the rule"
+    );
+    let summary = rollups.get("source:s").await.unwrap().unwrap();
+    assert_eq!(
+        summary["count"],
+        json!(201),
+        "the source summary saw every event"
+    );
+}

@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""Soak: run the real tailrace binary on the realistic long-tail stream and watch what grows.
+
+Two shapes (issue 11):
+
+  # a compressed day: 6,000,000 events replayed as fast as the pipeline takes them, rollup
+  # retention compressed in proportion (keys idle for 60 s are removed)
+  python3 scripts/soak.py --events 6000000 --rate 1000000 --ttl 60 --out soak-day
+
+  # an hour at the sample stream's rate, retention as configured by default (one day)
+  python3 scripts/soak.py --seconds 3600 --rate 70 --out soak-hour
+
+Every --every seconds it samples, from outside the process: resident memory (VmRSS), CPU time,
+the data directory's allocated bytes (the database, its WAL and shared memory), the number of
+rollup keys and op-log entries (a second, read-only SQLite connection), events read and
+written, and each feed's lag (from /metrics). It writes samples.csv and summary.md into --out
+and prints the summary: start, middle and end, and whether memory and disk levelled off
+(growth over the second half of the run against the first).
+
+Uses only the standard library. Build first: cargo build --release.
+"""
+
+import argparse
+import csv
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metrics(port):
+    """The /metrics samples as {(name, frozenset(labels)): value}."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, labels = head.partition("{")
+        pairs = []
+        for part in labels.rstrip("}").split('",'):
+            if "=" in part:
+                k, _, v = part.partition("=")
+                pairs.append((k.strip(), v.strip('"')))
+        try:
+            out[(name, frozenset(pairs))] = float(value)
+        except ValueError:
+            pass
+    return out
+
+
+def msum(m, name, **want):
+    return sum(
+        v for (n, labels), v in m.items()
+        if n == name and all((k, str(w)) in labels for k, w in want.items())
+    )
+
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def disk_bytes(path):
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(dirpath, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def store_counts(db):
+    """(rollup keys, op-log entries, events kept), read through a read-only connection."""
+    try:
+        c = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+        try:
+            keys = c.execute("SELECT COUNT(*) FROM kv WHERE coll = 'rollups'").fetchone()[0]
+            oplog = c.execute("SELECT COUNT(*) FROM oplog").fetchone()[0]
+            events = c.execute("SELECT COUNT(*) FROM capped_events").fetchone()[0]
+            return keys, oplog, events
+        finally:
+            c.close()
+    except sqlite3.Error as e:
+        print(f"  (store counts unavailable: {e})", file=sys.stderr)
+        return None, None, None
+
+
+def mib(b):
+    return f"{b / 2**20:,.1f} MiB"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, help="stop after this many events were written")
+    ap.add_argument("--seconds", type=float, help="stop after this long")
+    ap.add_argument("--rate", type=float, default=70.0, help="synthetic events per second (a large value: flat out)")
+    ap.add_argument("--ttl", type=int, help="ingest.rollup_idle_ttl_secs (default: the binary's default)")
+    ap.add_argument("--every", type=float, default=10.0, help="seconds between samples")
+    ap.add_argument("--seed", type=int, default=7, help="seed of the synthetic stream")
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "tailrace"))
+    ap.add_argument("--out", required=True, help="directory for samples.csv and summary.md")
+    ap.add_argument("--keep-data", action="store_true", help="keep the data directory")
+    a = ap.parse_args()
+    if not a.events and not a.seconds:
+        ap.error("give --events, --seconds or both")
+    if not os.path.exists(a.binary):
+        ap.error(f"{a.binary} not found: run cargo build --release first")
+    os.makedirs(a.out, exist_ok=True)
+
+    work = tempfile.mkdtemp(prefix="tailrace-soak-")
+    # A copy, so a rebuild during a long soak does not change what runs.
+    binary = os.path.join(work, "tailrace")
+    shutil.copy2(a.binary, binary)
+    data = os.path.join(work, "data")
+    port = free_port()
+    env = dict(os.environ)
+    env.update({
+        "TAILRACE_HTTP__LISTEN": f"127.0.0.1:{port}",
+        "TAILRACE_STORE__PATH": data,
+        "TAILRACE_LOG__STATUS_INTERVAL_SECS": "60",
+        "TAILRACE_SOURCES": (
+            f'[{{name="sample", kind="synthetic", rate_per_sec={a.rate}, seed={a.seed}, '
+            f'burst_probability=0.0, vocabulary="realistic"}}]'
+        ),
+        "RUST_LOG": env.get("RUST_LOG", "info"),
+    })
+    if a.ttl is not None:
+        env["TAILRACE_INGEST__ROLLUP_IDLE_TTL_SECS"] = str(a.ttl)
+    log = open(os.path.join(a.out, "tailrace.log"), "w")
+    proc = subprocess.Popen([binary], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work)
+    started = time.monotonic()
+    try:
+        while True:
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2).status == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None:
+                sys.exit(f"tailrace exited with {proc.returncode}; see {a.out}/tailrace.log")
+            if time.monotonic() - started > 60:
+                sys.exit("tailrace not ready after 60 s")
+            time.sleep(0.2)
+        print(f"soak: {binary} on 127.0.0.1:{port}, data in {data}; samples every {a.every:g} s")
+        rows = []
+        t0 = time.monotonic()
+        cpu0 = cpu_seconds(proc.pid)
+        while True:
+            m = metrics(port)
+            keys, oplog, kept = store_counts(os.path.join(data, "tailrace.db"))
+            row = {
+                "seconds": round(time.monotonic() - t0, 1),
+                "read": int(msum(m, "tailrace_source_events_total", source="sample")),
+                "acked_seq": int(msum(m, "tailrace_source_last_acked_seq", source="sample")),
+                "tail_events": int(msum(m, "tailrace_feed_events_total", feed="tail")),
+                "changes_events": int(msum(m, "tailrace_feed_events_total", feed="changes")),
+                "rss_bytes": rss_bytes(proc.pid),
+                "cpu_seconds": round(cpu_seconds(proc.pid) - cpu0, 2),
+                "disk_bytes": disk_bytes(data),
+                "rollup_keys": keys,
+                "oplog_entries": oplog,
+                "events_kept": kept,
+                "lag_tail": int(msum(m, "tailrace_feed_lag_events", feed="tail")),
+                "lag_changes": int(msum(m, "tailrace_feed_lag_events", feed="changes")),
+                "rollups_expired": int(msum(m, "tailrace_rollups_expired_total")),
+                "missing": int(msum(m, "tailrace_feed_missing_events_total")),
+                "duplicates": int(msum(m, "tailrace_feed_duplicate_events_total")),
+                "rejected": int(msum(m, "tailrace_events_rejected_total")),
+            }
+            rows.append(row)
+            print(
+                f"  {row['seconds']:>8.0f} s  read {row['read']:>10,}  rss {mib(row['rss_bytes']):>12}  "
+                f"disk {mib(row['disk_bytes']):>12}  rollup keys {keys if keys is not None else '?':>9}  "
+                f"lag {row['lag_tail']}/{row['lag_changes']}",
+                flush=True,
+            )
+            done = (a.events and row["acked_seq"] >= a.events) or (a.seconds and row["seconds"] >= a.seconds)
+            if done or proc.poll() is not None:
+                break
+            time.sleep(a.every)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+
+    with open(os.path.join(a.out, "samples.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+    first, mid, last = rows[0], rows[len(rows) // 2], rows[-1]
+    q1 = rows[len(rows) // 4]
+
+    def growth(field):
+        """Growth over the second half of the run, as a share of the growth over the first."""
+        a1 = (mid[field] or 0) - (first[field] or 0)
+        a2 = (last[field] or 0) - (mid[field] or 0)
+        return a2, a1
+
+    secs = last["seconds"] or 1
+    lines = [
+        f"# Soak: {last['read']:,} events in {secs:,.0f} s ({last['read'] / secs:,.0f}/s), "
+        f"rate {a.rate:g}/s, rollup TTL {a.ttl if a.ttl is not None else 'default'} s",
+        "",
+        f"Command: `python3 scripts/soak.py {' '.join(sys.argv[1:])}`; exit code {code}.",
+        "",
+        "| | start | quarter | middle | end |",
+        "|---|---|---|---|---|",
+    ]
+    for label, field, fmt in [
+        ("seconds", "seconds", lambda v: f"{v:,.0f}"),
+        ("events read", "read", lambda v: f"{v:,}"),
+        ("RSS", "rss_bytes", mib),
+        ("disk (data directory)", "disk_bytes", mib),
+        ("rollup keys", "rollup_keys", lambda v: "?" if v is None else f"{v:,}"),
+        ("op-log entries", "oplog_entries", lambda v: "?" if v is None else f"{v:,}"),
+        ("events kept", "events_kept", lambda v: "?" if v is None else f"{v:,}"),
+        ("CPU seconds", "cpu_seconds", lambda v: f"{v:,.1f}"),
+        ("rollup keys expired", "rollups_expired", lambda v: f"{v:,}"),
+        ("feed lag tail / changes", None, None),
+    ]:
+        if field is None:
+            cells = [f"{r['lag_tail']:,} / {r['lag_changes']:,}" for r in (first, q1, mid, last)]
+        else:
+            cells = [fmt(r[field]) for r in (first, q1, mid, last)]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for label, field in [("RSS", "rss_bytes"), ("disk", "disk_bytes"), ("rollup keys", "rollup_keys")]:
+        second, first_half = growth(field)
+        fmt = mib if field.endswith("bytes") else (lambda v: f"{v:,}")
+        verdict = "levelled off" if second <= max(first_half, 0) * 0.25 else "still growing"
+        lines.append(
+            f"- {label}: grew {fmt(first_half)} over the first half, {fmt(second)} over the second: {verdict}."
+        )
+    lines.append(
+        f"- CPU: {last['cpu_seconds'] / secs * 100:.1f}% of one core on average; "
+        f"feeds missing {last['missing']}, duplicates {last['duplicates']}, rejected {last['rejected']}."
+    )
+    summary = "\n".join(lines) + "\n"
+    with open(os.path.join(a.out, "summary.md"), "w") as f:
+        f.write(summary)
+    print()
+    print(summary)
+    if not a.keep_data:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
