@@ -93,6 +93,7 @@ async fn load(
         },
         engine: c.store.engine(),
         stats: stats.clone(),
+        health: Default::default(),
     };
     let (tx, rx) = mpsc::channel::<Handed>(bench.config.ingest.queue_capacity);
     let pb = bench.progress(count, what);
@@ -108,6 +109,7 @@ async fn load(
             // Handed over parsed: loading is not what this scenario measures.
             raw: Raw::Json(docs.event()),
             received_us: now_us(),
+            position: None,
         };
         if tx.send(handed).await.is_err() {
             return Err(BenchError::Scenario("the ingester stopped early".into()));
