@@ -142,7 +142,7 @@ fn feed_source(
         collections: c.collections.clone(),
         ops: c.filter.as_ref().map(|f| f.ops.clone()).unwrap_or_default(),
         key_prefix: c.filter.as_ref().and_then(|f| f.key_prefix.clone()),
-        fields: Vec::new(),
+        filter: None,
     };
     match &f.kind {
         FeedKindConfig::Tailable(t) if t.collection == "dead_letters" => {

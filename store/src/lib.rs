@@ -50,5 +50,6 @@ pub use filter::Filter;
 pub use stamp::{STAMP_FIELD, STAMP_SOURCE_PATH, Stamp};
 pub use types::{
     Bounds, CappedSpec, Change, ChangeFilter, ChangeOp, ChangeStart, Document, Durability,
-    KeyUpdate, KeyedDoc, Position, Record, ResumeToken, Start, Update, Usage,
+    KeyUpdate, KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record, ResumeToken, Start,
+    Update, Usage,
 };
