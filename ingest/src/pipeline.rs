@@ -21,8 +21,9 @@ use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ChangeFeedConfig, Config, FeedConfig, FeedKindConfig, StoreEngine};
-use crate::http::{self, AppState};
+use crate::http::{self, AppState, StreamLimits};
 use crate::ingester::{Handed, IngestOptions, IngestStats, Ingester};
+use crate::live;
 use crate::source::{self, Source};
 use crate::status;
 use crate::telemetry as t;
@@ -168,6 +169,7 @@ pub async fn run(
     let dead_spec = dead_letters_spec(&c);
     let dead_letters = store.capped("dead_letters", &dead_spec).await?;
     let rollups = store.keyed("rollups").await?;
+    let stats_docs = store.keyed("stats").await?;
 
     let listener = tokio::net::TcpListener::bind(c.http.listen)
         .await
@@ -220,11 +222,18 @@ pub async fn run(
     let app = http::router(AppState {
         metrics: metrics.clone(),
         feeds: handles.clone(),
+        store: store.clone(),
         events: events.clone(),
+        dead_letters: dead_letters.clone(),
         rollups: rollups.clone(),
+        stats: stats_docs.clone(),
         ingest: ingest_stats.clone(),
         ready: ready.clone(),
         info: Arc::new(info),
+        streams: StreamLimits::new(
+            c.http.max_streams,
+            Duration::from_millis(c.http.stream_stall_timeout_ms),
+        ),
     });
     let http_task = {
         let stop = http_stop.clone();
@@ -261,9 +270,20 @@ pub async fn run(
         })
         .collect();
 
+    // The `ingest` statistics document (the live page's write latency and counters), written
+    // until the feeds stop: before the store closes.
+    let write_times = Arc::new(live::WriteTimes::default());
+    let live_task = tokio::spawn(live::publish(
+        stats_docs,
+        ingest_stats.clone(),
+        write_times.clone(),
+        d,
+        feed_stop.clone(),
+    ));
+
     let (tx, rx) = mpsc::channel::<Handed>(c.ingest.queue_capacity);
     let ingester = Ingester {
-        events: events.clone(),
+        events: Arc::new(live::TimedEvents::new(events.clone(), write_times)),
         dead_letters,
         rollups,
         options: ingest_options(&c),
@@ -328,6 +348,9 @@ pub async fn run(
     }
     feed_stop.cancel();
     problems.extend(stop_feeds(feed_tasks).await);
+    if let Err(e) = live_task.await {
+        problems.push(task_failed("the ingest statistics writer", &e));
+    }
     if let Err(e) = store.close().await {
         problems.push(format!(
             "closing the store failed ({e}): writes queued after the flush may be lost"

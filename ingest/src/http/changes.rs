@@ -1,0 +1,935 @@
+//! `GET /api/changes`: RethinkDB-style changefeeds for any HTTP client, that resume exactly.
+//!
+//! ```text
+//! /api/changes?collection=events&filter={"lang":"ja"}&include_initial=true&initial_limit=20
+//! /api/changes?collection=stats&include_initial=true           (the live page's statistics)
+//! /api/changes?collection=rollups&ops=update&squash=1000        (one update per key per second)
+//! ```
+//!
+//! | parameter | meaning |
+//! |---|---|
+//! | `collection` | `events`, `dead_letters` (capped: every insert) or `rollups`, `stats` (keyed: inserts, updates, replaces, deletes) |
+//! | `filter` | a document filter in MongoDB query syntax ([`store::Filter`]); an invalid one is a 400 naming what and where |
+//! | `ops` | keyed collections: `insert,update,replace,delete` (a subset) |
+//! | `include_initial` | first the current matching documents (capped: the newest `initial_limit`, default 50, at most 1000; keyed: a consistent snapshot), then `{"state":"ready"}`, then the changes: no gap, no duplicate between them |
+//! | `include_states` | `{"state":"initializing"}` first and `{"state":"ready"}` when the changes begin |
+//! | `squash` | milliseconds: changes of one key within the window are sent once, as the latest |
+//! | `resume_after` | an id this stream gave: continue exactly after it (the `Last-Event-ID` header wins) |
+//!
+//! Events: `initial` and `change` carry `{op, collection, key, doc, before?, committed_at_us}`
+//! (`initial`: no `op`); `state`, `gap` (the history after the client's id is gone: what was
+//! lost, then the stream continues from the oldest entry), `error` (then the stream ends).
+//! Every `change` has an `id`: a capped collection's position, a keyed collection's resume
+//! token; a capped `initial` has its position; a keyed `initial` has none (a snapshot is no
+//! place to resume from: a client cut off during it starts over), and `ready` carries the
+//! snapshot's token.
+//!
+//! **Each client reads the store at its own pace.** Every stream has a task of its own that
+//! follows the store with its own tail or change stream (never a broadcast it could fall
+//! behind) and hands encoded events to the response through a channel of
+//! [`CHANNEL_EVENTS`]: a client that reads slowly slows its own task, which reads the store
+//! later; nothing piles up in the server. A client that accepts nothing for
+//! `http.stream_stall_timeout_ms` is disconnected (it resumes with its last id), so it cannot
+//! hold a snapshot or a cursor open for ever. At most `http.max_streams` streams are open at
+//! once; beyond, a 503 says so.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use serde_json::{Map, Value, json};
+use store::{
+    Capped, Change, ChangeFilter, ChangeOp, ChangeStart, Filter, Keyed, Position, Record,
+    ResumeToken, Start, StoreError,
+};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::time::Instant;
+
+use super::wire::{self, Event, Format};
+use super::{AppState, error};
+use crate::telemetry as t;
+
+/// Encoded events waiting between a stream's task and its response: the most a client that
+/// stopped reading costs the server (besides the kernel's socket buffer and hyper's).
+pub const CHANNEL_EVENTS: usize = 16;
+/// `initial_limit` when not given (capped collections).
+pub const DEFAULT_INITIAL_LIMIT: usize = 50;
+/// The largest `initial_limit`: the initial documents are read before they are sent.
+pub const MAX_INITIAL_LIMIT: usize = 1000;
+/// The longest `squash` window.
+pub const MAX_SQUASH_MS: u64 = 60_000;
+/// Keys held in one squash window; more flush the window early (bounded memory).
+const SQUASH_MAX_KEYS: usize = 10_000;
+/// A quiet stream sends a keep-alive this often (axum's `KeepAlive` default), so proxies and
+/// the page's idle watchdog see it is alive.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// The parameters `/api/changes` knows.
+const PARAMETERS: &str =
+    "collection, filter, ops, include_initial, initial_limit, include_states, squash, resume_after";
+
+/// How many change streams may be open at once, and how long one may stall.
+#[derive(Clone, Debug)]
+pub struct StreamLimits {
+    /// The permits: one per open stream.
+    permits: Arc<Semaphore>,
+    /// `http.max_streams`.
+    max: usize,
+    /// A client that accepts no byte for this long is disconnected.
+    stall: Duration,
+}
+
+impl StreamLimits {
+    /// At most `max` streams; `stall` as above.
+    pub fn new(max: usize, stall: Duration) -> Self {
+        StreamLimits {
+            permits: Arc::new(Semaphore::new(max)),
+            max,
+            stall,
+        }
+    }
+
+    /// A permit for one more stream, or the 503 that says why there is none.
+    pub(super) fn admit(&self) -> Result<OwnedSemaphorePermit, Response> {
+        self.permits.clone().try_acquire_owned().map_err(|_| {
+            t::StreamRefused { max: self.max }.emit();
+            let mut r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "too many change streams: {} are open, the most http.max_streams allows; \
+                     retry later",
+                    self.max
+                ),
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            r
+        })
+    }
+}
+
+/// The four collections a client can follow.
+const COLLECTIONS: &str = "events, dead_letters, rollups, stats";
+
+/// What a stream follows.
+#[derive(Clone)]
+enum Target {
+    Capped(Arc<dyn Capped>),
+    Keyed(Arc<dyn Keyed>),
+}
+
+/// A validated request.
+struct Request {
+    collection: String,
+    target: Target,
+    filter: Filter,
+    ops: Vec<ChangeOp>,
+    include_initial: bool,
+    initial_limit: usize,
+    include_states: bool,
+    squash: Option<Duration>,
+    resume: Option<String>,
+    format: Format,
+}
+
+/// Why a request is refused before the stream starts.
+type Refusal = (StatusCode, String);
+
+fn bad(message: impl Into<String>) -> Refusal {
+    (StatusCode::BAD_REQUEST, message.into())
+}
+
+fn parse_bool(name: &str, v: &str) -> Result<bool, Refusal> {
+    match v {
+        "true" | "1" | "" => Ok(true),
+        "false" | "0" => Ok(false),
+        other => Err(bad(format!("{name}: {other:?} is not true or false"))),
+    }
+}
+
+/// Reads the query string and headers into a [`Request`]; every problem is a 400 that names
+/// the parameter.
+fn parse(s: &AppState, headers: &HeaderMap, query: &str) -> Result<Request, Refusal> {
+    let mut params: HashMap<String, String> = HashMap::new();
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        if !PARAMETERS.split(", ").any(|p| p == k) {
+            return Err(bad(format!("unknown parameter {k:?}; known: {PARAMETERS}")));
+        }
+        if params.insert(k.to_string(), v.to_string()).is_some() {
+            return Err(bad(format!("{k}: given twice")));
+        }
+    }
+    let collection = params
+        .get("collection")
+        .ok_or_else(|| bad(format!("collection: required, one of {COLLECTIONS}")))?
+        .clone();
+    let target = match collection.as_str() {
+        "events" => Target::Capped(s.events.clone()),
+        "dead_letters" => Target::Capped(s.dead_letters.clone()),
+        "rollups" => Target::Keyed(s.rollups.clone()),
+        "stats" => Target::Keyed(s.stats.clone()),
+        other => {
+            return Err(bad(format!(
+                "collection: {other:?} is not one of {COLLECTIONS}"
+            )));
+        }
+    };
+    let filter = match params.get("filter").map(|f| f.trim()) {
+        None | Some("") => Filter::match_all(),
+        // The filter's own error names the place: `filter at $and[1].n.$gt: ...`.
+        Some(text) => text.parse::<Filter>().map_err(|e| bad(e.to_string()))?,
+    };
+    let mut ops = Vec::new();
+    if let Some(list) = params.get("ops").filter(|l| !l.is_empty()) {
+        for op in list.split(',') {
+            let op: ChangeOp = op.trim().parse().map_err(|e| bad(format!("ops: {e}")))?;
+            if !ops.contains(&op) {
+                ops.push(op);
+            }
+        }
+        if matches!(target, Target::Capped(_)) && ops.iter().any(|o| *o != ChangeOp::Insert) {
+            return Err(bad(format!(
+                "ops: {collection} is a capped collection, whose only changes are inserts"
+            )));
+        }
+    }
+    let include_initial = params
+        .get("include_initial")
+        .map(|v| parse_bool("include_initial", v))
+        .transpose()?
+        .unwrap_or(false);
+    let include_states = params
+        .get("include_states")
+        .map(|v| parse_bool("include_states", v))
+        .transpose()?
+        .unwrap_or(false);
+    let initial_limit = match params.get("initial_limit") {
+        None => DEFAULT_INITIAL_LIMIT,
+        Some(_) if matches!(target, Target::Keyed(_)) => {
+            return Err(bad(format!(
+                "initial_limit: applies to capped collections (events, dead_letters); the \
+                 initial snapshot of {collection} is whole"
+            )));
+        }
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n <= MAX_INITIAL_LIMIT)
+            .ok_or_else(|| {
+                bad(format!(
+                    "initial_limit: {v:?} is not a number from 0 to {MAX_INITIAL_LIMIT}"
+                ))
+            })?,
+    };
+    let squash = match params.get("squash") {
+        None => None,
+        Some(v) => {
+            let ms = v
+                .parse::<u64>()
+                .ok()
+                .filter(|ms| *ms <= MAX_SQUASH_MS)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "squash: {v:?} is not a number of milliseconds from 0 to {MAX_SQUASH_MS}"
+                    ))
+                })?;
+            (ms > 0).then(|| Duration::from_millis(ms))
+        }
+    };
+    // A browser reconnecting sends Last-Event-ID with the URL it first used: the header is
+    // the newer of the two.
+    let resume = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| params.get("resume_after").cloned())
+        .filter(|r| !r.is_empty());
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    Ok(Request {
+        collection,
+        target,
+        filter,
+        ops,
+        include_initial,
+        initial_limit,
+        include_states,
+        squash,
+        resume,
+        format: Format::from_accept(accept),
+    })
+}
+
+/// Checks a resume id before the stream starts: one this collection could have given, and not
+/// ahead of its history (a server restarted without its data gave it; waiting until the
+/// numbers catch up would show nothing for a long time, so the client is told to start over).
+async fn check_resume(s: &AppState, req: &Request) -> Result<(), Refusal> {
+    let Some(id) = req.resume.as_deref() else {
+        return Ok(());
+    };
+    let server = |e: StoreError| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    match &req.target {
+        Target::Capped(c) => {
+            let p: u64 = id.parse().map_err(|_| {
+                bad(format!(
+                    "resume_after: {id:?} is not a position of {}",
+                    req.collection
+                ))
+            })?;
+            let newest = c.bounds().await.map_err(server)?.map_or(0, |b| b.newest.0);
+            if p > newest {
+                return Err(bad(format!(
+                    "resume_after: position {p} is ahead of {} (newest {newest}): not an id of \
+                     this server's history; start without it",
+                    req.collection
+                )));
+            }
+        }
+        Target::Keyed(_) => {
+            let token = ResumeToken(id.to_string());
+            match s.store.changes_after(&token).await {
+                Ok(_) => {}
+                Err(StoreError::Invalid(m)) => return Err(bad(format!("resume_after: {m}"))),
+                Err(e) => return Err(server(e)),
+            }
+            // Tokens that are numbers (the embedded engine's) can be checked for "ahead".
+            if let Ok(n) = id.parse::<u64>() {
+                let newest = match s.store.newest_change().await.map_err(server)? {
+                    None => Some(0),
+                    Some(t) => t.0.parse::<u64>().ok(),
+                };
+                if let Some(newest) = newest.filter(|newest| n > *newest) {
+                    return Err(bad(format!(
+                        "resume_after: {id} is ahead of the change history (newest {newest}): \
+                         not an id of this server's history; start without it"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `GET /api/changes`.
+pub(super) async fn changes(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let req = match parse(&s, &headers, query.as_deref().unwrap_or("")) {
+        Ok(r) => r,
+        Err((status, m)) => return error(status, m),
+    };
+    if let Err((status, m)) = check_resume(&s, &req).await {
+        return error(status, m);
+    }
+    let permit = match s.streams.admit() {
+        Ok(p) => p,
+        Err(refused) => return refused,
+    };
+    let format = req.format;
+    let (tx, rx) = mpsc::channel(CHANNEL_EVENTS);
+    let buffered = Arc::new(AtomicU64::new(0));
+    let sink = Sink {
+        tx,
+        format,
+        stall: s.streams.stall,
+        buffered: buffered.clone(),
+    };
+    tokio::spawn(produce(req, s.store.clone(), sink, permit));
+    let body = futures::stream::unfold(Drain { rx, buffered }, |mut d| async move {
+        let bytes = d.rx.recv().await?;
+        d.taken(bytes.len());
+        Some((Ok::<_, Infallible>(bytes), d))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, format.content_type()),
+            (header::CACHE_CONTROL, "no-store"),
+            // Tells nginx-like proxies not to buffer the stream.
+            (header::HeaderName::from_static("x-accel-buffering"), "no"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// The response's end of a stream's channel; counts the buffered bytes down as it takes them,
+/// and on drop (the client went away) for what it never took.
+struct Drain {
+    rx: mpsc::Receiver<Bytes>,
+    buffered: Arc<AtomicU64>,
+}
+
+impl Drain {
+    fn taken(&self, n: usize) {
+        self.buffered.fetch_sub(n as u64, Ordering::Relaxed);
+        t::stream_buffered(-(n as f64));
+    }
+}
+
+impl Drop for Drain {
+    fn drop(&mut self) {
+        self.rx.close();
+        while let Ok(b) = self.rx.try_recv() {
+            self.taken(b.len());
+        }
+    }
+}
+
+/// Why a stream's task stops.
+enum Stop {
+    /// The client went away (or never read within the stall timeout): nothing to tell it.
+    Client,
+    /// The store failed: the client gets an `error` event.
+    Store(StoreError),
+}
+
+impl From<StoreError> for Stop {
+    fn from(e: StoreError) -> Self {
+        Stop::Store(e)
+    }
+}
+
+/// The task's end of the channel.
+struct Sink {
+    tx: mpsc::Sender<Bytes>,
+    format: Format,
+    stall: Duration,
+    buffered: Arc<AtomicU64>,
+}
+
+impl Sink {
+    async fn bytes(&self, bytes: Bytes) -> Result<(), Stop> {
+        let n = bytes.len();
+        self.buffered.fetch_add(n as u64, Ordering::Relaxed);
+        t::stream_buffered(n as f64);
+        match tokio::time::timeout(self.stall, self.tx.send(bytes)).await {
+            Ok(Ok(())) => Ok(()),
+            // The bytes were never queued: count them out again.
+            Ok(Err(_)) => {
+                self.buffered.fetch_sub(n as u64, Ordering::Relaxed);
+                t::stream_buffered(-(n as f64));
+                Err(Stop::Client)
+            }
+            Err(_) => {
+                self.buffered.fetch_sub(n as u64, Ordering::Relaxed);
+                t::stream_buffered(-(n as f64));
+                t::StreamStalled {
+                    after: self.stall,
+                    buffered: self.buffered.load(Ordering::Relaxed),
+                }
+                .emit();
+                Err(Stop::Client)
+            }
+        }
+    }
+
+    async fn send(&self, event: &Event) -> Result<(), Stop> {
+        self.bytes(event.encode(self.format)).await
+    }
+
+    async fn keep_alive(&self, id: Option<&str>) -> Result<(), Stop> {
+        self.bytes(wire::keep_alive(self.format, id)).await
+    }
+
+    /// Resolves when the client has gone away (the response was dropped).
+    async fn closed(&self) {
+        self.tx.closed().await;
+    }
+}
+
+fn state(name: &str) -> Event {
+    let mut data = Map::new();
+    data.insert("state".into(), Value::from(name));
+    Event::new("state", data)
+}
+
+fn object(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+/// A capped collection's document as an `initial` or `change` event.
+fn record_event(kind: &'static str, collection: &str, r: Record) -> Event {
+    let key = r.position.0.to_string();
+    let mut data = Map::new();
+    if kind == "change" {
+        data.insert("op".into(), Value::from("insert"));
+    }
+    data.insert("collection".into(), Value::from(collection));
+    data.insert("key".into(), Value::from(key.as_str()));
+    data.insert("doc".into(), Value::Object(r.doc));
+    if let Some(at) = r.committed_at_us {
+        data.insert("committed_at_us".into(), Value::from(at));
+    }
+    Event::new(kind, data).with_id(key)
+}
+
+/// A keyed collection's change as a `change` event, its token as the id.
+fn change_event(c: Change) -> Event {
+    let mut data = object(json!({
+        "op": c.op.as_str(),
+        "collection": c.collection,
+        "key": c.key,
+        "doc": c.after,
+        "committed_at_us": c.committed_at_us,
+    }));
+    if let Some(before) = c.before {
+        data.insert("before".into(), Value::Object(before));
+    }
+    Event::new("change", data).with_id(c.token.0)
+}
+
+/// What the stream follows, and from where it (re)opens.
+enum Cursor {
+    Capped {
+        coll: Arc<dyn Capped>,
+        filter: Filter,
+        start: Start,
+    },
+    Keyed {
+        coll: Arc<dyn Keyed>,
+        filter: ChangeFilter,
+        start: ChangeStart,
+        /// How far the open change stream has read (past changes its filter skipped).
+        read_up_to: Option<Arc<Mutex<Option<ResumeToken>>>>,
+    },
+}
+
+/// One entry of an open cursor: the key squashing coalesces on, and the event.
+type Entry = (String, Event);
+
+impl Cursor {
+    fn open(&mut self, collection: &str) -> BoxStream<'static, Result<Entry, StoreError>> {
+        match self {
+            Cursor::Capped {
+                coll,
+                filter,
+                start,
+            } => {
+                let name = collection.to_string();
+                coll.tail_matching(*start, filter.clone())
+                    .map(move |r| {
+                        r.map(|r| {
+                            let e = record_event("change", &name, r);
+                            (e.id.clone().unwrap_or_default(), e)
+                        })
+                    })
+                    .boxed()
+            }
+            Cursor::Keyed {
+                coll,
+                filter,
+                start,
+                read_up_to,
+            } => {
+                let s = coll.changes(filter.clone(), start.clone());
+                *read_up_to = Some(s.resume_cell());
+                s.map(|c| c.map(|c| (c.key.clone(), change_event(c))))
+                    .boxed()
+            }
+        }
+    }
+
+    /// After `PositionLost` / `HistoryLost`: the `gap` event saying what was lost, and the
+    /// cursor moved to continue from the oldest retained entry. `None` for other errors.
+    fn after_gap(&mut self, e: &StoreError) -> Option<Event> {
+        let data = match (self, e) {
+            (Cursor::Capped { start, .. }, StoreError::PositionLost { after, oldest, .. }) => {
+                // Just before the oldest, not `Start::Oldest`: if more is evicted before the
+                // tail reopens, that is another gap, reported as exactly as this one.
+                *start = Start::After(Position(oldest.0.saturating_sub(1)));
+                json!({
+                    "reason": "position_lost",
+                    "after": after.0.to_string(),
+                    "oldest": oldest.0.to_string(),
+                    "missed": oldest.0.saturating_sub(after.0 + 1),
+                    "resume": "oldest",
+                })
+            }
+            (Cursor::Keyed { start, .. }, StoreError::HistoryLost { token, oldest }) => {
+                *start = ChangeStart::Oldest;
+                // Numeric tokens (the embedded engine's op log) tell how many entries went.
+                let missed = token
+                    .0
+                    .parse::<u64>()
+                    .ok()
+                    .zip(oldest.0.parse::<u64>().ok())
+                    .map(|(a, o)| o.saturating_sub(a + 1));
+                json!({
+                    "reason": "history_lost",
+                    "after": token.0,
+                    "oldest": oldest.0,
+                    "missed": missed,
+                    "resume": "oldest",
+                })
+            }
+            _ => return None,
+        };
+        Some(Event::new("gap", object(data)))
+    }
+
+    /// Where the stream has read to, when that is past the last event sent (a keyed stream
+    /// whose filter skipped entries).
+    fn read_up_to(&self) -> Option<String> {
+        match self {
+            Cursor::Keyed {
+                read_up_to: Some(cell),
+                ..
+            } => cell
+                .lock()
+                .ok()
+                .and_then(|t| t.as_ref().map(|t| t.0.clone())),
+            _ => None,
+        }
+    }
+}
+
+/// A stream's task: the initial documents and states, then the changes, until the client goes
+/// away or the store fails. Holds the stream's permit.
+async fn produce(
+    req: Request,
+    store: Arc<dyn store::Store>,
+    sink: Sink,
+    permit: OwnedSemaphorePermit,
+) {
+    let _open = t::StreamOpen::new(&req.collection);
+    let collection = req.collection.clone();
+    match run(req, store, &sink).await {
+        Ok(()) | Err(Stop::Client) => {}
+        // The store is closing (the server stops): the client reconnects to the next one.
+        Err(Stop::Store(StoreError::Closed)) => {}
+        Err(Stop::Store(e)) => {
+            tracing::warn!(collection = %collection, error = %e, "change stream failed");
+            let mut data = Map::new();
+            data.insert("error".into(), Value::from(e.to_string()));
+            let _ = sink.send(&Event::new("error", data)).await;
+        }
+    }
+    drop(permit);
+}
+
+async fn run(req: Request, store: Arc<dyn store::Store>, sink: &Sink) -> Result<(), Stop> {
+    let mut last_id: Option<String> = req.resume.clone();
+    let states = req.include_states || req.include_initial;
+    let mut cursor = match &req.target {
+        Target::Capped(coll) => {
+            let start = match req.resume.as_deref().map(str::parse::<u64>) {
+                Some(Ok(p)) => Start::After(Position(p)),
+                // Checked before the stream started.
+                Some(Err(_)) => return Err(StoreError::Invalid("resume id".into()).into()),
+                None => {
+                    if req.include_states {
+                        sink.send(&state("initializing")).await?;
+                    }
+                    let start = if req.include_initial {
+                        let newest = coll.newest_matching(&req.filter, req.initial_limit).await?;
+                        let start = newest.continue_from();
+                        for r in newest.records.into_iter().rev() {
+                            let e = record_event("initial", &req.collection, r);
+                            last_id.clone_from(&e.id);
+                            sink.send(&e).await?;
+                        }
+                        start
+                    } else {
+                        // An explicit position, so `ready` can carry it as an id.
+                        match coll.bounds().await? {
+                            Some(b) => Start::After(b.newest),
+                            None => Start::Oldest,
+                        }
+                    };
+                    if states {
+                        let mut ready = state("ready");
+                        if let Start::After(p) = start {
+                            ready = ready.with_id(p.0.to_string());
+                            last_id = Some(p.0.to_string());
+                        }
+                        sink.send(&ready).await?;
+                    }
+                    start
+                }
+            };
+            Cursor::Capped {
+                coll: coll.clone(),
+                filter: req.filter.clone(),
+                start,
+            }
+        }
+        Target::Keyed(coll) => {
+            let start = match &req.resume {
+                Some(t) => ChangeStart::After(ResumeToken(t.clone())),
+                None => {
+                    if req.include_states {
+                        sink.send(&state("initializing")).await?;
+                    }
+                    let token = if req.include_initial {
+                        let snapshot = coll.snapshot(Some(req.filter.clone())).await?;
+                        let mut docs = snapshot.docs;
+                        while let Some(d) = docs.next().await {
+                            let d = d?;
+                            let data = object(json!({
+                                "collection": req.collection,
+                                "key": d.key,
+                                "doc": d.doc,
+                            }));
+                            sink.send(&Event::new("initial", data)).await?;
+                        }
+                        Some(snapshot.token)
+                    } else {
+                        store.newest_change().await?
+                    };
+                    if states {
+                        let mut ready = state("ready");
+                        if let Some(t) = &token {
+                            ready = ready.with_id(t.0.clone());
+                            last_id = Some(t.0.clone());
+                        }
+                        sink.send(&ready).await?;
+                    }
+                    // No change ever: from the beginning is exactly "after now".
+                    token.map_or(ChangeStart::Oldest, ChangeStart::After)
+                }
+            };
+            Cursor::Keyed {
+                coll: coll.clone(),
+                filter: ChangeFilter {
+                    collections: Vec::new(),
+                    ops: req.ops.clone(),
+                    key_prefix: None,
+                    filter: Some(req.filter.clone()),
+                },
+                start,
+                read_up_to: None,
+            }
+        }
+    };
+    if req.resume.is_some() && req.include_states {
+        // Resumed: the changes continue at once; a client waiting for `ready` gets it.
+        sink.send(&state("ready")).await?;
+    }
+    follow(&req, &mut cursor, sink, last_id).await
+}
+
+/// Changes of one key within a window, sent once as the latest (RethinkDB's `squash`), in the
+/// order of each key's latest change: a client that receives a prefix of the window and
+/// resumes after the last id it got misses nothing (every earlier change it did not get is
+/// superseded by a later one that follows).
+#[derive(Default)]
+struct Squash {
+    /// Slots in arrival order of each key's latest event; superseded ones are `None`.
+    slots: Vec<Option<Event>>,
+    /// Key → its slot.
+    index: HashMap<String, usize>,
+    /// When the window closes; `None` while it is empty.
+    deadline: Option<Instant>,
+}
+
+impl Squash {
+    fn push(&mut self, key: String, event: Event, window: Duration) {
+        if let Some(old) = self.index.insert(key, self.slots.len()) {
+            self.slots[old] = None;
+        }
+        self.slots.push(Some(event));
+        self.deadline.get_or_insert_with(|| Instant::now() + window);
+    }
+
+    fn full(&self) -> bool {
+        self.index.len() >= SQUASH_MAX_KEYS
+    }
+
+    fn take(&mut self) -> Vec<Event> {
+        self.index.clear();
+        self.deadline = None;
+        self.slots.drain(..).flatten().collect()
+    }
+
+    async fn due(&self) {
+        match self.deadline {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Follows the cursor: each change to the client (through the squash window, if any), a gap
+/// event and a re-open when history was lost, keep-alives while quiet.
+async fn follow(
+    req: &Request,
+    cursor: &mut Cursor,
+    sink: &Sink,
+    mut last_id: Option<String>,
+) -> Result<(), Stop> {
+    let mut squash = Squash::default();
+    let mut keep_alive = tokio::time::interval_at(Instant::now() + KEEP_ALIVE, KEEP_ALIVE);
+    keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let mut stream = cursor.open(&req.collection);
+        loop {
+            tokio::select! {
+                biased;
+                _ = sink.closed() => return Err(Stop::Client),
+                item = stream.next() => match item {
+                    Some(Ok((key, event))) => match req.squash {
+                        Some(window) => {
+                            squash.push(key, event, window);
+                            // Also here: a busy stream is always ready, and `biased` would
+                            // never get to the deadline branch below.
+                            if squash.full() || squash.deadline.is_some_and(|d| Instant::now() >= d) {
+                                flush(&mut squash, sink, &mut last_id).await?;
+                            }
+                        }
+                        None => {
+                            last_id.clone_from(&event.id);
+                            sink.send(&event).await?;
+                            keep_alive.reset();
+                        }
+                    },
+                    Some(Err(e)) => {
+                        // What was read before the loss is still sent, in order.
+                        flush(&mut squash, sink, &mut last_id).await?;
+                        let Some(gap) = cursor.after_gap(&e) else {
+                            return Err(e.into());
+                        };
+                        t::StreamGap { collection: &req.collection, detail: &gap.data }.emit();
+                        sink.send(&gap).await?;
+                        break;
+                    }
+                    None => return Err(StoreError::Closed.into()),
+                },
+                _ = squash.due() => {
+                    flush(&mut squash, sink, &mut last_id).await?;
+                    keep_alive.reset();
+                }
+                _ = keep_alive.tick() => {
+                    // Move the client's resume point past skipped entries, unless squashed
+                    // changes before that point are still to be sent.
+                    let read = cursor.read_up_to().filter(|r| {
+                        squash.deadline.is_none() && last_id.as_deref() != Some(r.as_str())
+                    });
+                    if read.is_some() {
+                        last_id.clone_from(&read);
+                    }
+                    sink.keep_alive(read.as_deref()).await?;
+                }
+            }
+        }
+    }
+}
+
+async fn flush(squash: &mut Squash, sink: &Sink, last_id: &mut Option<String>) -> Result<(), Stop> {
+    for event in squash.take() {
+        last_id.clone_from(&event.id);
+        sink.send(&event).await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn ev(key: &str, id: u64) -> (String, Event) {
+        let data = object(json!({"key": key, "n": id}));
+        (
+            key.to_string(),
+            Event::new("change", data).with_id(id.to_string()),
+        )
+    }
+
+    #[test]
+    fn squash_keeps_each_keys_latest_in_the_order_of_the_latest() {
+        let mut s = Squash::default();
+        let w = Duration::from_millis(100);
+        for (k, id) in [("a", 1), ("b", 2), ("a", 3), ("c", 4), ("b", 5)] {
+            let (key, e) = ev(k, id);
+            s.push(key, e, w);
+        }
+        let out: Vec<String> = s.take().into_iter().map(|e| e.id.unwrap()).collect();
+        assert_eq!(
+            out,
+            vec!["3", "4", "5"],
+            "a's latest (3), then c (4), then b's latest (5): ids increase, so a client that \
+             got a prefix resumes after it without missing a key's final state"
+        );
+        assert!(s.deadline.is_none() && s.index.is_empty(), "a new window");
+    }
+
+    #[test]
+    fn a_full_window_is_flushed_early() {
+        let mut s = Squash::default();
+        for i in 0..SQUASH_MAX_KEYS {
+            let (key, e) = ev(&format!("k{i}"), i as u64);
+            s.push(key, e, Duration::from_secs(1));
+        }
+        assert!(s.full(), "as many keys as the bound");
+        assert_eq!(s.take().len(), SQUASH_MAX_KEYS);
+    }
+
+    #[test]
+    fn gaps_say_what_was_lost_and_where_the_stream_continues() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let store = store::embedded::EmbeddedStore::open(
+                dir.path(),
+                store::embedded::EmbeddedOptions::default(),
+            )
+            .unwrap();
+            use store::Store;
+            let coll = store
+                .capped(
+                    "c",
+                    &store::CappedSpec {
+                        max_docs: 10,
+                        max_bytes: 1 << 20,
+                        indexes: vec![],
+                    },
+                )
+                .await
+                .unwrap();
+            let mut c = Cursor::Capped {
+                coll,
+                filter: Filter::match_all(),
+                start: Start::After(Position(3)),
+            };
+            let lost = StoreError::PositionLost {
+                collection: "c".into(),
+                after: Position(3),
+                oldest: Position(10),
+            };
+            let gap = c.after_gap(&lost).unwrap();
+            assert_eq!(gap.kind, "gap");
+            assert_eq!(
+                Value::Object(gap.data),
+                json!({"reason": "position_lost", "after": "3", "oldest": "10", "missed": 6,
+                       "resume": "oldest"})
+            );
+            assert!(
+                matches!(
+                    c,
+                    Cursor::Capped {
+                        start: Start::After(Position(9)),
+                        ..
+                    }
+                ),
+                "continues right before the oldest retained"
+            );
+            assert!(c.after_gap(&StoreError::Closed).is_none());
+            store.close().await.unwrap();
+        });
+    }
+}
