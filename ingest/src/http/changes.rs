@@ -336,19 +336,17 @@ pub(super) async fn changes(
     };
     let format = req.format;
     let (tx, rx) = mpsc::channel(CHANNEL_EVENTS);
+    let rx = Arc::new(Mutex::new(rx));
     let buffered = Arc::new(AtomicU64::new(0));
     let sink = Sink {
         tx,
+        rx: rx.clone(),
         format,
         stall: s.streams.stall,
         buffered: buffered.clone(),
     };
     tokio::spawn(produce(req, s.store.clone(), sink, permit));
-    let body = futures::stream::unfold(Drain { rx, buffered }, |mut d| async move {
-        let bytes = d.rx.recv().await?;
-        d.taken(bytes.len());
-        Some((Ok::<_, Infallible>(bytes), d))
-    });
+    let body = Drain { rx, buffered };
     (
         [
             (header::CONTENT_TYPE, format.content_type()),
@@ -361,26 +359,55 @@ pub(super) async fn changes(
         .into_response()
 }
 
-/// The response's end of a stream's channel; counts the buffered bytes down as it takes them,
-/// and on drop (the client went away) for what it never took.
+/// The response's end of a stream's channel. Counts the buffered bytes down as it takes
+/// them, and on drop (the client went away) for what it never took.
+///
+/// The receiver is shared with the stream's task, which empties it when it cuts a stalled
+/// client: hyper polls a body only when it can write, so a client that reads nothing would
+/// otherwise keep those events in memory until it closes its connection.
 struct Drain {
-    rx: mpsc::Receiver<Bytes>,
+    rx: Arc<Mutex<mpsc::Receiver<Bytes>>>,
     buffered: Arc<AtomicU64>,
 }
 
 impl Drain {
-    fn taken(&self, n: usize) {
-        self.buffered.fetch_sub(n as u64, Ordering::Relaxed);
-        t::stream_buffered(-(n as f64));
+    /// Closes the channel and counts out (and frees) whatever is still queued.
+    fn empty(rx: &Mutex<mpsc::Receiver<Bytes>>, buffered: &AtomicU64) {
+        if let Ok(mut rx) = rx.lock() {
+            rx.close();
+            while let Ok(b) = rx.try_recv() {
+                buffered.fetch_sub(b.len() as u64, Ordering::Relaxed);
+                t::stream_buffered(-(b.len() as f64));
+            }
+        }
+    }
+}
+
+impl futures::Stream for Drain {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let Ok(mut rx) = self.rx.lock() else {
+            return std::task::Poll::Ready(None);
+        };
+        let polled = rx.poll_recv(cx);
+        drop(rx);
+        polled.map(|b| {
+            b.map(|b| {
+                self.buffered.fetch_sub(b.len() as u64, Ordering::Relaxed);
+                t::stream_buffered(-(b.len() as f64));
+                Ok(b)
+            })
+        })
     }
 }
 
 impl Drop for Drain {
     fn drop(&mut self) {
-        self.rx.close();
-        while let Ok(b) = self.rx.try_recv() {
-            self.taken(b.len());
-        }
+        Drain::empty(&self.rx, &self.buffered);
     }
 }
 
@@ -401,6 +428,8 @@ impl From<StoreError> for Stop {
 /// The task's end of the channel.
 struct Sink {
     tx: mpsc::Sender<Bytes>,
+    /// The response's end, emptied when the client is cut for stalling.
+    rx: Arc<Mutex<mpsc::Receiver<Bytes>>>,
     format: Format,
     stall: Duration,
     buffered: Arc<AtomicU64>,
@@ -422,11 +451,7 @@ impl Sink {
             Err(_) => {
                 self.buffered.fetch_sub(n as u64, Ordering::Relaxed);
                 t::stream_buffered(-(n as f64));
-                t::StreamStalled {
-                    after: self.stall,
-                    buffered: self.buffered.load(Ordering::Relaxed),
-                }
-                .emit();
+                self.stalled();
                 Err(Stop::Client)
             }
         }
@@ -443,6 +468,34 @@ impl Sink {
     /// Resolves when the client has gone away (the response was dropped).
     async fn closed(&self) {
         self.tx.closed().await;
+    }
+
+    /// Whether the client has not taken the events already queued.
+    fn is_full(&self) -> bool {
+        self.tx.capacity() == 0
+    }
+
+    /// Waits until the client took something (at most the stall timeout).
+    async fn room(&self) -> Result<(), Stop> {
+        match tokio::time::timeout(self.stall, self.tx.reserve()).await {
+            Ok(Ok(_permit)) => Ok(()),
+            Ok(Err(_)) => Err(Stop::Client),
+            Err(_) => {
+                self.stalled();
+                Err(Stop::Client)
+            }
+        }
+    }
+
+    /// The client accepted nothing for the stall timeout: counted, logged, and what is queued
+    /// for it freed.
+    fn stalled(&self) {
+        t::StreamStalled {
+            after: self.stall,
+            buffered: self.buffered.load(Ordering::Relaxed),
+        }
+        .emit();
+        Drain::empty(&self.rx, &self.buffered);
     }
 }
 
@@ -577,6 +630,30 @@ impl Cursor {
             _ => return None,
         };
         Some(Event::new("gap", object(data)))
+    }
+
+    /// Notes an entry read from the open stream, so a re-open continues after it.
+    fn read(&mut self, event: &Event) {
+        if let (Cursor::Capped { start, .. }, Some(p)) = (
+            self,
+            event.id.as_deref().and_then(|id| id.parse::<u64>().ok()),
+        ) {
+            *start = Start::After(Position(p));
+        }
+    }
+
+    /// Before the open stream is dropped: a re-open continues after everything it read,
+    /// including (keyed) the entries its filter skipped.
+    fn suspend(&mut self) {
+        if let Cursor::Keyed {
+            start, read_up_to, ..
+        } = self
+            && let Some(t) = read_up_to
+                .take()
+                .and_then(|cell| cell.lock().ok().and_then(|t| t.clone()))
+        {
+            *start = ChangeStart::After(t);
+        }
     }
 
     /// Where the stream has read to, when that is past the last event sent (a keyed stream
@@ -763,6 +840,11 @@ impl Squash {
 
 /// Follows the cursor: each change to the client (through the squash window, if any), a gap
 /// event and a re-open when history was lost, keep-alives while quiet.
+///
+/// The store stream is dropped whenever the client's channel is full, and re-opened from
+/// where it was once there is room: a reader waiting for a slow client holds nothing of the
+/// store (the embedded engine keeps every commit a live reader has not taken yet, up to its
+/// hub's capacity; a MongoDB cursor holds server resources).
 async fn follow(
     req: &Request,
     cursor: &mut Cursor,
@@ -772,19 +854,30 @@ async fn follow(
     let mut squash = Squash::default();
     let mut keep_alive = tokio::time::interval_at(Instant::now() + KEEP_ALIVE, KEEP_ALIVE);
     keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut open: Option<BoxStream<'static, Result<Entry, StoreError>>> = None;
     loop {
-        let mut stream = cursor.open(&req.collection);
-        loop {
-            tokio::select! {
-                biased;
-                _ = sink.closed() => return Err(Stop::Client),
-                item = stream.next() => match item {
-                    Some(Ok((key, event))) => match req.squash {
+        if sink.is_full() {
+            cursor.suspend();
+            open = None;
+            sink.room().await?;
+        }
+        let stream = open.get_or_insert_with(|| cursor.open(&req.collection));
+        tokio::select! {
+            biased;
+            _ = sink.closed() => return Err(Stop::Client),
+            item = stream.next() => match item {
+                Some(Ok((key, event))) => {
+                    cursor.read(&event);
+                    match req.squash {
                         Some(window) => {
                             squash.push(key, event, window);
                             // Also here: a busy stream is always ready, and `biased` would
                             // never get to the deadline branch below.
-                            if squash.full() || squash.deadline.is_some_and(|d| Instant::now() >= d) {
+                            if squash.full()
+                                || squash.deadline.is_some_and(|d| Instant::now() >= d)
+                            {
+                                cursor.suspend();
+                                open = None;
                                 flush(&mut squash, sink, &mut last_id).await?;
                             }
                         }
@@ -793,32 +886,37 @@ async fn follow(
                             sink.send(&event).await?;
                             keep_alive.reset();
                         }
-                    },
-                    Some(Err(e)) => {
-                        // What was read before the loss is still sent, in order.
-                        flush(&mut squash, sink, &mut last_id).await?;
-                        let Some(gap) = cursor.after_gap(&e) else {
-                            return Err(e.into());
-                        };
-                        t::StreamGap { collection: &req.collection, detail: &gap.data }.emit();
-                        sink.send(&gap).await?;
-                        break;
                     }
-                    None => return Err(StoreError::Closed.into()),
-                },
-                _ = squash.due() => {
-                    flush(&mut squash, sink, &mut last_id).await?;
-                    keep_alive.reset();
                 }
-                _ = keep_alive.tick() => {
-                    // Move the client's resume point past skipped entries, unless squashed
-                    // changes before that point are still to be sent.
-                    let read = cursor.read_up_to().filter(|r| {
-                        squash.deadline.is_none() && last_id.as_deref() != Some(r.as_str())
-                    });
-                    if read.is_some() {
-                        last_id.clone_from(&read);
-                    }
+                Some(Err(e)) => {
+                    open = None;
+                    // What was read before the loss is still sent, in order.
+                    flush(&mut squash, sink, &mut last_id).await?;
+                    let Some(gap) = cursor.after_gap(&e) else {
+                        return Err(e.into());
+                    };
+                    t::StreamGap { collection: &req.collection, detail: &gap.data }.emit();
+                    sink.send(&gap).await?;
+                }
+                None => return Err(StoreError::Closed.into()),
+            },
+            _ = squash.due() => {
+                cursor.suspend();
+                open = None;
+                flush(&mut squash, sink, &mut last_id).await?;
+                keep_alive.reset();
+            }
+            _ = keep_alive.tick() => {
+                // Move the client's resume point past skipped entries, unless squashed
+                // changes before that point are still to be sent.
+                let read = cursor.read_up_to().filter(|r| {
+                    squash.deadline.is_none() && last_id.as_deref() != Some(r.as_str())
+                });
+                if read.is_some() {
+                    last_id.clone_from(&read);
+                }
+                // A full channel means the client is not reading: no keep-alive needed.
+                if !sink.is_full() {
                     sink.keep_alive(read.as_deref()).await?;
                 }
             }
@@ -826,6 +924,7 @@ async fn follow(
     }
 }
 
+/// Sends a squash window's events (the store stream is closed meanwhile, see [`follow`]).
 async fn flush(squash: &mut Squash, sink: &Sink, last_id: &mut Option<String>) -> Result<(), Stop> {
     for event in squash.take() {
         last_id.clone_from(&event.id);
