@@ -237,6 +237,11 @@ pub async fn run(
     });
     let http_task = {
         let stop = http_stop.clone();
+        // Nagle off: a change stream writes one small event at a time, and each must leave
+        // at once rather than wait for the previous one's (delayed) acknowledgment.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         tokio::spawn(async move {
             let serve = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
             if let Err(e) = serve.await {

@@ -70,7 +70,8 @@ fn tools() -> Option<(PathBuf, PathBuf, PathBuf)> {
                         pw_dir.display()
                     )
                 }),
-                c.is_none().then(|| "chromium (apt-get install chromium)".to_string()),
+                c.is_none()
+                    .then(|| "chromium (apt-get install chromium)".to_string()),
             ]
             .into_iter()
             .flatten()

@@ -24,6 +24,7 @@
 //! contract, so the same scenarios run on every engine.
 
 pub mod args;
+pub mod changes_client;
 pub mod check;
 pub mod floors;
 pub mod insert;
