@@ -389,17 +389,13 @@ pub fn stream_buffered(delta: f64) {
 }
 
 /// A change stream was refused: every permit was taken.
-pub struct StreamRefused {
-    /// `http.max_streams`.
-    pub max: usize,
-}
+pub struct StreamRefused;
 
 impl StreamRefused {
     /// Counts it (not logged: a client retrying in a loop would flood the log; the 503 says
     /// why).
     pub fn emit(self) {
         counter!(STREAMS_REFUSED).increment(1);
-        let _ = self.max;
     }
 }
 

@@ -27,7 +27,7 @@
 //! **Each client reads the store at its own pace.** Every stream has a task of its own that
 //! follows the store with its own tail or change stream (never a broadcast it could fall
 //! behind) and hands encoded events to the response through a channel of
-//! [`CHANNEL_EVENTS`]: a client that reads slowly slows its own task, which reads the store
+//! [`CHANNEL_WRITES`]: a client that reads slowly slows its own task, which reads the store
 //! later; nothing piles up in the server. A client that accepts nothing for
 //! `http.stream_stall_timeout_ms` is disconnected (it resumes with its last id), so it cannot
 //! hold a snapshot or a cursor open for ever. At most `http.max_streams` streams are open at
@@ -43,9 +43,9 @@ use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
-use futures::StreamExt;
+use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
 use serde_json::{Map, Value, json};
 use store::{
     Capped, Change, ChangeFilter, ChangeOp, ChangeStart, Filter, Keyed, Position, Record,
@@ -58,13 +58,18 @@ use super::wire::{self, Event, Format};
 use super::{AppState, error};
 use crate::telemetry as t;
 
-/// Encoded events waiting between a stream's task and its response: the most a client that
-/// stopped reading costs the server (besides the kernel's socket buffer and hyper's).
-pub const CHANNEL_EVENTS: usize = 16;
+/// Writes (each one event, or the events that were ready together, up to [`BATCH_BYTES`])
+/// waiting between a stream's task and its response: the most a client that stopped reading
+/// costs the server, about 16 × 64 KB (besides the kernel's socket buffer and hyper's).
+pub const CHANNEL_WRITES: usize = 16;
 /// `initial_limit` when not given (capped collections).
 pub const DEFAULT_INITIAL_LIMIT: usize = 50;
 /// The largest `initial_limit`: the initial documents are read before they are sent.
 pub const MAX_INITIAL_LIMIT: usize = 1000;
+/// Events already read from the store that go out in one write with the one awaited.
+const BATCH_EVENTS: usize = 64;
+/// ... and the bytes after which no more are added (one event may be larger on its own).
+const BATCH_BYTES: usize = 64 * 1024;
 /// The longest `squash` window.
 pub const MAX_SQUASH_MS: u64 = 60_000;
 /// Keys held in one squash window; more flush the window early (bounded memory).
@@ -100,7 +105,7 @@ impl StreamLimits {
     /// A permit for one more stream, or the 503 that says why there is none.
     pub(super) fn admit(&self) -> Result<OwnedSemaphorePermit, Response> {
         self.permits.clone().try_acquire_owned().map_err(|_| {
-            t::StreamRefused { max: self.max }.emit();
+            t::StreamRefused.emit();
             let mut r = error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(
@@ -335,7 +340,7 @@ pub(super) async fn changes(
         Err(refused) => return refused,
     };
     let format = req.format;
-    let (tx, rx) = mpsc::channel(CHANNEL_EVENTS);
+    let (tx, rx) = mpsc::channel(CHANNEL_WRITES);
     let rx = Arc::new(Mutex::new(rx));
     let buffered = Arc::new(AtomicU64::new(0));
     let sink = Sink {
@@ -865,41 +870,57 @@ async fn follow(
         tokio::select! {
             biased;
             _ = sink.closed() => return Err(Stop::Client),
-            item = stream.next() => match item {
-                Some(Ok((key, event))) => {
-                    cursor.read(&event);
-                    match req.squash {
-                        Some(window) => {
-                            squash.push(key, event, window);
-                            // Also here: a busy stream is always ready, and `biased` would
-                            // never get to the deadline branch below.
-                            if squash.full()
-                                || squash.deadline.is_some_and(|d| Instant::now() >= d)
-                            {
-                                cursor.suspend();
-                                open = None;
-                                flush(&mut squash, sink, &mut last_id).await?;
+            item = stream.next() => {
+                // What else is ready now goes out with it, as one write: at a high rate one
+                // chunk carries many events; at a low rate nothing waits for company.
+                let mut out = BytesMut::new();
+                let mut count = 0;
+                let mut next = Some(item);
+                while let Some(item) = next.take() {
+                    match item {
+                        Some(Ok((key, event))) => {
+                            cursor.read(&event);
+                            count += 1;
+                            match req.squash {
+                                Some(window) => squash.push(key, event, window),
+                                None => {
+                                    last_id.clone_from(&event.id);
+                                    event.encode_into(sink.format, &mut out);
+                                }
                             }
                         }
-                        None => {
-                            last_id.clone_from(&event.id);
-                            sink.send(&event).await?;
-                            keep_alive.reset();
+                        Some(Err(e)) => {
+                            open = None;
+                            // What was read before the loss is still sent, in order.
+                            if !out.is_empty() {
+                                sink.bytes(out.split().freeze()).await?;
+                            }
+                            flush(&mut squash, sink, &mut last_id).await?;
+                            let Some(gap) = cursor.after_gap(&e) else {
+                                return Err(e.into());
+                            };
+                            t::StreamGap { collection: &req.collection, detail: &gap.data }.emit();
+                            sink.send(&gap).await?;
+                            break;
                         }
+                        None => return Err(StoreError::Closed.into()),
+                    }
+                    if count < BATCH_EVENTS && out.len() < BATCH_BYTES && !squash.full() {
+                        next = stream.next().now_or_never();
                     }
                 }
-                Some(Err(e)) => {
-                    open = None;
-                    // What was read before the loss is still sent, in order.
-                    flush(&mut squash, sink, &mut last_id).await?;
-                    let Some(gap) = cursor.after_gap(&e) else {
-                        return Err(e.into());
-                    };
-                    t::StreamGap { collection: &req.collection, detail: &gap.data }.emit();
-                    sink.send(&gap).await?;
+                if !out.is_empty() {
+                    sink.bytes(out.freeze()).await?;
+                    keep_alive.reset();
                 }
-                None => return Err(StoreError::Closed.into()),
-            },
+                // Also here: a busy stream is always ready, and `biased` would never get to
+                // the deadline branch below.
+                if squash.full() || squash.deadline.is_some_and(|d| Instant::now() >= d) {
+                    cursor.suspend();
+                    open = None;
+                    flush(&mut squash, sink, &mut last_id).await?;
+                }
+            }
             _ = squash.due() => {
                 cursor.suspend();
                 open = None;

@@ -7,7 +7,7 @@
 //! NDJSON:  {"type":"change","id":"42","op":"insert","collection":"events","key":"42",...}\n
 //! ```
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use serde_json::{Map, Value};
 
 /// The media type of NDJSON streams.
@@ -71,35 +71,46 @@ impl Event {
 
     /// The event as bytes on the wire.
     pub fn encode(&self, format: Format) -> Bytes {
+        let mut out = BytesMut::new();
+        self.encode_into(format, &mut out);
+        out.freeze()
+    }
+
+    /// Appends the event as bytes on the wire to `out` (several events make one write).
+    pub fn encode_into(&self, format: Format, out: &mut BytesMut) {
+        // Serialized straight from the map: no copy of the document.
+        let data = serde_json::to_string(&self.data).unwrap_or_else(|_| "{}".to_string());
         match format {
             Format::Sse => {
-                let data = Value::Object(self.data.clone()).to_string();
-                let mut out = String::with_capacity(data.len() + 64);
+                out.reserve(data.len() + 64);
                 if let Some(id) = self.id.as_deref().and_then(clean_id) {
-                    out.push_str("id: ");
-                    out.push_str(id);
-                    out.push('\n');
+                    out.extend_from_slice(b"id: ");
+                    out.extend_from_slice(id.as_bytes());
+                    out.extend_from_slice(b"\n");
                 }
-                out.push_str("event: ");
-                out.push_str(self.kind);
-                // serde_json escapes every line break inside strings, so the data is one line.
-                out.push_str("\ndata: ");
-                out.push_str(&data);
-                out.push_str("\n\n");
-                Bytes::from(out)
+                out.extend_from_slice(b"event: ");
+                out.extend_from_slice(self.kind.as_bytes());
+                // serde_json escapes every line break inside strings: the data is one line.
+                out.extend_from_slice(b"\ndata: ");
+                out.extend_from_slice(data.as_bytes());
+                out.extend_from_slice(b"\n\n");
             }
             Format::Ndjson => {
-                let mut line = Map::new();
-                line.insert("type".into(), Value::from(self.kind));
+                // `{"type":..,"id":..,` then the data object's members.
+                let mut head = serde_json::Map::new();
+                head.insert("type".into(), Value::from(self.kind));
                 if let Some(id) = &self.id {
-                    line.insert("id".into(), Value::from(id.as_str()));
+                    head.insert("id".into(), Value::from(id.as_str()));
                 }
-                for (k, v) in &self.data {
-                    line.insert(k.clone(), v.clone());
+                let head = Value::Object(head).to_string();
+                out.reserve(head.len() + data.len() + 2);
+                out.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
+                let members = &data[1..data.len() - 1];
+                if !members.is_empty() {
+                    out.extend_from_slice(b",");
+                    out.extend_from_slice(members.as_bytes());
                 }
-                let mut out = Value::Object(line).to_string();
-                out.push('\n');
-                Bytes::from(out)
+                out.extend_from_slice(b"}\n");
             }
         }
     }
