@@ -40,18 +40,17 @@ impl WriteTimes {
         let Ok(mut by_level) = self.0.lock() else {
             return;
         };
-        if !by_level.contains_key(&d) {
-            // 1 µs .. 60 s at 2 significant digits: a few KB per level.
-            match hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 2) {
-                Ok(h) => {
-                    by_level.insert(d, h);
+        let h = match by_level.entry(d) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                // 1 µs .. 60 s at 2 significant digits: a few KB per level.
+                match hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 2) {
+                    Ok(h) => v.insert(h),
+                    Err(_) => return,
                 }
-                Err(_) => return,
             }
-        }
-        if let Some(h) = by_level.get_mut(&d) {
-            let _ = h.record(us.max(1));
-        }
+        };
+        let _ = h.record(us.max(1));
     }
 
     /// `{level: {p50, p99, count}}` of the window, then a new window. A level that wrote

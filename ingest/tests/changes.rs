@@ -782,7 +782,7 @@ async fn tail_cli_feed_ids_rollup_pages_and_page_files() {
 
     // /api/rollups in pages of 3: no key twice, in order, the Link header to the next page.
     let client = ingest::source::http::client().build().unwrap();
-    let mut next = Some(format!("/api/rollups?prefix=lang:&limit=3"));
+    let mut next = Some("/api/rollups?prefix=lang:&limit=3".to_string());
     let mut keys: Vec<String> = Vec::new();
     while let Some(path) = next.take() {
         let resp = client

@@ -108,7 +108,7 @@ pub(super) async fn feed_stream(State(s): State<AppState>, Path(name): Path<Stri
     // stream's state and is returned when the response is dropped.
     let permit = match s.streams.admit() {
         Ok(p) => p,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let stream = futures::stream::unfold((rx, permit), |(mut rx, permit)| async move {
         let ev = match rx.recv().await {

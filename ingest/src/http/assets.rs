@@ -114,7 +114,7 @@ mod tests {
             if file == "vendor/README.md" {
                 continue; // where uPlot came from, for people, not for the page
             }
-            let a = ASSETS.iter().find(|a| &a.path == file);
+            let a = ASSETS.iter().find(|a| a.path == file);
             assert!(
                 a.is_some(),
                 "ingest/static/{file} is not embedded; add it to ASSETS"

@@ -103,7 +103,7 @@ impl StreamLimits {
     }
 
     /// A permit for one more stream, or the 503 that says why there is none.
-    pub(super) fn admit(&self) -> Result<OwnedSemaphorePermit, Response> {
+    pub(super) fn admit(&self) -> Result<OwnedSemaphorePermit, Box<Response>> {
         self.permits.clone().try_acquire_owned().map_err(|_| {
             t::StreamRefused.emit();
             let mut r = error(
@@ -116,7 +116,7 @@ impl StreamLimits {
             );
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            r
+            Box::new(r)
         })
     }
 }
@@ -337,7 +337,7 @@ pub(super) async fn changes(
     }
     let permit = match s.streams.admit() {
         Ok(p) => p,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let format = req.format;
     let (tx, rx) = mpsc::channel(CHANNEL_WRITES);

@@ -702,10 +702,10 @@ pub async fn capped_initial_then_tail_exactly_once(store: &dyn Store) {
         tokio::spawn(async move {
             for batch in 0..TOTAL / 3 {
                 let docs = (batch * 3..batch * 3 + 3)
-                    .map(|i| doc(json!({"n": i, "odd": i % 2 == 1})))
+                    .map(|i| doc(json!({"n": i, "odd": !i.is_multiple_of(2)})))
                     .collect();
                 c.append(docs, Durability::Acknowledged).await.unwrap();
-                if batch % 10 == 0 {
+                if batch.is_multiple_of(10) {
                     tokio::task::yield_now().await;
                 }
             }
@@ -729,7 +729,7 @@ pub async fn capped_initial_then_tail_exactly_once(store: &dyn Store) {
         seen.push(next_record(&mut tail).await.doc["n"].as_u64().unwrap());
     }
     tokio::time::timeout(WAIT, writer).await.unwrap().unwrap();
-    let want: Vec<u64> = (0..TOTAL).filter(|n| n % 2 == 1).collect();
+    let want: Vec<u64> = (0..TOTAL).filter(|n| !n.is_multiple_of(2)).collect();
     assert_eq!(
         seen, want,
         "every odd document exactly once, in order ({from_initial} from the initial read)"
@@ -752,7 +752,7 @@ pub async fn keyed_snapshot_then_changes_exactly_once(store: &dyn Store) {
     const ROUNDS: usize = 30;
     // Group "a" is watched, "b" is not: the filter applies to both halves.
     let key = |i: usize| format!("key:{:02}", i);
-    let group = |i: usize| if i % 2 == 0 { "a" } else { "b" };
+    let group = |i: usize| if i.is_multiple_of(2) { "a" } else { "b" };
     for i in 0..KEYS {
         k.update(
             vec![KeyUpdate::new(
@@ -764,21 +764,37 @@ pub async fn keyed_snapshot_then_changes_exactly_once(store: &dyn Store) {
         .await
         .unwrap();
     }
+    // The writer's rounds: a third before the snapshot, a half while it is taken (however the
+    // two interleave), and the rest after it returned, so changes after it surely exist.
+    let (go_during, during) = tokio::sync::oneshot::channel::<()>();
+    let (go_after, after) = tokio::sync::oneshot::channel::<()>();
     let writer = {
         let k = k.clone();
         tokio::spawn(async move {
+            let (mut during, mut after) = (Some(during), Some(after));
             for round in 0..ROUNDS {
+                if round == ROUNDS / 3
+                    && let Some(rx) = during.take()
+                {
+                    let _ = rx.await;
+                }
+                if round == ROUNDS * 5 / 6
+                    && let Some(rx) = after.take()
+                {
+                    let _ = rx.await;
+                }
                 let ups = (0..KEYS)
-                    .filter(|i| (i + round) % 3 != 0)
+                    .filter(|i| !(i + round).is_multiple_of(3))
                     .map(|i| KeyUpdate::new(key(i), Update::inc("n", 1)))
                     .collect();
                 k.update(ups, Durability::Acknowledged).await.unwrap();
             }
         })
     };
-    tokio::task::yield_now().await;
     let watched = filter(json!({"group": "a"}));
+    let _ = go_during.send(());
     let snapshot = k.snapshot(Some(watched.clone())).await.unwrap();
+    let _ = go_after.send(());
     let token = snapshot.token.clone();
     let docs: Vec<store::KeyedDoc> = tokio::time::timeout(WAIT, snapshot.docs.collect::<Vec<_>>())
         .await
@@ -793,7 +809,7 @@ pub async fn keyed_snapshot_then_changes_exactly_once(store: &dyn Store) {
     assert_eq!(
         state.keys().cloned().collect::<Vec<_>>(),
         (0..KEYS)
-            .filter(|i| i % 2 == 0)
+            .filter(|i| i.is_multiple_of(2))
             .map(key)
             .collect::<Vec<_>>(),
         "the snapshot holds exactly the matching keys, by key"
