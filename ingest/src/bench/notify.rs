@@ -290,7 +290,7 @@ async fn phase(
         writers,
         duration,
     } = load;
-    let mut stream = open_stream(store, t, kind, http).await?;
+    let mut stream = Box::pin(open_stream(store, t, kind, http)).await?;
     let (total_tx, mut total_rx) = watch::channel::<Option<u64>>(None);
     let received = Arc::new(AtomicU64::new(0));
     let consumer = {
@@ -494,7 +494,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
     ));
     let loopback_p50 = loopback.summary().p50;
     let stop_api = CancellationToken::new();
-    let http = Some(api_server(&store, &t, stop_api.clone()).await?);
+    let http = Some(Box::pin(api_server(&store, &t, stop_api.clone())).await?);
 
     let mut phases = Vec::new();
     for &kind in &kinds {
@@ -504,13 +504,14 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             writers: 1,
             duration,
         };
-        phases.push(phase(bench, &store, &t, kind, low, http).await?);
+        // Boxed: a phase's future is large, and `bench all` nests every scenario's in one.
+        phases.push(Box::pin(phase(bench, &store, &t, kind, low, http)).await?);
         let max = Load {
             rate: None,
             writers,
             ..low
         };
-        phases.push(phase(bench, &store, &t, kind, max, http).await?);
+        phases.push(Box::pin(phase(bench, &store, &t, kind, max, http)).await?);
     }
     stop_api.cancel();
 
