@@ -3,12 +3,13 @@
 //!
 //! Layout: this file holds what the handlers share and the routes; [`api`] the JSON
 //! endpoints and the per-feed stream; [`changes`] `/api/changes`, RethinkDB-style changefeeds
-//! that resume exactly; [`wire`] how an event is written as server-sent events or NDJSON;
+//! that resume exactly (requests; `follow`: each stream's task); [`wire`] how an event is written as server-sent events or NDJSON;
 //! [`assets`] the page's files, embedded at compile time.
 
 mod api;
 mod assets;
 pub mod changes;
+mod follow;
 pub mod wire;
 
 use std::sync::Arc;
