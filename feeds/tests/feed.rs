@@ -307,3 +307,46 @@ async fn a_change_feed_past_the_history_records_the_gap_and_keeps_going() {
         "the gap document counts the lost op-log entries: {missed}"
     );
 }
+
+/// The `stats` document of a feed carries the notification latency of its own window
+/// (`notify_us`: p50 ≤ p99, and the count of events since the previous document), which the
+/// status line's window does not reset.
+#[tokio::test]
+async fn the_stats_document_carries_the_notification_latency_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, events, _) = open(&dir, 1000).await;
+    let stats_docs = store.keyed("stats").await.unwrap();
+    let feed = start(&store, tail_spec(&events)).await;
+    // Written after the feed started: these get latency samples (earlier ones are replays).
+    append(&events, 1..=5).await;
+    feed.wait("5 events folded in", |s| events_of(s) == 5).await;
+    // The status line takes its own window; the document's must not be emptied by it.
+    let _ = feed.handle.take_latency_p50_us();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let notify = loop {
+        let doc = stats_docs.get("tail").await.unwrap();
+        let n = doc.as_ref().map(|d| d["notify_us"].clone());
+        if let Some(n) = n.filter(|n| n["count"].as_u64().unwrap_or(0) > 0) {
+            break n;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no stats document with notify_us samples; last saw {doc:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let (p50, p99, count) = (
+        notify["p50"].as_u64().unwrap(),
+        notify["p99"].as_u64().unwrap(),
+        notify["count"].as_u64().unwrap(),
+    );
+    assert!(
+        (1..=5).contains(&count),
+        "the window counts this run's events, at most 5; saw {notify}"
+    );
+    assert!(
+        p50 >= 1 && p50 <= p99 && p99 < 10_000_000,
+        "plausible quantiles: 1 µs <= p50 <= p99 < 10 s; saw {notify}"
+    );
+    feed.stop().await;
+}

@@ -9,7 +9,8 @@
 //!
 //! **The application** (feature `app`, on by default; the `tailrace` binary needs it):
 //! [`pipeline`] (wiring and ordered shutdown), [`http`] (`/metrics`, `/healthz`, `/readyz`,
-//! `/api`), [`status`] (what the user sees), [`dead_letters`] (`tailrace dead-letters`),
+//! `/api`, the change streams `/api/changes` and the live page `/`), [`live`] (the `ingest`
+//! statistics document the page draws), [`status`] (what the user sees), [`dead_letters`] (`tailrace dead-letters`),
 //! [`exporter`] (the Prometheus recorder), [`tail`] (`tailrace tail`), [`bench`]
 //! (`tailrace bench`). The binary itself
 //! (`main.rs`) parses the command line, loads the configuration, installs telemetry and signal
@@ -46,6 +47,8 @@ pub mod dead_letters;
 pub mod exporter;
 #[cfg(feature = "app")]
 pub mod http;
+#[cfg(feature = "app")]
+pub mod live;
 #[cfg(feature = "app")]
 pub mod pipeline;
 #[cfg(feature = "app")]

@@ -26,10 +26,35 @@ struct Cli {
 enum Command {
     /// Run the pipeline (the default).
     Run,
-    /// Print what a feed of a running pipeline holds, live, one JSON document per line.
+    /// Print what a feed of a running pipeline holds, or (--collection) the changes of a
+    /// collection, live, one JSON document per line; reconnects and resumes exactly.
+    #[command(group(clap::ArgGroup::new("what").required(true).args(["feed", "collection"])))]
     Tail {
         /// The feed's name (see the `feeds` line at startup, or /api/feeds).
-        feed: String,
+        feed: Option<String>,
+        /// Follow a collection instead (events, dead_letters, rollups, stats) through
+        /// /api/changes.
+        #[arg(long)]
+        collection: Option<String>,
+        /// Only documents matching this filter, in MongoDB query syntax, e.g. '{"lang":"ja"}'.
+        #[arg(long, requires = "collection")]
+        filter: Option<String>,
+        /// Only these kinds of change (keyed collections): insert,update,replace,delete.
+        #[arg(long, requires = "collection")]
+        ops: Option<String>,
+        /// First the current matching documents (events: the newest --initial-limit), then
+        /// the changes, with no gap and no duplicate between them.
+        #[arg(long, requires = "collection")]
+        include_initial: bool,
+        /// How many current documents --include-initial prints (events, dead_letters).
+        #[arg(long, requires = "include_initial")]
+        initial_limit: Option<usize>,
+        /// Print each key's changes at most once per this many milliseconds (the latest).
+        #[arg(long, requires = "collection", value_name = "MS")]
+        squash: Option<u64>,
+        /// Start exactly after this id (printed with every line).
+        #[arg(long, requires = "collection", value_name = "ID")]
+        resume_after: Option<String>,
         /// The running pipeline's address (default: http.listen of the config).
         #[arg(long)]
         url: Option<String>,
@@ -146,9 +171,34 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Tail { feed, url } => {
+        Command::Tail {
+            feed,
+            collection,
+            filter,
+            ops,
+            include_initial,
+            initial_limit,
+            squash,
+            resume_after,
+            url,
+        } => {
             let base = url.unwrap_or_else(|| format!("http://{}", config.http.listen));
-            ingest::tail::tail(&base, &feed).await
+            match (collection, feed) {
+                (Some(collection), _) => {
+                    let args = ingest::tail::ChangesArgs {
+                        collection,
+                        filter,
+                        ops,
+                        include_initial,
+                        initial_limit,
+                        squash_ms: squash,
+                        resume_after,
+                    };
+                    ingest::tail::tail_changes(&base, &args).await
+                }
+                (None, Some(feed)) => ingest::tail::tail(&base, &feed).await,
+                (None, None) => anyhow::bail!("name a feed, or a collection with --collection"),
+            }
         }
     }
 }

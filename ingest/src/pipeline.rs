@@ -21,8 +21,9 @@ use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ChangeFeedConfig, Config, FeedConfig, FeedKindConfig, StoreEngine};
-use crate::http::{self, AppState};
+use crate::http::{self, AppState, StreamLimits};
 use crate::ingester::{Handed, IngestOptions, IngestStats, Ingester, StoreHealth};
+use crate::live;
 use crate::source::{self, Source};
 use crate::status;
 use crate::telemetry as t;
@@ -142,7 +143,7 @@ pub(crate) fn feed_source(
         collections: c.collections.clone(),
         ops: c.filter.as_ref().map(|f| f.ops.clone()).unwrap_or_default(),
         key_prefix: c.filter.as_ref().and_then(|f| f.key_prefix.clone()),
-        fields: Vec::new(),
+        filter: None,
     };
     match &f.kind {
         FeedKindConfig::Tailable(t) if t.collection == "dead_letters" => {
@@ -168,6 +169,7 @@ pub async fn run(
     let dead_spec = dead_letters_spec(&c);
     let dead_letters = store.capped("dead_letters", &dead_spec).await?;
     let rollups = store.keyed("rollups").await?;
+    let stats_docs = store.keyed("stats").await?;
 
     let listener = tokio::net::TcpListener::bind(c.http.listen)
         .await
@@ -221,15 +223,27 @@ pub async fn run(
     let app = http::router(AppState {
         metrics: metrics.clone(),
         feeds: handles.clone(),
+        store: store.clone(),
         events: events.clone(),
+        dead_letters: dead_letters.clone(),
         rollups: rollups.clone(),
+        stats: stats_docs.clone(),
         ingest: ingest_stats.clone(),
         ready: ready.clone(),
         health: health.clone(),
         info: Arc::new(info),
+        streams: StreamLimits::new(
+            c.http.max_streams,
+            Duration::from_millis(c.http.stream_stall_timeout_ms),
+        ),
     });
     let http_task = {
         let stop = http_stop.clone();
+        // Nagle off: a change stream writes one small event at a time, and each must leave
+        // at once rather than wait for the previous one's (delayed) acknowledgment.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         tokio::spawn(async move {
             let serve = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
             if let Err(e) = serve.await {
@@ -263,10 +277,21 @@ pub async fn run(
         })
         .collect();
 
+    // The `ingest` statistics document (the live page's write latency and counters), written
+    // until the feeds stop: before the store closes.
+    let write_times = Arc::new(live::WriteTimes::default());
+    let live_task = tokio::spawn(live::publish(
+        stats_docs,
+        ingest_stats.clone(),
+        write_times.clone(),
+        d,
+        feed_stop.clone(),
+    ));
+
     let (tx, rx) = mpsc::channel::<Handed>(c.ingest.queue_capacity);
     let rollups_for_retention = rollups.clone();
     let ingester = Ingester {
-        events: events.clone(),
+        events: Arc::new(live::TimedEvents::new(events.clone(), write_times)),
         dead_letters,
         rollups,
         options: ingest_options(&c),
@@ -348,6 +373,9 @@ pub async fn run(
     problems.extend(stop_feeds(feed_tasks).await);
     if let Err(e) = retention_task.await {
         problems.push(task_failed("rollup retention", &e));
+    }
+    if let Err(e) = live_task.await {
+        problems.push(task_failed("the ingest statistics writer", &e));
     }
     if let Err(e) = store.close().await {
         problems.push(format!(

@@ -46,6 +46,7 @@ pub fn banner(
          durability  {durability}\n  \
          sources     {sources}\n  \
          feeds       {feeds}\n  \
+         live page   http://{addr}/\n  \
          metrics     http://{addr}/metrics\n  \
          api         http://{addr}/api/status\n  \
          watch live  tailrace tail {first_feed}   (from a checkout: cargo run --release -- tail {first_feed})\n  \

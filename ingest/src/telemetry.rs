@@ -51,6 +51,16 @@ pub const BUILD_INFO: &str = "tailrace_build_info";
 pub const START_TIME: &str = "tailrace_start_time_seconds";
 /// CPU time used per second over the last collection interval (1.0 = one core busy).
 pub const PROCESS_CPU: &str = "tailrace_process_cpu_usage_ratio";
+/// Change streams (`/api/changes`) open, by collection.
+pub const STREAMS_OPEN: &str = "tailrace_change_streams_open";
+/// Bytes of change-stream events encoded and not yet taken by their responses.
+pub const STREAMS_BUFFERED: &str = "tailrace_change_streams_buffered_bytes";
+/// Change streams refused because `http.max_streams` were open.
+pub const STREAMS_REFUSED: &str = "tailrace_change_streams_refused_total";
+/// Change streams cut because their client accepted nothing for the stall timeout.
+pub const STREAMS_STALLED: &str = "tailrace_change_streams_stalled_total";
+/// Gaps change streams reported (a client resumed after history that was gone), by collection.
+pub const STREAMS_GAPS: &str = "tailrace_change_streams_gaps_total";
 
 /// Describes the ingest metrics (call once, after installing a recorder).
 pub fn describe() {
@@ -119,6 +129,27 @@ pub fn describe() {
     describe_gauge!(
         PROCESS_CPU,
         "CPU seconds used per second of wall time over the last collection interval (1.0 = one core busy)."
+    );
+    describe_gauge!(
+        STREAMS_OPEN,
+        "Change streams (/api/changes) open, by collection."
+    );
+    describe_gauge!(
+        STREAMS_BUFFERED,
+        Unit::Bytes,
+        "Bytes of change-stream events encoded and not yet taken by their HTTP responses (bounded per stream: a client that stops reading stops its stream's reads)."
+    );
+    describe_counter!(
+        STREAMS_REFUSED,
+        "Change streams refused with 503 because http.max_streams streams were open."
+    );
+    describe_counter!(
+        STREAMS_STALLED,
+        "Change streams disconnected because their client accepted nothing for http.stream_stall_timeout_ms."
+    );
+    describe_counter!(
+        STREAMS_GAPS,
+        "Gap events sent by change streams (a client resumed after history that was no longer kept), by collection."
     );
 }
 
@@ -489,5 +520,75 @@ impl SequenceRecovered<'_> {
     /// Logs it.
     pub fn emit(self) {
         tracing::info!(source = %self.source, next_seq = self.next_seq, "source sequence recovered from the store");
+    }
+}
+
+/// A change stream is open (a guard: the gauge counts it down when dropped).
+pub struct StreamOpen(metrics::Gauge);
+
+impl StreamOpen {
+    /// Counts a stream of `collection` up.
+    pub fn new(collection: &str) -> Self {
+        let g = gauge!(STREAMS_OPEN, "collection" => collection.to_string());
+        g.increment(1.0);
+        StreamOpen(g)
+    }
+}
+
+impl Drop for StreamOpen {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
+/// Change-stream bytes were queued for (positive) or taken by (negative) a response.
+pub fn stream_buffered(delta: f64) {
+    gauge!(STREAMS_BUFFERED).increment(delta);
+}
+
+/// A change stream was refused: every permit was taken.
+pub struct StreamRefused;
+
+impl StreamRefused {
+    /// Counts it (not logged: a client retrying in a loop would flood the log; the 503 says
+    /// why).
+    pub fn emit(self) {
+        counter!(STREAMS_REFUSED).increment(1);
+    }
+}
+
+/// A change stream's client accepted nothing for the stall timeout; the stream was cut.
+pub struct StreamStalled {
+    /// The stall timeout.
+    pub after: Duration,
+    /// Bytes still queued for it when it was cut.
+    pub buffered: u64,
+}
+
+impl StreamStalled {
+    /// Counts and logs it.
+    pub fn emit(self) {
+        counter!(STREAMS_STALLED).increment(1);
+        tracing::info!(
+            buffered = self.buffered,
+            "a change-stream client read nothing for {:.0} s; disconnected (it can resume with its last id)",
+            self.after.as_secs_f64()
+        );
+    }
+}
+
+/// A change stream told its client that history after its id was gone.
+pub struct StreamGap<'a> {
+    /// The collection.
+    pub collection: &'a str,
+    /// The gap event's data (reason, after, oldest, missed).
+    pub detail: &'a serde_json::Map<String, serde_json::Value>,
+}
+
+impl StreamGap<'_> {
+    /// Counts and logs it.
+    pub fn emit(self) {
+        counter!(STREAMS_GAPS, "collection" => self.collection.to_string()).increment(1);
+        tracing::info!(collection = %self.collection, detail = %serde_json::Value::Object(self.detail.clone()), "change stream: history after the client's id is gone; continuing from the oldest");
     }
 }

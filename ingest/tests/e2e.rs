@@ -18,7 +18,12 @@ async fn default_pipeline_exposes_its_metrics() {
     let first = t.metrics().await;
     // Incident counters exist at zero from the start on a healthy pipeline, so panels and
     // alerts see 0, not "No data".
-    for reason in ["malformed_json", "too_large", "invalid_key", "store_rejected"] {
+    for reason in [
+        "malformed_json",
+        "too_large",
+        "invalid_key",
+        "store_rejected",
+    ] {
         assert_eq!(
             first.one(
                 "tailrace_events_rejected_total",

@@ -10,8 +10,9 @@ use futures::stream::{BoxStream, Stream, StreamExt};
 use serde_json::Value;
 
 use crate::{
-    Bounds, CappedSpec, Change, ChangeFilter, ChangeStart, Document, Durability, KeyUpdate,
-    KeyedDoc, Position, Record, Result, ResumeToken, Start, StoreError, Usage,
+    Bounds, CappedSpec, Change, ChangeFilter, ChangeStart, Document, Durability, Filter, KeyUpdate,
+    KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record, Result, ResumeToken, Start,
+    StoreError, Usage,
 };
 
 /// A stream of capped-collection documents in insertion order. It never ends on its own while
@@ -128,6 +129,32 @@ pub trait Capped: Send + Sync + 'static {
     /// Every document after `start`, in order, then waits for new ones without polling.
     fn tail(&self, start: Start) -> RecordStream;
 
+    /// [`Capped::tail`] restricted to the documents that match `filter`: same order, same
+    /// waiting, same [`StoreError::PositionLost`] when eviction overtook the reader (whether or
+    /// not the evicted documents matched). MongoDB evaluates the filter on the server (the
+    /// tailable cursor's query); the default, used by the embedded engine, evaluates it here.
+    fn tail_matching(&self, start: Start, filter: Filter) -> RecordStream {
+        let tail = self.tail(start);
+        if filter.is_match_all() {
+            return tail;
+        }
+        tail.filter(move |r| {
+            let keep = match r {
+                Ok(record) => filter.matches(&record.doc),
+                Err(_) => true,
+            };
+            futures::future::ready(keep)
+        })
+        .boxed()
+    }
+
+    /// The `limit` newest documents that match `filter`, newest first, and the newest position
+    /// at the time of the read (matching or not): a tail from
+    /// [`NewestMatching::continue_from`] yields exactly the documents appended after this read,
+    /// so the two together have no gap and no duplicate (RethinkDB's `include_initial`).
+    /// Scans back from the newest in bounded chunks; a rare filter reads the whole collection.
+    async fn newest_matching(&self, filter: &Filter, limit: usize) -> Result<NewestMatching>;
+
     /// The document at a position, if still retained.
     async fn get(&self, position: Position) -> Result<Option<Record>>;
 
@@ -176,6 +203,24 @@ pub trait Keyed: Send + Sync + 'static {
 
     /// Every document whose key starts with `prefix`, by key.
     async fn scan(&self, prefix: &str) -> Result<Vec<KeyedDoc>>;
+
+    /// One page of [`Keyed::scan`]: at most `limit` documents whose key starts with `prefix`
+    /// and sorts after `after` (bytewise, UTF-8), by key. The next page starts after the last
+    /// key of this one.
+    async fn scan_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<KeyedDoc>>;
+
+    /// A consistent snapshot of the documents that match `filter` (all when `None`), by key,
+    /// and the token right after it: changes from [`KeyedSnapshot::token`] are exactly those
+    /// committed after the snapshot, so snapshot and changes together have no gap and no
+    /// duplicate. The snapshot is fixed when this returns; its documents are read in bounded
+    /// pages as the stream is polled (the engine holds its snapshot open until the stream is
+    /// finished or dropped, so read it promptly).
+    async fn snapshot(&self, filter: Option<Filter>) -> Result<KeyedSnapshot>;
 
     /// Changes of this collection only (see [`Store::changes`]).
     fn changes(&self, filter: ChangeFilter, start: ChangeStart) -> ChangeStream;

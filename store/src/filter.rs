@@ -87,6 +87,10 @@
 //! # Ok::<(), store::filter::FilterError>(())
 //! ```
 
+// The table of cases lives in the test tree (`store/tests/contract/`), where the contract suite
+// runs it against every engine; the unit tests below read the same file.
+#[cfg(test)]
+#[path = "../tests/contract/filter_cases.rs"]
 mod cases;
 
 use std::cmp::Ordering;
@@ -97,8 +101,6 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Number, Value};
 
 use crate::Document;
-
-pub use cases::{Case, cases};
 
 /// The deepest JSON nesting a filter may have (the filter object itself is level 1), and the
 /// most parts a field path may have. Deep enough for any real query; shallow enough that
@@ -974,6 +976,7 @@ fn ops_to_mongo(ops: &[Op]) -> Map<String, Value> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use super::cases::{Case, cases};
     use super::*;
     use serde_json::json;
 

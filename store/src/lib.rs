@@ -14,9 +14,15 @@
 //! `mongo::MongoStore` (MongoDB through the official driver; cargo feature `mongodb`). The
 //! contract test suite in `tests/contract/` runs against every engine.
 //!
+//! Reading for clients ([`Capped::tail_matching`], [`Capped::newest_matching`],
+//! [`Keyed::snapshot`], change streams with a [`ChangeFilter::filter`]) takes a document
+//! [`Filter`] in MongoDB query syntax, evaluated on the MongoDB server or in-process by the
+//! embedded engine with the same meaning.
+//!
 //! What it is not: a general database. There are no ad-hoc queries beyond `latest` on an
-//! indexed field, no multi-document transactions in the contract, no deletes in capped
-//! collections (eviction only).
+//! indexed field and the document filters above (no sorts, projections or aggregations), no
+//! multi-document transactions in the contract, no deletes in capped collections (eviction
+//! only).
 //!
 //! ```no_run
 //! # async fn demo() -> store::Result<()> {
@@ -50,5 +56,6 @@ pub use filter::Filter;
 pub use stamp::{STAMP_FIELD, STAMP_SOURCE_PATH, Stamp};
 pub use types::{
     Bounds, CappedSpec, Change, ChangeFilter, ChangeOp, ChangeStart, Document, Durability,
-    KeyUpdate, KeyedDoc, Position, Record, ResumeToken, Start, Update, Usage,
+    KeyUpdate, KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record, ResumeToken, Start,
+    Update, Usage,
 };

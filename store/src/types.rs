@@ -6,6 +6,8 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::Filter;
+
 /// A schemaless JSON document (always a JSON object).
 pub type Document = Map<String, Value>;
 
@@ -175,6 +177,39 @@ impl KeyUpdate {
     }
 }
 
+/// What [`crate::Capped::newest_matching`] read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewestMatching {
+    /// The newest matching documents, newest first.
+    pub records: Vec<Record>,
+    /// The newest position of the collection when it was read (whether it matched or not);
+    /// `None` when the collection was empty.
+    pub as_of: Option<Position>,
+}
+
+impl NewestMatching {
+    /// Where a tail starts to continue exactly after this read.
+    pub fn continue_from(&self) -> Start {
+        self.as_of.map_or(Start::Oldest, Start::After)
+    }
+}
+
+/// A consistent snapshot of a keyed collection ([`crate::Keyed::snapshot`]).
+pub struct KeyedSnapshot {
+    /// Changes after this token are exactly those committed after the snapshot.
+    pub token: ResumeToken,
+    /// The snapshot's documents, by key, read in bounded pages as the stream is polled.
+    pub docs: futures::stream::BoxStream<'static, Result<KeyedDoc, crate::StoreError>>,
+}
+
+impl fmt::Debug for KeyedSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedSnapshot")
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A document read from a capped collection.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Record {
@@ -256,8 +291,10 @@ pub struct ChangeFilter {
     pub ops: Vec<ChangeOp>,
     /// Only keys starting with this prefix.
     pub key_prefix: Option<String>,
-    /// Only changes whose post-image has these field values (dotted path = value).
-    pub fields: Vec<(String, Value)>,
+    /// Only changes whose document matches this filter (MongoDB query syntax): the post-image,
+    /// or for a delete the pre-image. A change without the image it needs (a delete on an
+    /// engine that kept no pre-image) does not match, unless the filter matches everything.
+    pub filter: Option<Filter>,
 }
 
 impl ChangeFilter {
@@ -273,6 +310,12 @@ impl ChangeFilter {
         }
     }
 
+    /// The document filter, unless it matches every document by its structure (`{}`), so an
+    /// engine can skip evaluating it.
+    pub fn document_filter(&self) -> Option<&Filter> {
+        self.filter.as_ref().filter(|f| !f.is_match_all())
+    }
+
     /// Whether a change passes the filter.
     pub fn matches(&self, c: &Change) -> bool {
         (self.collections.is_empty() || self.collections.contains(&c.collection))
@@ -281,11 +324,12 @@ impl ChangeFilter {
                 .key_prefix
                 .as_deref()
                 .is_none_or(|p| c.key.starts_with(p))
-            && self.fields.iter().all(|(path, want)| {
-                c.after
-                    .as_ref()
-                    .and_then(|d| crate::update::get_path(d, path))
-                    .is_some_and(|v| v == want)
+            && self.document_filter().is_none_or(|f| {
+                let image = match c.op {
+                    ChangeOp::Delete => c.before.as_ref(),
+                    _ => c.after.as_ref(),
+                };
+                image.is_some_and(|d| f.matches(d))
             })
     }
 }

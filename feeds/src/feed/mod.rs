@@ -66,6 +66,26 @@ pub struct FeedSpec {
     pub stats: StatsConfig,
 }
 
+/// A latency histogram: 1 µs .. 60 s at 2 significant digits, a few KB whatever the traffic.
+fn latency_histogram() -> Result<hdrhistogram::Histogram<u64>, hdrhistogram::CreationError> {
+    hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 2)
+}
+
+/// `{p50, p99, count}` of a window, then resets it; `null` for an empty window (no sample is
+/// not a latency of zero).
+pub fn take_quantiles(h: &mut hdrhistogram::Histogram<u64>) -> Value {
+    if h.is_empty() {
+        return Value::Null;
+    }
+    let out = json!({
+        "p50": h.value_at_quantile(0.5),
+        "p99": h.value_at_quantile(0.99),
+        "count": h.len(),
+    });
+    h.reset();
+    out
+}
+
 /// What a feed can fail with (only at startup; at run time it records and continues).
 #[derive(Debug, thiserror::Error)]
 pub enum FeedError {
@@ -106,6 +126,9 @@ pub struct Feed {
     read_up_to: Option<Arc<Mutex<Option<ResumeToken>>>>,
     /// Stream restarts in this process.
     restarts: u64,
+    /// Notification latencies (µs) since the last `stats` document, which publishes their
+    /// p50/p99 (`notify_us`): a window of its own, as the status line resets the handle's.
+    notify_window: hdrhistogram::Histogram<u64>,
 }
 
 impl Feed {
@@ -177,6 +200,10 @@ impl Feed {
                 source,
             })?;
         let meters = FeedMeters::new(store.engine(), &name);
+        let notify_window = latency_histogram().map_err(|source| FeedError::Histogram {
+            feed: name.clone(),
+            source,
+        })?;
         Ok(Feed {
             name,
             source,
@@ -192,6 +219,7 @@ impl Feed {
             last_event_us: 0,
             read_up_to: None,
             restarts: 0,
+            notify_window,
         })
     }
 
@@ -314,6 +342,7 @@ impl Feed {
             if let Ok(mut h) = self.handle.latency_us.lock() {
                 let _ = h.record(us.max(1));
             }
+            let _ = self.notify_window.record(us.max(1));
             if let Some(s) = &stamp {
                 self.meters
                     .end_to_end
@@ -384,6 +413,7 @@ impl Feed {
                 "stats": snap,
                 "lag": lag.entries(),
                 "position": self.position,
+                "notify_us": take_quantiles(&mut self.notify_window),
                 "updated_us": now,
             });
             if let Value::Object(doc) = doc

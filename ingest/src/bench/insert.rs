@@ -90,6 +90,16 @@ impl Capped for TimedCapped {
     fn tail(&self, start: Start) -> RecordStream {
         self.inner.tail(start)
     }
+    fn tail_matching(&self, start: Start, filter: store::Filter) -> RecordStream {
+        self.inner.tail_matching(start, filter)
+    }
+    async fn newest_matching(
+        &self,
+        filter: &store::Filter,
+        limit: usize,
+    ) -> store::Result<store::NewestMatching> {
+        self.inner.newest_matching(filter, limit).await
+    }
     async fn get(&self, p: Position) -> store::Result<Option<Record>> {
         self.inner.get(p).await
     }

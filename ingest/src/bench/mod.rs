@@ -28,6 +28,7 @@
 
 pub mod args;
 pub mod catchup;
+pub mod changes_client;
 pub mod check;
 pub mod dataset;
 pub mod floors;

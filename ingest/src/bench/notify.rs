@@ -18,9 +18,16 @@
 //! emoji to the capped collection, and for the change feeds `hashtags:<tag>` keys with the
 //! realistic hashtag law, mostly new keys); the 70/s runs always write the small dataset, so
 //! they stay comparable with the targets measured on it (at 70/s the content does not matter).
+//!
+//! **External consumer**: the same writes to the capped collection, held by a client of
+//! `/api/changes` over 127.0.0.1 — the real router in this process, a TCP connection of its
+//! own, NDJSON decoded by [`super::changes_client`] — so the latency includes the server's
+//! stream task, HTTP framing and the loopback. Its floor is a one-byte loopback round trip;
+//! it is set beside the networked notification systems measured by the issue (#12).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -31,6 +38,7 @@ use store::{
     StoreError, Update,
 };
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::dataset::{Dataset, Docs};
 use super::floors::{self, Floor};
@@ -43,6 +51,38 @@ use super::{Bench, BenchError, Result, Scenario, new_report, wall_us};
 pub const LOW_RATE: f64 = 70.0;
 /// How long the consumer may take to catch up after the writers stop.
 const CATCH_UP: Duration = Duration::from_secs(10);
+/// The goal for the external client's p50 at 70/s (issue #12: under every networked peer).
+pub const HTTP_P50_GOAL_US: f64 = 150.0;
+/// The networked notification systems measured in one harness run on this machine (issue
+/// #12), p50: what an external consumer of tailrace is set beside.
+const PEERS: [(&str, &str, f64, &str); 6] = [
+    (
+        "Redis Streams XREAD BLOCK",
+        "notify p50 (low end)",
+        157.0,
+        "µs",
+    ),
+    (
+        "Redis Streams XREAD BLOCK",
+        "notify p50 (high end)",
+        511.0,
+        "µs",
+    ),
+    ("NATS core", "notify p50", 178.0, "µs"),
+    ("NATS JetStream push", "notify p50", 284.0, "µs"),
+    (
+        "PostgreSQL LISTEN/NOTIFY",
+        "notify p50 (low end)",
+        353.0,
+        "µs",
+    ),
+    (
+        "PostgreSQL LISTEN/NOTIFY",
+        "notify p50 (high end)",
+        610.0,
+        "µs",
+    ),
+];
 
 /// A feed kind as this scenario reads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +93,8 @@ pub enum Kind {
     Changes,
     /// `Store::oplog`.
     Oplog,
+    /// A client of `/api/changes?collection=events` over 127.0.0.1 (the capped collection).
+    Http,
 }
 
 impl Kind {
@@ -61,6 +103,7 @@ impl Kind {
             Kind::Tailable => "tailable",
             Kind::Changes => "changes",
             Kind::Oplog => "oplog",
+            Kind::Http => "/api/changes client",
         }
     }
 }
@@ -95,38 +138,119 @@ struct Targets {
     keyed: Arc<dyn Keyed>,
 }
 
-fn open_stream(
+type HeldStream = BoxStream<'static, Result<(u64, Option<i64>), BenchError>>;
+
+/// Opens what `kind` reads, at "now". The HTTP client returns once the server said `ready`:
+/// every write after that reaches it.
+async fn open_stream(
     store: &Arc<dyn Store>,
     t: &Targets,
     kind: Kind,
-) -> BoxStream<'static, Result<(u64, Option<i64>), StoreError>> {
+    http: Option<SocketAddr>,
+) -> Result<HeldStream> {
     let seq_of = |doc: Option<&store::Document>| {
         doc.and_then(|d| d.get("bench_seq"))
             .and_then(Value::as_u64)
             .unwrap_or(0)
     };
     let filter = ChangeFilter::collections([t.keyed.name().to_string()]);
-    match kind {
+    let store_err =
+        |r: std::result::Result<(u64, Option<i64>), StoreError>| r.map_err(BenchError::Store);
+    Ok(match kind {
         Kind::Tailable => t
             .capped
             .tail(Start::Now)
             .map(move |r| r.map(|r| (seq_of(Some(&r.doc)), r.committed_at_us)))
+            .map(store_err)
             .boxed(),
         Kind::Changes => store
             .changes(filter, ChangeStart::Now)
             .map(move |c| c.map(|c| (seq_of(c.after.as_ref()), Some(c.committed_at_us))))
+            .map(store_err)
             .boxed(),
         Kind::Oplog => store
             .oplog(filter, ChangeStart::Now)
             .map(move |c| c.map(|c| (seq_of(c.after.as_ref()), Some(c.committed_at_us))))
+            .map(store_err)
             .boxed(),
-    }
+        Kind::Http => {
+            let addr = http.ok_or_else(|| BenchError::Scenario("no API server".into()))?;
+            let mut events =
+                super::changes_client::open(addr, "collection=events&include_states=true").await?;
+            loop {
+                match events.next().await {
+                    Some(Ok(v)) if v["type"] == "state" && v["state"] == "ready" => break,
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(e),
+                    None => {
+                        return Err(BenchError::Scenario(
+                            "/api/changes ended before ready".into(),
+                        ));
+                    }
+                }
+            }
+            events
+                .filter_map(|v| {
+                    futures::future::ready(match v {
+                        Ok(v) if v["type"] == "change" => Some(Ok((
+                            v["doc"]["bench_seq"].as_u64().unwrap_or(0),
+                            v["committed_at_us"].as_i64(),
+                        ))),
+                        Ok(_) => None,
+                        Err(e) => Some(Err(e)),
+                    })
+                })
+                .boxed()
+        }
+    })
+}
+
+/// The real router on a free loopback port (`TCP_NODELAY`, as the pipeline serves it), with
+/// the bench's collections as `events` and `rollups`; stopped by `stop`.
+async fn api_server(
+    store: &Arc<dyn Store>,
+    t: &Targets,
+    stop: CancellationToken,
+) -> Result<SocketAddr> {
+    use axum::serve::ListenerExt;
+    let state = crate::http::AppState {
+        metrics: metrics_exporter_prometheus::PrometheusBuilder::new()
+            .build_recorder()
+            .handle(),
+        feeds: Arc::new(Vec::new()),
+        store: store.clone(),
+        events: t.capped.clone(),
+        dead_letters: t.capped.clone(),
+        rollups: t.keyed.clone(),
+        stats: t.keyed.clone(),
+        ingest: Arc::new(crate::ingester::IngestStats::default()),
+        ready: Arc::new(AtomicBool::new(true)),
+        health: Arc::new(crate::ingester::StoreHealth::new()),
+        info: Arc::new(json!({"bench": "notify"})),
+        streams: crate::http::StreamLimits::new(8, Duration::from_secs(30)),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(super::io_err("binding the API server"))?;
+    let addr = listener
+        .local_addr()
+        .map_err(super::io_err("API server address"))?;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let app = crate::http::router(state);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+    });
+    Ok(addr)
 }
 
 /// One write of event `seq` to what `kind` reads.
 async fn write_one(t: &Targets, kind: Kind, g: &mut Docs, seq: u64, d: Durability) -> Result<()> {
     match kind {
-        Kind::Tailable => {
+        Kind::Tailable | Kind::Http => {
             let mut doc = g.stamped(seq);
             doc.insert("bench_seq".into(), json!(seq));
             t.capped.append(vec![doc], d).await?;
@@ -159,6 +283,7 @@ async fn phase(
     t: &Arc<Targets>,
     kind: Kind,
     load: Load,
+    http: Option<SocketAddr>,
 ) -> Result<Phase> {
     let Load {
         durability: d,
@@ -167,7 +292,7 @@ async fn phase(
         duration,
         dataset,
     } = load;
-    let mut stream = open_stream(store, t, kind);
+    let mut stream = Box::pin(open_stream(store, t, kind, http)).await?;
     let (total_tx, mut total_rx) = watch::channel::<Option<u64>>(None);
     let received = Arc::new(AtomicU64::new(0));
     let consumer = {
@@ -187,7 +312,7 @@ async fn phase(
                             held.push(Held { seq, hold_us, committed_us });
                             received.fetch_add(1, Ordering::Relaxed);
                         }
-                        Some(Err(e)) => return Err(BenchError::Store(e)),
+                        Some(Err(e)) => return Err(e),
                         None => break,
                     },
                     changed = total_rx.changed() => if changed.is_err() { break },
@@ -314,6 +439,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
     if !bench.embedded() {
         kinds.push(Kind::Oplog);
     }
+    kinds.push(Kind::Http);
     let mut report = new_report(
         bench,
         Scenario::Notify,
@@ -363,6 +489,15 @@ pub async fn run(bench: &Bench) -> Result<Report> {
     ));
     let wake_p50 = wake.summary().p50;
     let busy_p50 = wake_busy.summary().p50;
+    let loopback = floors::loopback(n_floor).await?;
+    report.floors.push(Floor::new(
+        "loopback_rtt",
+        "a one-byte TCP round trip on 127.0.0.1 between two tasks (the external client's floor)",
+        &loopback,
+    ));
+    let loopback_p50 = loopback.summary().p50;
+    let stop_api = CancellationToken::new();
+    let http = Some(Box::pin(api_server(&store, &t, stop_api.clone())).await?);
 
     let mut phases = Vec::new();
     for &kind in &kinds {
@@ -373,15 +508,17 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             duration,
             dataset: Dataset::Small,
         };
-        phases.push(phase(bench, &store, &t, kind, low).await?);
+        // Boxed: a phase's future is large, and `bench all` nests every scenario's in one.
+        phases.push(Box::pin(phase(bench, &store, &t, kind, low, http)).await?);
         let max = Load {
             rate: None,
             writers,
             dataset: bench.args.dataset,
             ..low
         };
-        phases.push(phase(bench, &store, &t, kind, max).await?);
+        phases.push(Box::pin(phase(bench, &store, &t, kind, max, http)).await?);
     }
+    stop_api.cancel();
 
     for p in &phases {
         let low = p.low;
@@ -403,8 +540,22 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             failures: p.written.saturating_sub(p.received),
             elapsed_secs: p.write_secs,
             throughput_per_sec: p.written as f64 / p.write_secs.max(1e-9),
-            floor: Some(if low { "task_wake" } else { "task_wake_1ms" }.into()),
-            ratio_to_floor: Some(s.p50 / if low { wake_p50 } else { busy_p50 }),
+            floor: Some(
+                match (p.kind, low) {
+                    (Kind::Http, _) => "loopback_rtt",
+                    (_, true) => "task_wake",
+                    (_, false) => "task_wake_1ms",
+                }
+                .into(),
+            ),
+            ratio_to_floor: Some(
+                s.p50
+                    / match (p.kind, low) {
+                        (Kind::Http, _) => loopback_p50,
+                        (_, true) => wake_p50,
+                        (_, false) => busy_p50,
+                    },
+            ),
             extra: json!({
                 "measured_from": if p.stamped { "engine acknowledgment stamp (committed_at_us)" } else { "writer's append returning" },
                 "written": p.written,
@@ -437,6 +588,22 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             }
         }
     }
+    if let Some(s) = report
+        .series
+        .iter()
+        .find(|s| s.params["kind"] == Kind::Http.as_str() && !s.params["rate"].is_null())
+    {
+        report.targets.push(Target::at_most(
+            format!("/api/changes client at 70/s p50 ≤ {HTTP_P50_GOAL_US:.0} µs (under every networked peer)"),
+            s.latency_us.p50,
+            HTTP_P50_GOAL_US,
+            "µs",
+        ));
+    }
+    report.references(&PEERS);
+    report.notes.push(
+        "the peers (issue #12) were measured in one harness run on this machine: networked clients of each system, p50; the /api/changes client is their counterpart (a separate TCP connection, HTTP framing, JSON)".into(),
+    );
     report.notes.push(format!(
         "writes use durability {d}; latency starts at the engine's acknowledgment stamp, so the fsync itself is not in it"
     ));

@@ -210,6 +210,13 @@ impl Capped for ObservedCapped {
             })
             .boxed()
     }
+    async fn newest_matching(
+        &self,
+        filter: &store::Filter,
+        limit: usize,
+    ) -> store::Result<store::NewestMatching> {
+        self.inner.newest_matching(filter, limit).await
+    }
     async fn get(&self, p: Position) -> store::Result<Option<Record>> {
         self.inner.get(p).await
     }

@@ -379,12 +379,16 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             .build_recorder()
             .handle(),
         feeds: Arc::new(Vec::new()),
+        store: store.clone(),
         events: outbox.clone(),
+        dead_letters: outbox.clone(),
         rollups: store.keyed("bench_outbox_rollups").await?,
+        stats: store.keyed("bench_outbox_stats").await?,
         ingest: Arc::new(IngestStats::default()),
         ready: Arc::new(AtomicBool::new(true)),
         health: Default::default(),
         info: Arc::new(json!({"bench": "outbox"})),
+        streams: crate::http::StreamLimits::new(64, Duration::from_secs(30)),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

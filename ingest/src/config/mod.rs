@@ -88,6 +88,14 @@ pub struct HttpConfig {
     /// Port 0 picks a free port (tests).
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
+    /// At most this many `/api/changes` streams (and per-feed streams) open at once; more are
+    /// refused with 503. Each holds a task, a reader of the store and a few events in memory.
+    #[serde(default = "default_max_streams")]
+    pub max_streams: usize,
+    /// A change-stream client that accepts no byte for this long (ms) is disconnected, so it
+    /// cannot hold a snapshot or a cursor open for ever; it resumes with its last event id.
+    #[serde(default = "default_stream_stall_timeout_ms")]
+    pub stream_stall_timeout_ms: u64,
 }
 
 /// Pipeline logging.
@@ -215,6 +223,12 @@ pub struct IngestConfig {
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9750))
 }
+fn default_max_streams() -> usize {
+    64
+}
+fn default_stream_stall_timeout_ms() -> u64 {
+    30_000
+}
 fn default_status_interval_secs() -> u64 {
     10
 }
@@ -288,6 +302,8 @@ impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             listen: default_listen(),
+            max_streams: default_max_streams(),
+            stream_stall_timeout_ms: default_stream_stall_timeout_ms(),
         }
     }
 }

@@ -98,6 +98,12 @@ pub(super) fn problems<'a>(
     let mut p = Problems::default();
     validate_store(c, &mut p);
     validate_ingest(c, &mut p);
+    p.at_least("http.max_streams", c.http.max_streams as u64, 1);
+    p.at_least(
+        "http.stream_stall_timeout_ms",
+        c.http.stream_stall_timeout_ms,
+        1000,
+    );
     for (field, message) in c.stats.problems() {
         p.push(format!("stats.{field}"), message);
     }

@@ -184,6 +184,11 @@ impl Tailrace {
         }
     }
 
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
     /// Sends a signal by name (`TERM`, `INT`, `KILL`).
     pub fn signal(&self, name: &str) {
         let pid = self.child.as_ref().unwrap().id().to_string();

@@ -26,8 +26,8 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::{
     Bounds, Capped, CappedSpec, ChangeFilter, ChangeStart, ChangeStream, Document, Durability,
-    KeyUpdate, Keyed, KeyedDoc, Position, Record, RecordStream, Result, ResumeToken, Start, Store,
-    StoreError, Usage,
+    Filter, KeyUpdate, Keyed, KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record,
+    RecordStream, Result, ResumeToken, Start, Store, StoreError, Usage,
 };
 use writer::{Commit, Job, Op, Reply, Writer};
 
@@ -428,6 +428,14 @@ impl Capped for EmbeddedCapped {
         )
     }
 
+    async fn newest_matching(&self, filter: &Filter, limit: usize) -> Result<NewestMatching> {
+        let table = schema::capped_table(&self.name);
+        let filter = filter.clone();
+        self.inner
+            .read(move |c| read::newest_matching(c, &table, &filter, limit))
+            .await
+    }
+
     async fn get(&self, position: Position) -> Result<Option<Record>> {
         let table = schema::capped_table(&self.name);
         self.inner
@@ -589,6 +597,26 @@ impl Keyed for EmbeddedKeyed {
         self.inner
             .read(move |c| read::scan(c, &coll, &prefix))
             .await
+    }
+
+    async fn scan_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<KeyedDoc>> {
+        let (coll, prefix, after) = (
+            self.name.clone(),
+            prefix.to_string(),
+            after.map(str::to_string),
+        );
+        self.inner
+            .read(move |c| read::scan_page(c, &coll, &prefix, after.as_deref(), limit))
+            .await
+    }
+
+    async fn snapshot(&self, filter: Option<Filter>) -> Result<KeyedSnapshot> {
+        read::snapshot(self.inner.clone(), self.name.clone(), filter).await
     }
 
     fn changes(&self, mut filter: ChangeFilter, start: ChangeStart) -> ChangeStream {

@@ -11,12 +11,16 @@ use tokio::sync::broadcast::error::RecvError;
 use super::Inner;
 use super::schema::{self, capped_table};
 use crate::{
-    Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Document, KeyedDoc, Position,
-    Record, RecordStream, Result, ResumeToken, Start, StoreError,
+    Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Document, Filter, KeyedDoc,
+    KeyedSnapshot, NewestMatching, Position, Record, RecordStream, Result, ResumeToken, Start,
+    StoreError,
 };
 
 /// Rows fetched per catch-up query: bounds memory while a reader is far behind.
 const CATCH_UP_BATCH: usize = 512;
+/// Rows read per step while walking back for `newest_matching`, and per page of a snapshot:
+/// bounds memory whatever the collection's size.
+const PAGE_ROWS: usize = 256;
 
 fn parse_doc(body: &str) -> Result<Document> {
     Ok(serde_json::from_str(body)?)
@@ -134,6 +138,202 @@ pub(super) fn scan(c: &Connection, coll: &str, prefix: &str) -> Result<Vec<Keyed
         })
     })
     .collect()
+}
+
+/// The `limit` newest documents matching `filter`, walking back from the newest in chunks of
+/// [`PAGE_ROWS`], all in one read transaction so `as_of` and the rows agree.
+pub(super) fn newest_matching(
+    c: &Connection,
+    table: &str,
+    filter: &Filter,
+    limit: usize,
+) -> Result<NewestMatching> {
+    let tx = c.unchecked_transaction()?;
+    let newest: Option<i64> =
+        tx.query_row(&format!("SELECT MAX(pos) FROM {table}"), [], |r| r.get(0))?;
+    let Some(newest) = newest else {
+        return Ok(NewestMatching {
+            records: Vec::new(),
+            as_of: None,
+        });
+    };
+    let mut records = Vec::new();
+    let mut stmt = tx.prepare_cached(&format!(
+        "SELECT pos, body, ts FROM {table} WHERE pos <= ?1 ORDER BY pos DESC LIMIT ?2"
+    ))?;
+    let mut below = newest;
+    while records.len() < limit {
+        let rows = stmt
+            .query_map(params![below, PAGE_ROWS as i64], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let Some(&(last, _, _)) = rows.last() else {
+            break;
+        };
+        let full = rows.len() == PAGE_ROWS;
+        for (pos, body, ts) in rows {
+            let doc = parse_doc(&body)?;
+            if filter.matches(&doc) {
+                records.push(Record {
+                    position: Position(pos as u64),
+                    doc,
+                    committed_at_us: Some(ts),
+                });
+                if records.len() == limit {
+                    break;
+                }
+            }
+        }
+        if !full {
+            break;
+        }
+        below = last - 1;
+    }
+    Ok(NewestMatching {
+        records,
+        as_of: Some(Position(newest as u64)),
+    })
+}
+
+/// At most `limit` documents of `coll` whose key starts with `prefix` and sorts after `after`.
+pub(super) fn scan_page(
+    c: &Connection,
+    coll: &str,
+    prefix: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<KeyedDoc>> {
+    let upper = format!("{prefix}\u{10FFFF}");
+    // `key > after` as its own statement (not `?4 IS NULL OR ...`), so it bounds the range
+    // scan of the primary key: a late page costs no more than the first.
+    let (sql, lower): (&str, &str) = match after {
+        Some(a) if a >= prefix => (
+            "SELECT key, body FROM kv WHERE coll = ?1 AND key > ?2 AND key < ?3
+             ORDER BY key LIMIT ?4",
+            a,
+        ),
+        _ => (
+            "SELECT key, body FROM kv WHERE coll = ?1 AND key >= ?2 AND key < ?3
+             ORDER BY key LIMIT ?4",
+            prefix,
+        ),
+    };
+    let mut stmt = c.prepare_cached(sql)?;
+    let rows = stmt.query_map(params![coll, lower, upper, limit as i64], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+    })?;
+    rows.map(|row| {
+        let (key, body) = row?;
+        Ok(KeyedDoc {
+            key,
+            doc: parse_doc(&body)?,
+        })
+    })
+    .collect()
+}
+
+/// One page of a snapshot: up to [`PAGE_ROWS`] rows of `coll` after `after`, and the filter's
+/// matches among them; `None` as the last key when the collection is exhausted.
+fn snapshot_page(
+    c: &Connection,
+    coll: &str,
+    after: Option<&str>,
+    filter: Option<&Filter>,
+) -> Result<(Vec<KeyedDoc>, Option<String>)> {
+    let map = |r: &rusqlite::Row<'_>| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?));
+    let rows = match after {
+        Some(after) => c
+            .prepare_cached(
+                "SELECT key, body FROM kv WHERE coll = ?1 AND key > ?2 ORDER BY key LIMIT ?3",
+            )?
+            .query_map(params![coll, after, PAGE_ROWS as i64], map)?
+            .collect::<rusqlite::Result<Vec<_>>>()?,
+        None => c
+            .prepare_cached("SELECT key, body FROM kv WHERE coll = ?1 ORDER BY key LIMIT ?2")?
+            .query_map(params![coll, PAGE_ROWS as i64], map)?
+            .collect::<rusqlite::Result<Vec<_>>>()?,
+    };
+    let last = (rows.len() == PAGE_ROWS)
+        .then(|| rows.last().map(|(k, _)| k.clone()))
+        .flatten();
+    let mut docs = Vec::with_capacity(rows.len());
+    for (key, body) in rows {
+        let doc = parse_doc(&body)?;
+        if filter.is_none_or(|f| f.matches(&doc)) {
+            docs.push(KeyedDoc { key, doc });
+        }
+    }
+    Ok((docs, last))
+}
+
+/// A snapshot of a keyed collection: one read transaction on a connection of its own (not
+/// the pool's: it stays open while the pages are read), in which the op log's newest sequence
+/// number and every page are read, so the token and the documents agree exactly.
+pub(super) async fn snapshot(
+    inner: Arc<Inner>,
+    coll: String,
+    filter: Option<Filter>,
+) -> Result<KeyedSnapshot> {
+    let filter = filter.filter(|f| !f.is_match_all());
+    let db_path = inner.db_path.clone();
+    let (conn, seq) = blocking(move || {
+        let conn = schema::open(&db_path)?;
+        conn.pragma_update(None, "query_only", true)?;
+        // A deferred transaction takes its snapshot at the first read: this one.
+        conn.execute_batch("BEGIN")?;
+        let seq: i64 = conn.query_row(
+            "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'oplog'), 0)",
+            [],
+            |r| r.get(0),
+        )?;
+        Ok((conn, seq))
+    })
+    .await?;
+    let docs = async_stream::try_stream! {
+        let mut conn = conn;
+        let mut after: Option<String> = None;
+        loop {
+            let (c, f, a) = (coll.clone(), filter.clone(), after.clone());
+            let (back, page, last) = blocking(move || {
+                let out = snapshot_page(&conn, &c, a.as_deref(), f.as_ref());
+                out.map(|(page, last)| (conn, page, last))
+            })
+            .await?;
+            conn = back;
+            for doc in page {
+                yield doc;
+            }
+            match last {
+                Some(last) => after = Some(last),
+                None => break,
+            }
+        }
+        // Dropping the connection ends the read transaction.
+        drop(conn);
+    };
+    Ok(KeyedSnapshot {
+        token: ResumeToken(seq.to_string()),
+        docs: Box::pin(docs),
+    })
+}
+
+/// Runs `f` on the blocking pool.
+async fn blocking<T, F>(f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::Engine {
+            engine: "embedded",
+            message: format!("reader task: {e}"),
+        })?
 }
 
 /// The next documents after `after` (from the oldest when `None`), or `PositionLost` when the

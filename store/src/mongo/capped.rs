@@ -25,8 +25,8 @@ use crate::backoff::Backoff;
 use crate::clock::now_us;
 use crate::embedded::schema::check_field;
 use crate::{
-    Bounds, Capped, CappedSpec, Document, Durability, Position, Record, RecordStream, Result,
-    Start, StoreError, Usage,
+    Bounds, Capped, CappedSpec, Document, Durability, Filter, NewestMatching, Position, Record,
+    RecordStream, Result, Start, StoreError, Usage,
 };
 
 /// At most this many documents go into one `insert_many` (the driver splits further by the
@@ -459,6 +459,15 @@ pub(crate) fn check_existing_capped(
     Ok(None)
 }
 
+/// A filter as the query document of a `find` on the collection's documents.
+fn filter_document(filter: &Filter) -> BsonDoc {
+    match json_to_bson(&filter.to_mongo("")) {
+        Bson::Document(d) => d,
+        // `to_mongo` always returns an object.
+        _ => BsonDoc::new(),
+    }
+}
+
 /// The name of the index that serves `latest(field, ..)`.
 pub(crate) fn latest_index_name(field: &str) -> String {
     format!("tailrace_latest_{field}")
@@ -638,7 +647,54 @@ impl Capped for MongoCapped {
     }
 
     fn tail(&self, start: Start) -> RecordStream {
-        tail_stream(self.inner.clone(), self.shared.clone(), start)
+        tail_stream(self.inner.clone(), self.shared.clone(), start, None)
+    }
+
+    fn tail_matching(&self, start: Start, filter: Filter) -> RecordStream {
+        // On the server: the tailable cursor's query, so non-matching documents never travel.
+        let query = (!filter.is_match_all()).then(|| filter_document(&filter));
+        tail_stream(self.inner.clone(), self.shared.clone(), start, query)
+    }
+
+    async fn newest_matching(&self, filter: &Filter, limit: usize) -> Result<NewestMatching> {
+        // The newest position first, then only documents up to it: a document appended in
+        // between is left to the tail that continues after `as_of`, never given twice.
+        let Some(newest) = newest_id(&self.shared.coll, &self.shared.name).await? else {
+            return Ok(NewestMatching {
+                records: Vec::new(),
+                as_of: None,
+            });
+        };
+        let as_of = Some(Position(newest));
+        if limit == 0 {
+            // MongoDB reads `limit(0)` as "no limit".
+            return Ok(NewestMatching {
+                records: Vec::new(),
+                as_of,
+            });
+        }
+        let mut query = doc! {"_id": {"$lte": newest as i64}};
+        if !filter.is_match_all() {
+            query = doc! {"$and": [query, filter_document(filter)]};
+        }
+        let mut cursor = self
+            .shared
+            .coll
+            .find(query)
+            .sort(doc! {"_id": -1})
+            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+            .await?;
+        let mut records = Vec::new();
+        while let Some(doc) = cursor.next().await {
+            let doc = doc?;
+            let position = position_of(&self.shared.name, &doc)?;
+            records.push(to_record(
+                &self.shared.name,
+                doc,
+                self.shared.acks.lookup(position),
+            )?);
+        }
+        Ok(NewestMatching { records, as_of })
     }
 
     async fn get(&self, position: Position) -> Result<Option<Record>> {
@@ -740,7 +796,16 @@ enum Step {
 /// each `getMore` for up to `max_await_time`. The one exception is an **empty** collection:
 /// the server does not keep a tailable cursor on an empty capped collection, so the tail
 /// re-opens with backoff (up to [`BACKOFF_MAX`]) — and at once when this process appends.
-fn tail_stream(inner: Arc<Inner>, shared: Arc<CappedShared>, start: Start) -> RecordStream {
+///
+/// With a `query` (a filtered tail) the first document after a re-open may rightly lie far
+/// beyond the last position, so eviction is detected the other way: once the cursor is open,
+/// the oldest retained position must be at most one past the last one read.
+fn tail_stream(
+    inner: Arc<Inner>,
+    shared: Arc<CappedShared>,
+    start: Start,
+    query: Option<BsonDoc>,
+) -> RecordStream {
     // Resolved here, not on the first poll, so `Now` means when `tail` was called.
     let mut last: Option<u64> = match start {
         Start::Oldest => None,
@@ -758,9 +823,13 @@ fn tail_stream(inner: Arc<Inner>, shared: Arc<CappedShared>, start: Start) -> Re
             // Marked before opening: an insert finishing after this point wakes a tail whose
             // cursor died on an empty collection.
             written.borrow_and_update();
-            let filter = match last {
+            let after = match last {
                 Some(l) => doc! {"_id": {"$gt": l as i64}},
                 None => doc! {},
+            };
+            let filter = match &query {
+                Some(q) => doc! {"$and": [after, q.clone()]},
+                None => after,
             };
             let opened = shared
                 .coll
@@ -779,7 +848,21 @@ fn tail_stream(inner: Arc<Inner>, shared: Arc<CappedShared>, start: Start) -> Re
                 }
                 Err(e) => Err(map_error(e))?,
             };
-            let mut first = true;
+            if query.is_some()
+                && let Some(l) = last
+            {
+                // The cursor is open (its first batch read): if the document right after
+                // `last` was still there now, it was there when the cursor started.
+                let oldest = oldest_id(&shared.coll, &shared.name).await?;
+                if let Some(o) = oldest.filter(|o| *o > l + 1) {
+                    Err(StoreError::PositionLost {
+                        collection: shared.name.clone(),
+                        after: Position(l),
+                        oldest: Position(o),
+                    })?;
+                }
+            }
+            let mut first = query.is_none();
             let mut yielded = false;
             loop {
                 let step = tokio::select! {
@@ -796,6 +879,7 @@ fn tail_stream(inner: Arc<Inner>, shared: Arc<CappedShared>, start: Start) -> Re
                     Step::Doc(d) => {
                         let position = position_of(&shared.name, &d)?;
                         if first {
+                            // Unfiltered: the first document must be the next position.
                             first = false;
                             // The first document after a (re-)open must be the next one; if it
                             // is further on, check whether the next one was evicted (it may

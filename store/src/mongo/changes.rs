@@ -47,22 +47,6 @@ pub(crate) fn op_name(op: ChangeOp) -> &'static str {
     }
 }
 
-/// Checks a dotted path used in a field predicate, so it cannot turn into an operator.
-pub(crate) fn check_filter_path(path: &str) -> Result<()> {
-    let ok = !path.is_empty()
-        && path
-            .split('.')
-            .all(|p| !p.is_empty() && !p.starts_with('$') && !p.contains('\0'));
-    if ok {
-        Ok(())
-    } else {
-        Err(StoreError::Invalid(format!(
-            "change filter field {path:?}: use a dotted path whose parts are not empty and do \
-             not start with $"
-        )))
-    }
-}
-
 /// The `$match` stage of a filter. It pre-filters on the server (the stream then filters
 /// again with [`ChangeFilter::matches`], so both engines mean exactly the same):
 /// - only insert/update/replace/delete events (restricted to `ops` when given);
@@ -70,9 +54,13 @@ pub(crate) fn check_filter_path(path: &str) -> Result<()> {
 /// - string keys only (`documentKey._id` of type string): capped collections, whose `_id` is
 ///   an integer position, are never changefeed-backed collections;
 /// - the key prefix as an anchored, escaped regex on `documentKey._id`;
-/// - field predicates as `$expr: {$eq: ["$fullDocument.<path>", {$literal: value}]}`: exact
-///   equality like the embedded engine's (a plain `{path: value}` query would also match
-///   array elements), and `$literal` keeps a string value starting with `$` a string.
+/// - the document filter ([`crate::Filter::to_mongo`]) on the image the contract names: the
+///   post-image `fullDocument.` of inserts, updates and replaces, the pre-image
+///   `fullDocumentBeforeChange.` of deletes. A delete event has no `fullDocument`, so one
+///   prefix for every event would test deletes against a missing document (`{lang: "ja"}`
+///   would drop every delete, `{lang: {$ne: "ja"}}` would keep every one). Before MongoDB 6.0
+///   there is no pre-image: a delete then matches only a filter that holds on an empty
+///   document here, and the in-process check drops it (no image, no match).
 pub(crate) fn match_stage(filter: &ChangeFilter) -> Result<BsonDoc> {
     let ops: Vec<Bson> = if filter.ops.is_empty() {
         [
@@ -103,15 +91,21 @@ pub(crate) fn match_stage(filter: &ChangeFilter) -> Result<BsonDoc> {
         key.insert("$regex", format!("^{}", regex_escape(prefix)));
     }
     m.insert("documentKey._id", key);
-    if !filter.fields.is_empty() {
-        let mut conds = Vec::with_capacity(filter.fields.len());
-        for (path, value) in &filter.fields {
-            check_filter_path(path)?;
-            conds.push(Bson::Document(doc! {
-                "$eq": [format!("$fullDocument.{path}"), {"$literal": json_to_bson(value)}]
-            }));
-        }
-        m.insert("$expr", doc! {"$and": conds});
+    if let Some(f) = filter.document_filter() {
+        let on = |prefix: &str, ops: Bson| -> BsonDoc {
+            let mut branch = doc! {"operationType": ops};
+            if let Bson::Document(q) = json_to_bson(&f.to_mongo(prefix)) {
+                branch.extend(q);
+            }
+            branch
+        };
+        m.insert(
+            "$or",
+            vec![
+                Bson::Document(on("fullDocument.", Bson::Document(doc! {"$ne": "delete"}))),
+                Bson::Document(on("fullDocumentBeforeChange.", Bson::from("delete"))),
+            ],
+        );
     }
     Ok(doc! {"$match": m})
 }
@@ -491,8 +485,9 @@ fn publish_if_unset(cell: &TokenCell, token: Option<ResumeToken>) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::Filter;
     use mongodb::bson::{self, DateTime};
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     #[test]
     fn filters_become_one_match_stage() {
@@ -500,7 +495,7 @@ mod tests {
             collections: vec!["k_filter".into()],
             ops: vec![ChangeOp::Update],
             key_prefix: Some("source:".into()),
-            fields: vec![("kind".into(), json!("keep")), ("a.n".into(), json!(3))],
+            filter: Some(Filter::parse(&json!({"kind": "keep", "a.n": {"$gt": 3}})).unwrap()),
         };
         assert_eq!(
             match_stage(&filter).unwrap(),
@@ -508,38 +503,66 @@ mod tests {
                 "operationType": {"$in": ["update"]},
                 "ns.coll": {"$in": ["k_filter"]},
                 "documentKey._id": {"$type": "string", "$regex": "^source:"},
-                "$expr": {"$and": [
-                    {"$eq": ["$fullDocument.kind", {"$literal": "keep"}]},
-                    {"$eq": ["$fullDocument.a.n", {"$literal": 3_i64}]},
-                ]},
+                "$or": [
+                    {"operationType": {"$ne": "delete"},
+                     "fullDocument.kind": {"$eq": "keep"}, "fullDocument.a.n": {"$gt": 3_i64}},
+                    {"operationType": "delete",
+                     "fullDocumentBeforeChange.kind": {"$eq": "keep"},
+                     "fullDocumentBeforeChange.a.n": {"$gt": 3_i64}},
+                ],
             }}
         );
     }
 
     #[test]
     fn an_empty_filter_watches_every_keyed_change_but_checkpoints() {
+        let expected = doc! {"$match": {
+            "operationType": {"$in": ["insert", "update", "replace", "delete"]},
+            "ns.coll": {"$ne": "checkpoints"},
+            "documentKey._id": {"$type": "string"},
+        }};
+        assert_eq!(match_stage(&ChangeFilter::default()).unwrap(), expected);
+        let everything = ChangeFilter {
+            filter: Some(Filter::match_all()),
+            ..ChangeFilter::default()
+        };
         assert_eq!(
-            match_stage(&ChangeFilter::default()).unwrap(),
-            doc! {"$match": {
-                "operationType": {"$in": ["insert", "update", "replace", "delete"]},
-                "ns.coll": {"$ne": "checkpoints"},
-                "documentKey._id": {"$type": "string"},
-            }}
+            match_stage(&everything).unwrap(),
+            expected,
+            "{{}} adds no condition"
         );
     }
 
     #[test]
-    fn filter_paths_cannot_smuggle_operators() {
-        for bad in ["", "a..b", "$where", "a.$b"] {
-            let f = ChangeFilter {
-                fields: vec![(bad.into(), json!(1))],
-                ..ChangeFilter::default()
-            };
-            assert!(
-                matches!(match_stage(&f), Err(StoreError::Invalid(_))),
-                "{bad:?}"
-            );
-        }
+    fn deletes_are_matched_on_their_pre_image_here_too() {
+        let f = ChangeFilter {
+            filter: Some(Filter::parse(&json!({"lang": "ja"})).unwrap()),
+            ..ChangeFilter::default()
+        };
+        let change = |op, before: Option<Value>, after: Option<Value>| Change {
+            op,
+            collection: "k".into(),
+            key: "a".into(),
+            before: before.and_then(|v| v.as_object().cloned()),
+            after: after.and_then(|v| v.as_object().cloned()),
+            token: ResumeToken("t".into()),
+            committed_at_us: 0,
+        };
+        assert!(f.matches(&change(ChangeOp::Delete, Some(json!({"lang": "ja"})), None)));
+        assert!(!f.matches(&change(ChangeOp::Delete, Some(json!({"lang": "en"})), None)));
+        assert!(
+            !f.matches(&change(ChangeOp::Delete, None, None)),
+            "no pre-image (MongoDB before 6.0): no match"
+        );
+        assert!(f.matches(&change(
+            ChangeOp::Update,
+            Some(json!({"lang": "en"})),
+            Some(json!({"lang": "ja"}))
+        )));
+    }
+
+    #[test]
+    fn key_prefixes_are_escaped() {
         let f = ChangeFilter {
             key_prefix: Some("a.b*".into()),
             ..ChangeFilter::default()

@@ -11,15 +11,18 @@ use mongodb::{Collection, Database};
 
 use super::capped::collection_info;
 use super::convert::{
-    bson_doc_to_json, doc_to_bson, error_code, key_string, regex_escape, update_document,
-    write_concern,
+    OplogPos, Token, bson_doc_to_json, doc_to_bson, encode_token, engine_err, error_code,
+    json_to_bson, key_string, regex_escape, update_document, write_concern,
 };
 use super::{Inner, WIRE_VERSION_6_0};
 use crate::clock::now_us;
 use crate::{
-    ChangeFilter, ChangeStart, ChangeStream, Document, Durability, KeyUpdate, Keyed, KeyedDoc,
-    Result, StoreError,
+    ChangeFilter, ChangeStart, ChangeStream, Document, Durability, Filter, KeyUpdate, Keyed,
+    KeyedDoc, KeyedSnapshot, Result, StoreError,
 };
+
+/// Documents per batch of a snapshot read: bounds memory whatever the collection's size.
+const SNAPSHOT_BATCH: u32 = 256;
 
 /// The server's error code for "namespace already exists".
 const NAMESPACE_EXISTS: i32 = 48;
@@ -156,6 +159,27 @@ pub(crate) fn scan_filter(prefix: &str) -> BsonDoc {
         doc! {"_id": {"$type": "string"}}
     } else {
         doc! {"_id": {"$regex": format!("^{}", regex_escape(prefix))}}
+    }
+}
+
+/// The filter of `scan_page`: `scan_filter(prefix)` and keys after `after`.
+pub(crate) fn scan_page_filter(prefix: &str, after: Option<&str>) -> BsonDoc {
+    let mut filter = scan_filter(prefix);
+    if let (Some(after), Ok(id)) = (after, filter.get_document_mut("_id")) {
+        id.insert("$gt", after);
+    }
+    filter
+}
+
+/// The query of a snapshot: the client's filter, on string keys only (as `scan` reads).
+pub(crate) fn snapshot_query(filter: Option<&Filter>) -> BsonDoc {
+    let keys = doc! {"_id": {"$type": "string"}};
+    match filter
+        .filter(|f| !f.is_match_all())
+        .map(|f| json_to_bson(&f.to_mongo("")))
+    {
+        Some(mongodb::bson::Bson::Document(f)) => doc! {"$and": [keys, f]},
+        _ => keys,
     }
 }
 
@@ -365,6 +389,66 @@ impl Keyed for MongoKeyed {
         Ok(out)
     }
 
+    async fn scan_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<KeyedDoc>> {
+        if limit == 0 {
+            // MongoDB reads `limit(0)` as "no limit".
+            return Ok(Vec::new());
+        }
+        let mut cursor = self
+            .coll
+            .find(scan_page_filter(prefix, after))
+            .sort(doc! {"_id": 1})
+            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+            .await?;
+        let mut out = Vec::new();
+        while let Some(doc) = cursor.next().await {
+            let doc = doc?;
+            let key = doc.get("_id").map(key_string).unwrap_or_default();
+            out.push(KeyedDoc {
+                key,
+                doc: keyed_doc_to_json(doc),
+            });
+        }
+        Ok(out)
+    }
+
+    /// A snapshot session (`readConcern: snapshot`): the first batch fixes the snapshot's
+    /// cluster time, every later batch of the cursor reads at that same time, and the change
+    /// stream continues strictly after it (`startAtOperationTime` = that time's next tick,
+    /// through an oplog-position token). Needs a replica set; the server keeps a snapshot for
+    /// `minSnapshotHistoryWindowInSeconds` (300 s by default), so a reader slower than that
+    /// gets `SnapshotTooOld` as an error of the stream.
+    async fn snapshot(&self, filter: Option<Filter>) -> Result<KeyedSnapshot> {
+        let mut session = self.inner.client.start_session().snapshot(true).await?;
+        let mut cursor = self
+            .coll
+            .find(snapshot_query(filter.as_ref()))
+            .sort(doc! {"_id": 1})
+            .batch_size(SNAPSHOT_BATCH)
+            .session(&mut session)
+            .await?;
+        let at = session.snapshot_time().ok_or_else(|| {
+            engine_err("the server gave no snapshot time for a snapshot read (not a replica set?)")
+        })?;
+        let token = encode_token(&Token::Oplog(OplogPos::entry(at)))?;
+        let docs = async_stream::try_stream! {
+            while let Some(doc) = cursor.next(&mut session).await {
+                let doc = doc?;
+                let key = doc.get("_id").map(key_string).unwrap_or_default();
+                yield KeyedDoc { key, doc: keyed_doc_to_json(doc) };
+            }
+        };
+        Ok(KeyedSnapshot {
+            token,
+            docs: Box::pin(docs),
+        })
+    }
+
     fn changes(&self, mut filter: ChangeFilter, start: ChangeStart) -> ChangeStream {
         filter.collections = vec![self.name.clone()];
         self.inner.changes(filter, start)
@@ -407,6 +491,34 @@ mod tests {
             doc! {"_id": {"$regex": "^source:a\\.b"}}
         );
         assert_eq!(scan_filter(""), doc! {"_id": {"$type": "string"}});
+    }
+
+    #[test]
+    fn scan_pages_continue_after_the_last_key() {
+        assert_eq!(
+            scan_page_filter("tags:", Some("tags:rust")),
+            doc! {"_id": {"$regex": "^tags:", "$gt": "tags:rust"}}
+        );
+        assert_eq!(
+            scan_page_filter("", Some("k")),
+            doc! {"_id": {"$type": "string", "$gt": "k"}}
+        );
+        assert_eq!(scan_page_filter("", None), scan_filter(""));
+    }
+
+    #[test]
+    fn snapshot_queries_keep_string_keys_and_the_filter() {
+        let f = Filter::parse(&json!({"lang": "ja"})).unwrap();
+        assert_eq!(
+            snapshot_query(Some(&f)),
+            doc! {"$and": [{"_id": {"$type": "string"}}, {"lang": {"$eq": "ja"}}]}
+        );
+        assert_eq!(
+            snapshot_query(Some(&Filter::match_all())),
+            doc! {"_id": {"$type": "string"}},
+            "a filter that matches everything is not sent"
+        );
+        assert_eq!(snapshot_query(None), doc! {"_id": {"$type": "string"}});
     }
 
     #[test]

@@ -6,6 +6,11 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod filter_cases;
+mod filters;
+
+pub use filters::{filter_cases_on_capped, filter_cases_on_keyed};
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +18,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use store::{
     Capped, CappedSpec, Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Document,
-    Durability, Position, RecordStream, Start, Store, StoreError, Update,
+    Durability, Filter, KeyUpdate, Position, RecordStream, Start, Store, StoreError, Update,
 };
 
 /// Calls `$runner!(check, ...)` with every check that takes only a store, so each engine's
@@ -37,6 +42,13 @@ macro_rules! every_check {
             checkpoints_round_trip,
             resume_token_advances_past_filtered,
             expire_removes_idle_keys,
+            newest_matching_walks_back,
+            filtered_tail_keeps_order_and_detects_eviction,
+            capped_initial_then_tail_exactly_once,
+            keyed_snapshot_then_changes_exactly_once,
+            scan_pages_by_key,
+            filter_cases_on_capped,
+            filter_cases_on_keyed,
         );
     };
 }
@@ -59,7 +71,12 @@ fn spec(max_docs: u64, max_bytes: u64) -> CappedSpec {
     }
 }
 
-async fn capped(store: &dyn Store, name: &str, max_docs: u64, max_bytes: u64) -> Arc<dyn Capped> {
+pub(crate) async fn capped(
+    store: &dyn Store,
+    name: &str,
+    max_docs: u64,
+    max_bytes: u64,
+) -> Arc<dyn Capped> {
     store
         .capped(name, &spec(max_docs, max_bytes))
         .await
@@ -349,16 +366,20 @@ pub async fn resume_from_token(store: &dyn Store) {
     );
 }
 
-/// Filters by operation, key prefix and post-image field.
+pub(crate) fn filter(v: Value) -> Filter {
+    Filter::parse(&v).expect("test filters are valid")
+}
+
+/// Filters by operation, key prefix and document (the post-image; a delete's pre-image).
 pub async fn change_filters(store: &dyn Store) {
     let k = store.keyed("k_filter").await.unwrap();
-    let filter = ChangeFilter {
+    let f = ChangeFilter {
         collections: vec![],
         ops: vec![ChangeOp::Update],
         key_prefix: Some("source:".into()),
-        fields: vec![("kind".into(), json!("keep"))],
+        filter: Some(filter(json!({"kind": "keep"}))),
     };
-    let mut s = k.changes(filter, ChangeStart::Now);
+    let mut s = k.changes(f, ChangeStart::Now);
     let up = |key: &str, kind: &str| {
         store::KeyUpdate::new(key, Update::inc("n", 1).and_set("kind", kind.to_string()))
     };
@@ -383,6 +404,46 @@ pub async fn change_filters(store: &dyn Store) {
         c.after.unwrap()["n"],
         json!(3),
         "only the third change of source:a passes"
+    );
+    assert!(tokio::time::timeout(QUIET, s.next()).await.is_err());
+
+    // Deletes are judged on the document they removed.
+    let deletes = ChangeFilter {
+        filter: Some(filter(json!({"kind": "keep"}))),
+        ..ChangeFilter::default()
+    };
+    let mut s = k.changes(deletes, ChangeStart::Now);
+    k.set(
+        "gone:keep",
+        doc(json!({"kind": "keep"})),
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    k.set(
+        "gone:drop",
+        doc(json!({"kind": "drop"})),
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    k.delete("gone:drop", Durability::Acknowledged)
+        .await
+        .unwrap();
+    k.delete("gone:keep", Durability::Acknowledged)
+        .await
+        .unwrap();
+    let got: Vec<(ChangeOp, String)> = [next_change(&mut s).await, next_change(&mut s).await]
+        .into_iter()
+        .map(|c| (c.op, c.key))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (ChangeOp::Insert, "gone:keep".to_string()),
+            (ChangeOp::Delete, "gone:keep".to_string())
+        ],
+        "the insert and the delete of the matching document, nothing of the other"
     );
     assert!(tokio::time::timeout(QUIET, s.next()).await.is_err());
 }
@@ -635,5 +696,294 @@ pub async fn expire_removes_idle_keys(store: &dyn Store) {
         Value::Object(fresh),
         json!({"_id": "tag:fresh", "count": 9}),
         "no engine field in the document"
+    );
+    let paged = k.scan_page("tag:fresh", None, 10).await.unwrap();
+    assert_eq!(
+        Value::Object(paged[0].doc.clone()),
+        json!({"_id": "tag:fresh", "count": 9}),
+        "no engine field in a page"
+    );
+    let mut snapshot = k.snapshot(None).await.unwrap();
+    while let Some(entry) = snapshot.docs.next().await {
+        let entry = entry.unwrap();
+        assert!(
+            entry.doc.keys().all(|f| f == "_id" || f == "count"),
+            "no engine field in a snapshot: {:?}",
+            entry.doc
+        );
+    }
+}
+
+/// `newest_matching` walks back from the newest: the `limit` newest matches, newest first,
+/// across chunk boundaries, and the newest position of the collection (matching or not).
+pub async fn newest_matching_walks_back(store: &dyn Store) {
+    let c = capped(store, "c_newest", 10_000, 16 << 20).await;
+    let empty = c.newest_matching(&Filter::match_all(), 5).await.unwrap();
+    assert!(
+        empty.records.is_empty() && empty.as_of.is_none(),
+        "an empty collection: nothing, and no position; saw {empty:?}"
+    );
+    assert_eq!(empty.continue_from(), Start::Oldest);
+    let p = append_n(&*c, 0, 1000, Durability::Acknowledged).await;
+    // Every 97th: matches lie hundreds of rows apart, beyond any one chunk.
+    let rare = filter(json!({"n": {"$in": [0, 97, 194, 291, 388, 485, 582, 679, 776, 873, 970]}}));
+    let got = c.newest_matching(&rare, 4).await.unwrap();
+    let ns: Vec<Value> = got.records.iter().map(|r| r.doc["n"].clone()).collect();
+    assert_eq!(
+        ns,
+        vec![json!(970), json!(873), json!(776), json!(679)],
+        "the 4 newest matches, newest first"
+    );
+    assert_eq!(got.as_of, Some(p[999]), "as of the newest position");
+    assert_eq!(got.continue_from(), Start::After(p[999]));
+    let all = c.newest_matching(&rare, 100).await.unwrap();
+    assert_eq!(
+        all.records.len(),
+        11,
+        "every match when the limit is larger"
+    );
+    assert_eq!(all.records.last().unwrap().position, p[0]);
+    let none = c.newest_matching(&rare, 0).await.unwrap();
+    assert!(
+        none.records.is_empty(),
+        "limit 0 is nothing, not everything"
+    );
+    assert_eq!(none.as_of, Some(p[999]));
+    let no_match = c
+        .newest_matching(&filter(json!({"n": "not a number"})), 5)
+        .await
+        .unwrap();
+    assert!(no_match.records.is_empty());
+}
+
+/// A filtered tail yields the matching documents in order, waits like a tail, and ends with
+/// `PositionLost` when eviction overtook it, whether the evicted documents matched or not.
+pub async fn filtered_tail_keeps_order_and_detects_eviction(store: &dyn Store) {
+    let c = capped(store, "c_tail_filter", 20, 1 << 20).await;
+    let p = append_n(&*c, 0, 10, Durability::Acknowledged).await;
+    let even = filter(json!({"n": {"$in": [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]}}));
+    let mut tail = c.tail_matching(Start::Oldest, even.clone());
+    for want in [0, 2, 4, 6, 8] {
+        assert_eq!(next_record(&mut tail).await.doc["n"], json!(want));
+    }
+    assert!(
+        tokio::time::timeout(QUIET, tail.next()).await.is_err(),
+        "a caught-up filtered tail waits"
+    );
+    append_n(&*c, 10, 3, Durability::Acknowledged).await; // 10, 11, 12
+    assert_eq!(next_record(&mut tail).await.doc["n"], json!(10));
+    assert_eq!(next_record(&mut tail).await.doc["n"], json!(12));
+    drop(tail);
+    // From after position 1 (n = 1), with max_docs 20: 30 more evict n = 2 and beyond.
+    append_n(&*c, 13, 30, Durability::Acknowledged).await;
+    let mut late = c.tail_matching(Start::After(p[1]), even);
+    let err = tokio::time::timeout(WAIT, late.next())
+        .await
+        .expect("the filtered tail answers")
+        .expect("an error, not an end")
+        .expect_err("reading after an evicted position must fail");
+    assert!(err.is_position_lost(), "expected PositionLost, got {err}");
+}
+
+/// The newest N matching, then a tail from where they were read: every matching document
+/// appended by a concurrent writer arrives exactly once (RethinkDB's `include_initial`).
+pub async fn capped_initial_then_tail_exactly_once(store: &dyn Store) {
+    let c = capped(store, "c_initial", 100_000, 64 << 20).await;
+    const TOTAL: u64 = 600;
+    let writer = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            for batch in 0..TOTAL / 3 {
+                let docs = (batch * 3..batch * 3 + 3)
+                    .map(|i| doc(json!({"n": i, "odd": !i.is_multiple_of(2)})))
+                    .collect();
+                c.append(docs, Durability::Acknowledged).await.unwrap();
+                if batch.is_multiple_of(10) {
+                    tokio::task::yield_now().await;
+                }
+            }
+        })
+    };
+    // Start once the writer is under way, so the read falls between its appends.
+    while c.bounds().await.unwrap().is_none_or(|b| b.newest.0 < 60) {
+        tokio::task::yield_now().await;
+    }
+    let odd = filter(json!({"odd": true}));
+    let initial = c.newest_matching(&odd, 100_000).await.unwrap();
+    let mut seen: Vec<u64> = initial
+        .records
+        .iter()
+        .rev()
+        .map(|r| r.doc["n"].as_u64().unwrap())
+        .collect();
+    let from_initial = seen.len();
+    let mut tail = c.tail_matching(initial.continue_from(), odd);
+    while seen.last().is_none_or(|n| *n < TOTAL - 1) {
+        seen.push(next_record(&mut tail).await.doc["n"].as_u64().unwrap());
+    }
+    tokio::time::timeout(WAIT, writer).await.unwrap().unwrap();
+    let want: Vec<u64> = (0..TOTAL).filter(|n| !n.is_multiple_of(2)).collect();
+    assert_eq!(
+        seen, want,
+        "every odd document exactly once, in order ({from_initial} from the initial read)"
+    );
+    // How the writes split between the read and the tail depends on scheduling; the order
+    // above holds for every split.
+    assert!(
+        from_initial > 0,
+        "the read came after the first writes: {from_initial} of {} initial",
+        want.len()
+    );
+}
+
+/// A snapshot and the changes after its token, while a writer updates the keys: every key's
+/// counter continues exactly from its snapshot value (no change missed, none applied twice),
+/// and the reader ends with the collection's final state.
+pub async fn keyed_snapshot_then_changes_exactly_once(store: &dyn Store) {
+    let k = store.keyed("k_snapshot").await.unwrap();
+    const KEYS: usize = 20;
+    const ROUNDS: usize = 30;
+    // Group "a" is watched, "b" is not: the filter applies to both halves.
+    let key = |i: usize| format!("key:{:02}", i);
+    let group = |i: usize| if i.is_multiple_of(2) { "a" } else { "b" };
+    for i in 0..KEYS {
+        k.update(
+            vec![KeyUpdate::new(
+                key(i),
+                Update::inc("n", 1).and_set("group", group(i)),
+            )],
+            Durability::Acknowledged,
+        )
+        .await
+        .unwrap();
+    }
+    // The writer's rounds: a third before the snapshot, a half while it is taken (however the
+    // two interleave), and the rest after it returned, so changes after it surely exist.
+    let (go_during, during) = tokio::sync::oneshot::channel::<()>();
+    let (go_after, after) = tokio::sync::oneshot::channel::<()>();
+    let writer = {
+        let k = k.clone();
+        tokio::spawn(async move {
+            let (mut during, mut after) = (Some(during), Some(after));
+            for round in 0..ROUNDS {
+                if round == ROUNDS / 3
+                    && let Some(rx) = during.take()
+                {
+                    let _ = rx.await;
+                }
+                if round == ROUNDS * 5 / 6
+                    && let Some(rx) = after.take()
+                {
+                    let _ = rx.await;
+                }
+                let ups = (0..KEYS)
+                    .filter(|i| !(i + round).is_multiple_of(3))
+                    .map(|i| KeyUpdate::new(key(i), Update::inc("n", 1)))
+                    .collect();
+                k.update(ups, Durability::Acknowledged).await.unwrap();
+            }
+        })
+    };
+    let watched = filter(json!({"group": "a"}));
+    let _ = go_during.send(());
+    let snapshot = k.snapshot(Some(watched.clone())).await.unwrap();
+    let _ = go_after.send(());
+    let token = snapshot.token.clone();
+    let docs: Vec<store::KeyedDoc> = tokio::time::timeout(WAIT, snapshot.docs.collect::<Vec<_>>())
+        .await
+        .expect("the snapshot is read within the timeout")
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let mut state: std::collections::BTreeMap<String, i64> = docs
+        .iter()
+        .map(|d| (d.key.clone(), d.doc["n"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(
+        state.keys().cloned().collect::<Vec<_>>(),
+        (0..KEYS)
+            .filter(|i| i.is_multiple_of(2))
+            .map(key)
+            .collect::<Vec<_>>(),
+        "the snapshot holds exactly the matching keys, by key"
+    );
+    tokio::time::timeout(WAIT, writer).await.unwrap().unwrap();
+    let finals: std::collections::BTreeMap<String, i64> = k
+        .scan("key:")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|d| d.doc["group"] == json!("a"))
+        .map(|d| (d.key, d.doc["n"].as_i64().unwrap()))
+        .collect();
+    let f = ChangeFilter {
+        filter: Some(watched),
+        ..ChangeFilter::default()
+    };
+    let mut changes = k.changes(f, ChangeStart::After(token));
+    let mut applied = 0;
+    while state != finals {
+        let c = next_change(&mut changes).await;
+        let n = c.after.as_ref().unwrap()["n"].as_i64().unwrap();
+        let had = state.get(&c.key).copied().unwrap_or(0);
+        assert_eq!(
+            n,
+            had + 1,
+            "{}: the change after the snapshot's value {had} must be {}, got {n} (a duplicate \
+             or a gap between snapshot and changes)",
+            c.key,
+            had + 1
+        );
+        state.insert(c.key, n);
+        applied += 1;
+    }
+    assert!(
+        tokio::time::timeout(QUIET, changes.next()).await.is_err(),
+        "nothing after the final state"
+    );
+    assert!(applied > 0, "the writer ran after the snapshot");
+}
+
+/// `scan_page` pages through a prefix by key, continuing after the last key of a page.
+pub async fn scan_pages_by_key(store: &dyn Store) {
+    let k = store.keyed("k_pages").await.unwrap();
+    let mut keys: Vec<String> = (0..7).map(|i| format!("tags:{i}")).collect();
+    keys.push("tags:東京".into());
+    keys.push("tags:🦀".into());
+    let ups = keys
+        .iter()
+        .chain(["other:1".to_string(), "tag".to_string()].iter())
+        .map(|k| KeyUpdate::new(k.clone(), Update::inc("n", 1)))
+        .collect();
+    k.update(ups, Durability::Acknowledged).await.unwrap();
+    let mut got = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..10 {
+        let page = k.scan_page("tags:", after.as_deref(), 3).await.unwrap();
+        assert!(page.len() <= 3, "a page holds at most the limit");
+        let Some(last) = page.last() else { break };
+        after = Some(last.key.clone());
+        got.extend(page.into_iter().map(|d| d.key));
+    }
+    assert_eq!(got, keys, "every key of the prefix once, in byte order");
+    assert!(
+        k.scan_page("tags:", Some("tags:🦀"), 3)
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing after the last key"
+    );
+    let from_start = k.scan_page("tags:", Some("a"), 2).await.unwrap();
+    assert_eq!(
+        from_start
+            .iter()
+            .map(|d| d.key.as_str())
+            .collect::<Vec<_>>(),
+        vec!["tags:0", "tags:1"],
+        "a cursor before the prefix starts at the prefix"
+    );
+    assert!(
+        k.scan_page("", None, 0).await.unwrap().is_empty(),
+        "limit 0"
     );
 }

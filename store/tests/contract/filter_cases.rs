@@ -1,9 +1,10 @@
 //! The shared table of filter cases: (filter, document, expected), one row each.
 //!
-//! The module's own tests run every row through [`Filter::matches`](super::Filter::matches);
-//! a MongoDB contract runner can run the same rows through a real server (insert the
-//! document, `find` with [`Filter::to_mongo`](super::Filter::to_mongo)`("")`) and expect the
-//! same answers. The expectations follow MongoDB's manual (query operators, "Query an Array",
+//! It lives in the test tree, not in the library (its big documents would otherwise be compiled
+//! into every binary): `store::filter`'s unit tests include it with `#[path]` and run every row
+//! through `Filter::matches`; the store contract suite (`contract::filter_*`) runs the same
+//! rows through each engine (MongoDB: `find` with `Filter::to_mongo("")`, a change stream's
+//! `$match` with `to_mongo("fullDocument.")`) and expects the same answers. The expectations follow MongoDB's manual (query operators, "Query an Array",
 //! "Query on Embedded/Nested Documents", "Query for Null or Missing Fields") and, for the
 //! corners the manual leaves open, the server's own path iterator and null-semantics tests.
 //!
@@ -12,7 +13,8 @@
 
 use serde_json::{Value, json};
 
-use crate::Document;
+/// A document, spelled out so this file compiles both inside the library and in the tests.
+type Document = serde_json::Map<String, Value>;
 
 /// One row: does `filter` match `doc`?
 #[derive(Clone, Debug)]
@@ -23,7 +25,7 @@ pub struct Case {
     pub filter: Value,
     /// The document it is evaluated on.
     pub doc: Document,
-    /// Whether MongoDB (and so [`Filter::matches`](super::Filter::matches)) accepts `doc`.
+    /// Whether MongoDB (and so `Filter::matches`) accepts `doc`.
     pub expected: bool,
 }
 
@@ -108,10 +110,9 @@ fn long_tail_names(n: usize) -> Vec<Value> {
 /// the module doc, with unicode in several scripts, `$`-prefixed and dotted document keys, a
 /// document of ~300 KB and a 500-name `$in` list.
 ///
-/// The filter module's tests run every row through [`Filter::matches`](super::Filter::matches).
-/// A MongoDB runner runs the same rows against a server (5.0 or later, which stores the
-/// `$`-prefixed and dotted keys): insert `doc`, `find` with
-/// [`Filter::to_mongo`](super::Filter::to_mongo)`("")`, and expect `expected`. Documents carry
+/// The filter module's tests run every row through `Filter::matches`. The contract suite runs
+/// the same rows against each engine (MongoDB 5.0 or later stores the `$`-prefixed and dotted
+/// keys): store `doc`, query with the filter, and expect `expected`. Documents carry
 /// no `_id` and no filter reads one, so the server may add its own.
 pub fn cases() -> Vec<Case> {
     let mut t = Table(Vec::new());
