@@ -41,7 +41,11 @@ pub async fn tail(base: &str, feed: &str) -> anyhow::Result<()> {
         let ev = ev.with_context(|| format!("reading {url}"))?;
         match ev.event.as_str() {
             "lagged" => eprintln!("(too slow: {} events skipped)", ev.data),
-            _ => println!("{}", ev.data),
+            _ => {
+                if !emit(&ev.data)? {
+                    return Ok(());
+                }
+            }
         }
     }
     anyhow::bail!("the pipeline at {base} closed the stream (stopped?)")
@@ -94,6 +98,19 @@ impl ChangesArgs {
 enum Ended {
     /// The connection dropped or the server closed it: reconnect after the last id.
     Dropped(String),
+    /// Whatever reads our output is gone (`tailrace tail ... | head`): stop quietly.
+    ReaderGone,
+}
+
+/// Prints one line on stdout; `false` when the reader of stdout is gone (a closed pipe), which
+/// ends the command quietly instead of panicking as `println!` would.
+fn emit(line: &str) -> anyhow::Result<bool> {
+    use std::io::Write;
+    match writeln!(std::io::stdout().lock(), "{line}") {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e).context("writing to standard output"),
+    }
 }
 
 /// Follows a collection through `/api/changes` until Ctrl-C, reconnecting after drops and
@@ -153,7 +170,10 @@ pub async fn tail_changes(base: &str, args: &ChangesArgs) -> anyhow::Result<()> 
             }
         };
         first = false;
-        let Ended::Dropped(why) = ended;
+        let why = match ended {
+            Ended::Dropped(why) => why,
+            Ended::ReaderGone => return Ok(()),
+        };
         let wait = backoff.next_wait();
         eprintln!(
             "(disconnected: {why}; reconnecting in {:.1} s{})",
@@ -196,7 +216,11 @@ async fn read_lines(
             *last_id = Some(id.to_string());
         }
         match v["type"].as_str() {
-            Some("initial" | "change") => println!("{line}"),
+            Some("initial" | "change") => {
+                if !emit(&line)? {
+                    return Ok(Ended::ReaderGone);
+                }
+            }
             Some("error") => anyhow::bail!(
                 "the server ended the stream: {}",
                 v["error"].as_str().unwrap_or("(no message)")

@@ -261,6 +261,42 @@ async fn tail_prints_a_feed_live() {
             "the post-image carries the event's stamp: {line}"
         );
     }
+    // `tailrace tail ... | head -1`: the reader goes away and tail ends quietly (exit 0, no
+    // panic on the closed pipe), for a feed and for a collection.
+    for args in [
+        vec!["tail", "tail", "--url", &url],
+        vec!["tail", "--collection", "events", "--url", &url],
+    ] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tailrace"))
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let first = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            std::io::BufReader::new(stdout)
+                .read_line(&mut line)
+                .map(|_| line)
+            // The reader (and the pipe's read end) is dropped here.
+        });
+        let first = tokio::time::timeout(Duration::from_secs(30), first)
+            .await
+            .expect("a line within 30 s")
+            .unwrap()
+            .unwrap();
+        assert!(first.starts_with('{'), "{args:?}: {first}");
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output());
+        let out = tokio::time::timeout(Duration::from_secs(30), out)
+            .await
+            .unwrap_or_else(|_| panic!("{args:?} did not end after its reader went away"))
+            .unwrap()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
     // An unknown feed is a clear error.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tailrace"))
         .args(["tail", "nope", "--url", &url])
