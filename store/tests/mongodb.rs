@@ -857,10 +857,17 @@ async fn wire_keyed_changes_open_before_later_writes() {
         .as_document()
         .unwrap();
     assert_eq!(statement.get_document("q").unwrap(), &doc! {"_id": "yes:1"});
+    let u = statement.get_document("u").unwrap();
+    assert_eq!(u.get_document("$inc").unwrap(), &doc! {"n": 1_i64}, "{u}");
+    // The engine's write time rides along for the notify latency; a reader
+    // never sees it (scan_page and snapshot strip it).
+    let set = u.get_document("$set").unwrap();
     assert_eq!(
-        statement.get_document("u").unwrap(),
-        &doc! {"$inc": {"n": 1_i64}}
+        set.keys().collect::<Vec<_>>(),
+        ["_tailrace_written_us"],
+        "{u}"
     );
+    assert!(set.get_i64("_tailrace_written_us").unwrap() > 0, "{u}");
     assert_eq!(statement.get_bool("upsert").ok(), Some(true));
     assert_eq!(
         update.get_document("writeConcern").unwrap(),
