@@ -182,7 +182,10 @@ impl StatsConfig {
         if self.topk_capacity < self.topk.max(1) {
             p.push((
                 "topk_capacity",
-                format!("must be >= topk = {} (got {})", self.topk, self.topk_capacity),
+                format!(
+                    "must be >= topk = {} (got {})",
+                    self.topk, self.topk_capacity
+                ),
             ));
         }
         if self.topk_window_secs < 1 {

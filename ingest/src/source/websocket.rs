@@ -50,6 +50,8 @@
 //! not negotiate compression (`permessage-deflate`) or subprotocols, and does not speak
 //! HTTP/2 WebSockets.
 
+#[doc(hidden)]
+pub mod replay;
 mod tap;
 
 use std::collections::BTreeMap;
@@ -781,6 +783,14 @@ fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
         .clone()
 }
 
+/// tungstenite's limits: frames and messages of at most `max_frame` bytes (the tap applies
+/// the same limit to find what tungstenite refuses).
+fn protocol_config(max_frame: usize) -> ProtocolConfig {
+    ProtocolConfig::default()
+        .max_frame_size(Some(max_frame))
+        .max_message_size(Some(max_frame))
+}
+
 /// TCP, TLS for `wss`, and the upgrade, all within `connect_timeout`.
 async fn connect(
     target: &Target,
@@ -806,10 +816,8 @@ async fn connect(
         } else {
             Either::Left(tcp)
         };
-        let config = ProtocolConfig::default()
-            .max_frame_size(Some(max_frame))
-            .max_message_size(Some(max_frame));
         let tapped = Tap::new(stream, max_frame);
+        let config = protocol_config(max_frame);
         match tokio_tungstenite::client_async_with_config(request, tapped, Some(config)).await {
             Ok((ws, _response)) => Ok(ws),
             Err(tungstenite::Error::Http(resp)) => {

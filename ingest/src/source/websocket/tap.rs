@@ -30,7 +30,7 @@ use crate::source::framing::PREFIX_BYTES;
 /// What the tracker found wrong with the message tungstenite is about to reject (or was
 /// reading when the connection ended).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Finding {
+pub enum Finding {
     /// A frame or message over the limit: its announced (frame) or reached (message) size.
     TooLarge {
         /// Bytes, as tungstenite counts them.
