@@ -82,6 +82,9 @@ pub(super) struct Tracker {
 #[derive(Debug, Clone, Copy)]
 enum Bad {
     TooLarge(u64),
+    /// A ping, pong or close frame over the limit: tungstenite refuses it on its header like a
+    /// data frame, but it belongs to no message, so nothing of a message is kept for it.
+    ControlTooLarge(u64),
     InvalidUtf8,
 }
 
@@ -175,6 +178,13 @@ impl Tracker {
             return;
         }
         let data = opcode <= 2;
+        // tungstenite's frame limit applies to every frame, on its header (found by fuzzing:
+        // an oversized ping was refused by tungstenite and not seen here).
+        if !data && len > self.limit {
+            self.bad = Some(Bad::ControlTooLarge(len));
+            self.phase = Phase::Done;
+            return;
+        }
         if data {
             match (opcode, self.msg.is_some()) {
                 (0, false) | (1 | 2, true) => {
@@ -258,6 +268,10 @@ impl Tracker {
         self.phase = Phase::Done;
         Some(match bad {
             Bad::TooLarge(size) => Finding::TooLarge { size, prefix },
+            Bad::ControlTooLarge(size) => Finding::TooLarge {
+                size,
+                prefix: Vec::new(),
+            },
             Bad::InvalidUtf8 => Finding::InvalidUtf8(prefix),
         })
     }
@@ -549,6 +563,32 @@ mod tests {
             };
             assert_eq!(size, 120);
             assert_eq!(&prefix[..60], &[b'a'; 60][..], "chunk {chunk}");
+        });
+    }
+
+    #[test]
+    fn an_oversized_control_frame_is_found_too_with_no_message_bytes() {
+        // Found by the websocket_frames fuzz target: tungstenite checks the frame limit on
+        // every frame's header, pings and pongs included; the tap saw only data frames.
+        let mut s = HTTP.to_vec();
+        s.extend(frame(false, 1, b"{\"a\":"));
+        s.extend(frame(true, 9, &[b'p'; 36]));
+        every_chunking(11, &s, |t, chunk| {
+            assert_eq!(
+                t.take_bad(),
+                Some(Finding::TooLarge {
+                    size: 36,
+                    prefix: vec![]
+                }),
+                "chunk {chunk}: a 36-byte ping over a limit of 11, inside a text message"
+            );
+            assert!(!t.wants_prefix(), "chunk {chunk}: no prefix to wait for");
+        });
+        // Within the limit, a ping is nothing.
+        let mut s = HTTP.to_vec();
+        s.extend(frame(true, 9, &[b'p'; 11]));
+        every_chunking(11, &s, |t, chunk| {
+            assert_eq!(t.take_bad(), None, "chunk {chunk}");
         });
     }
 
