@@ -82,9 +82,10 @@ pub(super) struct Tracker {
 #[derive(Debug, Clone, Copy)]
 enum Bad {
     TooLarge(u64),
-    /// A ping, pong or close frame over the limit: tungstenite refuses it on its header like a
-    /// data frame, but it belongs to no message, so nothing of a message is kept for it.
-    ControlTooLarge(u64),
+    /// A frame over the limit that belongs to no message (a ping, pong or close, or a frame
+    /// tungstenite would refuse anyway): tungstenite refuses it on its header like a data
+    /// frame, but there are no message bytes to keep for it.
+    FrameTooLarge(u64),
     InvalidUtf8,
 }
 
@@ -172,33 +173,29 @@ impl Tracker {
             127 => u64::from_be_bytes([h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9]]),
             n => u64::from(n),
         };
+        let data = opcode <= 2;
         // tungstenite fails the connection on these before looking at any payload.
-        if rsv || masked || (3..=7).contains(&opcode) || opcode > 10 {
+        let refused = rsv || masked || (3..=7).contains(&opcode) || opcode > 10;
+        // A continuation without a start, or a new message inside one.
+        let misplaced = data && matches!((opcode, self.msg.is_some()), (0, false) | (1 | 2, true));
+        // tungstenite's frame limit comes first, on every frame's header: before the reserved
+        // bits, the mask and the opcode are looked at, and for pings and pongs too (both found
+        // by fuzzing). Such a frame belongs to no message, so no message bytes are kept.
+        if len > self.limit && (!data || refused || misplaced) {
+            self.bad = Some(Bad::FrameTooLarge(len));
             self.phase = Phase::Done;
             return;
         }
-        let data = opcode <= 2;
-        // tungstenite's frame limit applies to every frame, on its header (found by fuzzing:
-        // an oversized ping was refused by tungstenite and not seen here).
-        if !data && len > self.limit {
-            self.bad = Some(Bad::ControlTooLarge(len));
+        if refused || misplaced {
             self.phase = Phase::Done;
             return;
         }
         if data {
-            match (opcode, self.msg.is_some()) {
-                (0, false) | (1 | 2, true) => {
-                    // A continuation without a start, or a new message inside one.
-                    self.phase = Phase::Done;
-                    return;
-                }
-                (0, true) => {}
-                _ => {
-                    self.msg = Some(Msg {
-                        text: opcode == 1,
-                        ..Msg::default()
-                    });
-                }
+            if opcode != 0 {
+                self.msg = Some(Msg {
+                    text: opcode == 1,
+                    ..Msg::default()
+                });
             }
             if let Some(msg) = &mut self.msg {
                 // tungstenite: the frame limit on the header; the message limit on the sum.
@@ -268,7 +265,7 @@ impl Tracker {
         self.phase = Phase::Done;
         Some(match bad {
             Bad::TooLarge(size) => Finding::TooLarge { size, prefix },
-            Bad::ControlTooLarge(size) => Finding::TooLarge {
+            Bad::FrameTooLarge(size) => Finding::TooLarge {
                 size,
                 prefix: Vec::new(),
             },
@@ -567,9 +564,10 @@ mod tests {
     }
 
     #[test]
-    fn an_oversized_control_frame_is_found_too_with_no_message_bytes() {
+    fn an_oversized_control_or_refused_frame_is_found_too_with_no_message_bytes() {
         // Found by the websocket_frames fuzz target: tungstenite checks the frame limit on
-        // every frame's header, pings and pongs included; the tap saw only data frames.
+        // every frame's header, pings and pongs included, before anything else; the tap saw
+        // only valid data frames.
         let mut s = HTTP.to_vec();
         s.extend(frame(false, 1, b"{\"a\":"));
         s.extend(frame(true, 9, &[b'p'; 36]));
@@ -584,6 +582,22 @@ mod tests {
             );
             assert!(!t.wants_prefix(), "chunk {chunk}: no prefix to wait for");
         });
+        // Over the limit and refused anyway (reserved bits, a mask from the server):
+        // tungstenite checks the size first.
+        for (b0, b1) in [(0xe0, 0x60), (0x81, 0xe0)] {
+            let mut s = HTTP.to_vec();
+            s.extend([b0, b1, 1, 2, 3, 4]);
+            every_chunking(11, &s, |t, chunk| {
+                assert_eq!(
+                    t.take_bad(),
+                    Some(Finding::TooLarge {
+                        size: 0x60,
+                        prefix: vec![]
+                    }),
+                    "chunk {chunk}: header {b0:#x} {b1:#x}"
+                );
+            });
+        }
         // Within the limit, a ping is nothing.
         let mut s = HTTP.to_vec();
         s.extend(frame(true, 9, &[b'p'; 11]));
