@@ -174,8 +174,13 @@ impl Tracker {
             n => u64::from(n),
         };
         let data = opcode <= 2;
-        // tungstenite fails the connection on these before looking at any payload.
-        let refused = rsv || masked || (3..=7).contains(&opcode) || opcode > 10;
+        // tungstenite fails the connection on these before looking at any payload; among
+        // them control frames that are fragmented or over 125 bytes (RFC 6455, 5.5).
+        let refused = rsv
+            || masked
+            || (3..=7).contains(&opcode)
+            || opcode > 10
+            || (!data && (!fin || len > 125));
         // A continuation without a start, or a new message inside one.
         let misplaced = data && matches!((opcode, self.msg.is_some()), (0, false) | (1 | 2, true));
         // tungstenite's frame limit comes first, on every frame's header: before the reserved
@@ -186,7 +191,8 @@ impl Tracker {
             self.phase = Phase::Done;
             return;
         }
-        if refused || misplaced {
+        // After a close frame tungstenite reads nothing more as data.
+        if refused || misplaced || opcode == 8 {
             self.phase = Phase::Done;
             return;
         }
@@ -604,6 +610,31 @@ mod tests {
         every_chunking(11, &s, |t, chunk| {
             assert_eq!(t.take_bad(), None, "chunk {chunk}");
         });
+    }
+
+    #[test]
+    fn tracking_stops_where_tungstenite_stops() {
+        // Found by the websocket_frames fuzz target: after a control frame tungstenite refuses
+        // (fragmented, or over 125 bytes) or a close, the tap went on adding the next frames'
+        // bytes to the message in progress, so a cut message kept bytes that were not its own.
+        for stop in [
+            frame(false, 9, b"ping"),
+            frame(true, 9, &[b'p'; 126]),
+            frame(true, 8, b""),
+        ] {
+            let mut s = HTTP.to_vec();
+            s.extend(frame(false, 1, b"{\"a\":"));
+            s.extend(&stop);
+            s.extend(frame(false, 0, b"\"more\""));
+            every_chunking(1000, &s, |t, chunk| {
+                assert_eq!(
+                    t.take_cut(),
+                    Some(Finding::Cut(b"{\"a\":".to_vec())),
+                    "chunk {chunk}: after {:?}",
+                    &stop[..2]
+                );
+            });
+        }
     }
 
     #[test]
