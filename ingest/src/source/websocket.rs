@@ -1011,9 +1011,15 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Raw> + Send + 's
                                             tracing::warn!(source = %name, url = %shown_url, "a message of {size} bytes is over the limit of {max_size}; kept its first bytes as a dead letter; reconnecting (tungstenite cannot skip the rest of it)");
                                         }
                                         tungstenite::Error::Utf8(detail) => {
-                                            let found = tracker.take_bad().filter(|f| matches!(f, Finding::InvalidUtf8(_)));
-                                            yield finding_record(found, RejectReason::InvalidUtf8);
-                                            tracing::warn!(source = %name, url = %shown_url, "a text message is not UTF-8 ({detail}); kept it as a dead letter; reconnecting (the protocol requires closing)");
+                                            // The tap finds every text message that is not UTF-8; what else
+                                            // tungstenite refuses so is a close frame's reason: no event.
+                                            match tracker.take_bad().filter(|f| matches!(f, Finding::InvalidUtf8(_))) {
+                                                Some(found) => {
+                                                    yield finding_record(Some(found), RejectReason::InvalidUtf8);
+                                                    tracing::warn!(source = %name, url = %shown_url, "a text message is not UTF-8 ({detail}); kept it as a dead letter; reconnecting (the protocol requires closing)");
+                                                }
+                                                None => tracing::warn!(source = %name, url = %shown_url, "the server closed the connection with a reason that is not UTF-8; reconnecting"),
+                                            }
                                         }
                                         tungstenite::Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) if !tracker.mid_frame() => {
                                             tracing::warn!(source = %name, url = %shown_url, "the server closed the connection without a close frame; reconnecting");

@@ -152,12 +152,15 @@ pub async fn replay(server: &[u8], reads: &[usize], limit: usize) -> Replay {
                     tungstenite::Error::Utf8(_) => {
                         out.stop = Stop::InvalidUtf8;
                         out.finding = tracker.take_bad();
-                        let found = out
+                        // No finding: a close frame's reason (not an event).
+                        if let Some(found) = out
                             .finding
                             .clone()
-                            .filter(|f| matches!(f, Finding::InvalidUtf8(_)));
-                        out.records
-                            .push(finding_record(found, RejectReason::InvalidUtf8));
+                            .filter(|f| matches!(f, Finding::InvalidUtf8(_)))
+                        {
+                            out.records
+                                .push(finding_record(Some(found), RejectReason::InvalidUtf8));
+                        }
                     }
                     tungstenite::Error::Protocol(ProtocolError::ResetWithoutClosingHandshake)
                         if !tracker.mid_frame() =>
@@ -370,6 +373,17 @@ mod tests {
                 prefix: vec![b'x'; 300]
             }),
             "the prefix is read on past tungstenite"
+        );
+        // A close frame whose reason is not UTF-8: tungstenite says Utf8, but it is no event.
+        let mut s = frame(true, 1, b"{}");
+        s.extend(frame(true, 8, b"\x03\xe9bad \x90"));
+        let r = run(&s, &[3], 100).await;
+        assert_eq!(r.stop, Stop::InvalidUtf8);
+        assert_eq!(r.finding, None);
+        assert_eq!(
+            r.records,
+            vec![Raw::Bytes(b"{}".to_vec())],
+            "no dead letter for a close reason"
         );
         let cut = &frame(true, 1, b"{\"cut\":1}")[..6];
         let r = run(cut, &[1], 100).await;
