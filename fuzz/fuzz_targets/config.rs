@@ -5,7 +5,7 @@
 //! - an error is at least one problem, each one line (no CR or LF: the CLI prints one line
 //!   per problem, and logs are line-based), and the whole message is one line;
 //! - no error contains the value of a header (`sources[*].headers`: tokens, API keys), nor a
-//!   part of one of 8 characters or more. A match can be chance (a value that happens to
+//!   part of one of 8 characters or more (4 of them letters or digits). A match can be chance (a value that happens to
 //!   spell a key name), so it is confirmed on a second file where only the header values
 //!   changed (each letter and digit shifted by one): an error that follows the change echoes
 //!   the value;
@@ -38,6 +38,18 @@ fn leaves(v: &toml::Value, out: &mut Vec<String>) {
         toml::Value::Boolean(_) => {}
         toml::Value::Array(items) => items.iter().for_each(|i| leaves(i, out)),
         toml::Value::Table(t) => t.values().for_each(|i| leaves(i, out)),
+    }
+}
+
+/// Every key and scalar of `v`, as text.
+fn texts(v: &toml::Value, out: &mut Vec<String>) {
+    match v {
+        toml::Value::Table(t) => t.iter().for_each(|(k, v)| {
+            out.push(k.clone());
+            texts(v, out);
+        }),
+        toml::Value::Array(items) => items.iter().for_each(|i| texts(i, out)),
+        other => leaves(other, out),
     }
 }
 
@@ -82,8 +94,8 @@ fn shifted(v: &toml::Value) -> toml::Value {
     }
 }
 
-/// Pieces of 8 characters of `secret` (all of it when shorter but at least 4) found in
-/// `text`.
+/// Pieces of 8 characters of `secret` (all of it when shorter but at least 4), with at least
+/// 4 letters or digits, found in `text`.
 fn echoed(secret: &str, text: &str) -> Vec<String> {
     let chars: Vec<char> = secret.chars().collect();
     if chars.len() < 4 {
@@ -91,6 +103,9 @@ fn echoed(secret: &str, text: &str) -> Vec<String> {
     }
     chars
         .windows(8.min(chars.len()))
+        // A piece must carry information to count as an echo: a run of replacement characters
+        // or punctuation matches by chance (and the shift could not confirm it anyway).
+        .filter(|w| w.iter().filter(|c| c.is_ascii_alphanumeric()).count() >= 4)
         .map(|w| w.iter().collect::<String>())
         .filter(|w| text.contains(w.as_str()))
         .collect()
@@ -122,9 +137,19 @@ fuzz_target!(|input: &[u8]| {
             for h in headers_of(&mut doc) {
                 leaves(h, &mut secrets);
             }
+            // What the rest of the file says: a piece found there may be echoed from there (the
+            // fuzzer learns to copy the very strings this check looks for).
+            let mut rest = doc.clone();
+            for h in headers_of(&mut rest) {
+                *h = toml::Value::Table(toml::Table::new());
+            }
+            let mut elsewhere = Vec::new();
+            texts(&toml::Value::Table(rest), &mut elsewhere);
+            let only_in_headers = |piece: &str| !elsewhere.iter().any(|t| t.contains(piece));
             let suspects: Vec<(String, String)> = secrets
                 .iter()
                 .flat_map(|s| echoed(s, &message).into_iter().map(move |w| (s.clone(), w)))
+                .filter(|(_, w)| only_in_headers(w) && only_in_headers(&shift_text(w)))
                 .collect();
             if suspects.is_empty() {
                 return;
