@@ -52,10 +52,28 @@ impl ConfigError {
     pub(super) fn from_figment(figment: &Figment, error: figment::Error) -> ConfigError {
         let problems = error
             .into_iter()
-            .map(|e| describe_figment_error(figment, &e))
+            .map(|e| single_line(&describe_figment_error(figment, &e)))
             .collect();
         ConfigError::Load { problems }
     }
+}
+
+/// A problem as one line whatever it quotes: control characters (a line break in a quoted
+/// TOML key, which the dotted key shows as it is) are written as escapes (found by fuzzing).
+pub(super) fn single_line(problem: &str) -> String {
+    if !problem.contains(char::is_control) {
+        return problem.to_owned();
+    }
+    problem
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// Whether a path segment is an array index.
@@ -422,6 +440,21 @@ mod tests {
             assert!(
                 !found.iter().any(|p| p.contains(secret)),
                 "{headers}: the secret {secret:?} is in {found:?}"
+            );
+        }
+        // A key with a line break (a quoted TOML key) stays on the problem's one line.
+        for toml in [
+            format!("{source}headers = {{ \"X-A\\nB\" = \"${{X\" }}\n"),
+            "\"a\\nb\" = 1\n".to_owned(),
+        ] {
+            let found = problems(&toml);
+            assert!(
+                !found.is_empty() && found.iter().all(|p| !p.contains(['\n', '\r'])),
+                "{toml:?}: expected one-line problems, got {found:?}"
+            );
+            assert!(
+                found.iter().any(|p| p.contains("\\n")),
+                "{toml:?}: expected the line break escaped in {found:?}"
             );
         }
         // Elsewhere the value is still shown: it helps, and it is no secret.
