@@ -326,6 +326,33 @@ async fn sse_events_and_a_reconnect_with_last_event_id() {
 }
 
 #[tokio::test]
+async fn a_utf8_event_id_goes_back_whole_and_one_that_cannot_is_skipped() {
+    // Found by fuzzing the SSE assembler: a non-ASCII id was not sent back (from_str takes
+    // visible ASCII only), and an id with a bare \r became one that could not be; both made
+    // the reconnect resume from now, a gap.
+    let (srv, addr) = Server::start(vec![
+        ok(vec![send(
+            "id: 東京-42\ndata: {\"a\":1}\n\nid: 43\r\u{8}x\ndata: {\"a\":2}\n\n",
+        )]),
+        ok(vec![send("data: {\"a\":3}\n\n"), Step::Stall]),
+    ])
+    .await;
+    let mut s = source("ids", options(addr, HttpFormat::Sse));
+    assert_eq!(
+        take(&mut s, 3).await,
+        vec![bytes("{\"a\":1}"), bytes("{\"a\":2}"), bytes("{\"a\":3}")]
+    );
+    srv.requests(2).await;
+    srv.seen(|r| {
+        assert_eq!(
+            r[1].headers.get("last-event-id").map(|v| v.as_bytes()),
+            Some("東京-42".as_bytes()),
+            "the reconnect resumes after the last id that can be sent, as its UTF-8 bytes"
+        );
+    });
+}
+
+#[tokio::test]
 async fn a_stalled_stream_is_dropped_after_the_idle_timeout_and_reopened() {
     let (srv, addr) = Server::start(vec![
         ok(vec![send("{\"n\":1}\n"), Step::Stall]),

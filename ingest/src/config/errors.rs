@@ -52,10 +52,28 @@ impl ConfigError {
     pub(super) fn from_figment(figment: &Figment, error: figment::Error) -> ConfigError {
         let problems = error
             .into_iter()
-            .map(|e| describe_figment_error(figment, &e))
+            .map(|e| single_line(&describe_figment_error(figment, &e)))
             .collect();
         ConfigError::Load { problems }
     }
+}
+
+/// A problem as one line whatever it quotes: control characters (a line break in a quoted
+/// TOML key, which the dotted key shows as it is) are written as escapes (found by fuzzing).
+pub(super) fn single_line(problem: &str) -> String {
+    if !problem.contains(char::is_control) {
+        return problem.to_owned();
+    }
+    problem
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// Whether a path segment is an array index.
@@ -152,6 +170,25 @@ fn actual_words(actual: &Actual) -> String {
     }
 }
 
+/// What serde found, without its value: for values that may be secrets.
+fn actual_kind(actual: &Actual) -> String {
+    match actual {
+        Actual::Bool(_) => "a boolean".to_owned(),
+        Actual::Unsigned(_) | Actual::Signed(_) => "an integer".to_owned(),
+        Actual::Float(_) => "a number".to_owned(),
+        Actual::Char(_) | Actual::Str(_) => "a string".to_owned(),
+        Actual::Bytes(_) => "bytes".to_owned(),
+        other => actual_words(other),
+    }
+}
+
+/// Whether the value at `path` may be a secret (a header value: tokens, API keys), so that an
+/// error about it names its type and never its value (found by fuzzing: `X-Api-Key = 1234…`
+/// or `headers = "Bearer …"` came back in the error).
+fn is_secret(path: &[String]) -> bool {
+    path.iter().any(|segment| segment == "headers")
+}
+
 /// Comma-separated, as in `a, b, c`.
 pub(super) fn list(items: &[&str]) -> String {
     items.join(", ")
@@ -198,6 +235,14 @@ fn find_value(figment: &Figment, path: &[String]) -> Option<Value> {
 pub(super) fn describe_figment_error(figment: &Figment, error: &figment::Error) -> String {
     let path = &error.path;
     let key = dotted_key(path);
+    let secret = is_secret(path);
+    let found = |actual: &Actual| {
+        if secret {
+            actual_kind(actual)
+        } else {
+            actual_words(actual)
+        }
+    };
     let mut message = match &error.kind {
         Kind::UnknownField(field, allowed) => {
             let mut full = path.clone();
@@ -228,6 +273,9 @@ pub(super) fn describe_figment_error(figment: &Figment, error: &figment::Error) 
             }
             text
         }
+        Kind::UnknownVariant(_, allowed) if secret => {
+            format!("{key}: not one of {}", list(allowed))
+        }
         Kind::UnknownVariant(found, allowed) => {
             format!("{key}: {found:?} is not one of {}", list(allowed))
         }
@@ -245,7 +293,7 @@ pub(super) fn describe_figment_error(figment: &Figment, error: &figment::Error) 
             let mut text = format!(
                 "{key}: expected {}, found {}",
                 expected_words(expected),
-                actual_words(actual)
+                found(actual)
             );
             let from_env = error
                 .metadata
@@ -267,7 +315,7 @@ pub(super) fn describe_figment_error(figment: &Figment, error: &figment::Error) 
         }
         Kind::InvalidValue(actual, expected) => format!(
             "{key}: {} is out of range, expected {}",
-            actual_words(actual),
+            found(actual),
             expected_words(expected)
         ),
         Kind::InvalidLength(len, expected) => {
@@ -280,6 +328,7 @@ pub(super) fn describe_figment_error(figment: &Figment, error: &figment::Error) 
                 None => one_line(text),
             };
         }
+        Kind::Message(text) if secret => format!("{key}: {}", one_line(text)),
         Kind::Message(text) => {
             match find_value(figment, path).and_then(|v| serde_json::to_string(&v).ok()) {
                 Some(found) if text.contains("socket address") => format!(
@@ -345,5 +394,74 @@ pub(super) fn describe_entry_error(
                 format!("{text}{}", origin())
             }
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use figment::providers::{Format, Serialized, Toml};
+
+    use super::*;
+    use crate::config::Config;
+
+    fn problems(toml: &str) -> Vec<String> {
+        let figment =
+            Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(toml));
+        Config::from_figment(figment).unwrap_err().problems()
+    }
+
+    #[test]
+    fn errors_about_header_values_never_echo_them() {
+        // Found by the config fuzz target: each of these put the value (a token) in the error.
+        let source = "[[sources]]\nname = \"h\"\nkind = \"http\"\nurl = \"http://x/\"\n";
+        for (headers, secret, says) in [
+            (
+                "headers = { \"X-Api-Key\" = 123456789012 }",
+                "123456789012",
+                "sources[0].headers.X-Api-Key: expected a string, found an integer",
+            ),
+            (
+                "headers = \"Bearer sk-live-abcdef0123456789\"",
+                "sk-live-abcdef",
+                "sources[0].headers: expected a table, found a string",
+            ),
+            (
+                "headers = { Authorization = \"Bearer ${sk-live-abcdef0123}\" }",
+                "sk-live-abcdef",
+                "sources[0].headers.Authorization: has a ${...} that is not a variable reference",
+            ),
+        ] {
+            let found = problems(&format!("{source}{headers}\n"));
+            assert!(
+                found.iter().any(|p| p.starts_with(says)),
+                "{headers}: expected a problem starting {says:?}, got {found:?}"
+            );
+            assert!(
+                !found.iter().any(|p| p.contains(secret)),
+                "{headers}: the secret {secret:?} is in {found:?}"
+            );
+        }
+        // A key with a line break (a quoted TOML key) stays on the problem's one line.
+        for toml in [
+            format!("{source}headers = {{ \"X-A\\nB\" = \"${{X\" }}\n"),
+            "\"a\\nb\" = 1\n".to_owned(),
+        ] {
+            let found = problems(&toml);
+            assert!(
+                !found.is_empty() && found.iter().all(|p| !p.contains(['\n', '\r'])),
+                "{toml:?}: expected one-line problems, got {found:?}"
+            );
+            assert!(
+                found.iter().any(|p| p.contains("\\n")),
+                "{toml:?}: expected the line break escaped in {found:?}"
+            );
+        }
+        // Elsewhere the value is still shown: it helps, and it is no secret.
+        let found = problems("[log]\nstatus_interval_secs = \"ten\"\n");
+        assert!(
+            found.iter().any(|p| p.contains("string \"ten\"")),
+            "expected the value in {found:?}"
+        );
     }
 }

@@ -22,9 +22,12 @@ pub fn interpolate_env(
             let valid =
                 !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
             if !valid {
-                return Err(format!(
-                    "${{{name}}} is not a variable reference (letters, digits and _)"
-                ));
+                // Not echoed: what sits between the braces may be the secret itself, pasted
+                // where its variable's name belongs (found by fuzzing).
+                return Err(
+                    "has a ${...} that is not a variable reference (write ${NAME} with letters, digits and _, or $$ for a literal $)"
+                        .into(),
+                );
             }
             match lookup(name) {
                 Some(v) => out.push_str(&v),

@@ -9,7 +9,9 @@ use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 use serde::Deserialize;
 
-use super::errors::{ConfigError, describe_entry_error, is_index, key_path, value_origin};
+use super::errors::{
+    ConfigError, describe_entry_error, is_index, key_path, single_line, value_origin,
+};
 use super::validate::{self, Loaded, Problem};
 use super::{
     Config, FeedConfig, HttpConfig, IngestConfig, LogConfig, SourceConfig, StatsConfig,
@@ -142,6 +144,7 @@ impl Config {
                         }
                         Problem::Unreadable(line) => line,
                     })
+                    .map(|p| single_line(&p))
                     .collect(),
             });
         }

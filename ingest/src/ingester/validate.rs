@@ -373,6 +373,18 @@ mod tests {
     }
 
     #[test]
+    fn accepted_numbers_read_back_equal() {
+        // Found by the validate fuzz target: without serde_json's float_roundtrip, this
+        // number parsed one ulp off, and the stored JSON read back as another document.
+        let bytes = br#"{"f":1.7953862697246314e308,"e":1e-320,"x":0.30000000000000004}"#;
+        let doc = validate(Raw::Bytes(bytes.to_vec()), 1000).unwrap();
+        let text = serde_json::to_vec(&doc).unwrap();
+        let back: Map<String, Value> = serde_json::from_slice(&text).unwrap();
+        assert_eq!(back, doc, "stored as {}", String::from_utf8_lossy(&text));
+        assert_eq!(doc["f"].as_f64(), Some(1.7953862697246314e308));
+    }
+
+    #[test]
     fn dead_letters_keep_a_truncated_copy_and_the_length() {
         let bytes = vec![b'x'; 10_000];
         let d = dead_letter("s", &reject(RejectReason::TooLarge, "big"), &bytes, 5);

@@ -163,8 +163,12 @@ impl Decoder for LineFramer {
             return Ok(None);
         }
         self.consumed += buf.len() as u64;
-        let rest = buf.split().to_vec();
-        Ok(Some(Frame::Partial(strip_cr(rest))))
+        let rest = strip_cr(buf.split().to_vec());
+        // `decode` allowed one byte of slack for a `\r` that never came: the limit still holds.
+        if rest.len() > self.max_line {
+            return Ok(Some(Frame::TooLong(prefix(&rest, self.max_line))));
+        }
+        Ok(Some(Frame::Partial(rest)))
     }
 }
 
@@ -345,6 +349,30 @@ mod tests {
             "a complete document without its final newline is kept"
         );
         assert_eq!(ndjson(Frame::Partial(b"  ".to_vec())), None);
+    }
+
+    #[test]
+    fn a_last_line_one_byte_over_the_limit_is_too_long() {
+        // Found by the line_framer fuzz target: the byte of slack kept for a `\r` let a last
+        // line without its newline through at max_line + 1 bytes.
+        assert_eq!(
+            frames(1, &[&[126, 255]]),
+            vec![Frame::TooLong(vec![126])],
+            "limit 1, last line of 2 bytes"
+        );
+        assert_eq!(
+            frames(4, &[b"ab\n12345"]),
+            vec![line("ab"), Frame::TooLong(b"1234".to_vec())]
+        );
+        // At the limit, with or without a `\r` before the end, it is a partial line.
+        assert_eq!(
+            frames(4, &[b"1234\r"]),
+            vec![Frame::Partial(b"1234".to_vec())]
+        );
+        assert_eq!(
+            frames(4, &[b"1234"]),
+            vec![Frame::Partial(b"1234".to_vec())]
+        );
     }
 
     #[test]

@@ -511,8 +511,9 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Positioned> + Send + 
             match o.format {
                 HttpFormat::Sse => {
                     req = req.header(header::ACCEPT, "text/event-stream").header(header::CACHE_CONTROL, "no-cache");
+                    // from_bytes: an id may be any UTF-8 (from_str takes visible ASCII only).
                     if let Some(id) = sse.last_event_id()
-                        && let Ok(v) = HeaderValue::from_str(id)
+                        && let Ok(v) = HeaderValue::from_bytes(id.as_bytes())
                     {
                         req = req.header("last-event-id", v);
                     }

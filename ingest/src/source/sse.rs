@@ -22,7 +22,9 @@
 //!   `retry:` fields sets those and is not an event;
 //! - an accepted event cut off by the end of the stream is `Raw::Invalid {reason:
 //!   RejectReason::Truncated}` (the standard drops it);
-//! - line endings are `\n` or `\r\n` (a bare `\r` is not a line ending here).
+//! - line endings are `\n` or `\r\n` (a bare `\r` is not a line ending here);
+//! - an `id:` holding a control character other than tab is ignored like one holding NUL: it
+//!   could not be sent back as the `Last-Event-ID` header.
 
 use std::time::Duration;
 
@@ -217,9 +219,14 @@ impl SseAssembler {
             }
             b"id" => {
                 self.pending = true;
-                if !value.contains(&0)
-                    && let Ok(id) = std::str::from_utf8(value)
-                {
+                // The standard ignores an id holding NUL. One holding any other control
+                // character (a bare `\r`, which is no line ending here) could not be sent back
+                // as `Last-Event-ID` either, and the reconnect would resume from now (a gap):
+                // ignored too, the reconnect resumes after the previous id (found by fuzzing).
+                let sendable = value
+                    .iter()
+                    .all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f));
+                if sendable && let Ok(id) = std::str::from_utf8(value) {
                     self.id = Some(id.to_owned());
                 }
             }
@@ -530,6 +537,29 @@ mod tests {
                 },
                 bytes("{}")
             ]
+        );
+    }
+
+    #[test]
+    fn ids_that_cannot_go_back_as_a_header_are_ignored() {
+        // Found by the sse fuzz target: an id with a bare \r (or another control character)
+        // became the last event id, and the reconnect could not send it.
+        let (got, a) = events(
+            1000,
+            "id: 東京-42\ndata: {}\n\nid: 1\r\x08x\ndata: {}\n\nid: a\x7fb\ndata: {}\n\n"
+                .as_bytes(),
+        );
+        assert_eq!(got.len(), 3, "the events still count: {got:?}");
+        assert_eq!(
+            a.last_event_id(),
+            Some("東京-42"),
+            "the last id that can be sent back is kept (UTF-8 is fine)"
+        );
+        let (_, a) = events(1000, b"id: tab\there\ndata: {}\n\n");
+        assert_eq!(
+            a.last_event_id(),
+            Some("tab\there"),
+            "a tab is allowed in a header"
         );
     }
 

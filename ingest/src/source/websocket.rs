@@ -50,6 +50,8 @@
 //! not negotiate compression (`permessage-deflate`) or subprotocols, and does not speak
 //! HTTP/2 WebSockets.
 
+#[doc(hidden)]
+pub mod replay;
 mod tap;
 
 use std::collections::BTreeMap;
@@ -812,6 +814,14 @@ fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
         .clone()
 }
 
+/// tungstenite's limits: frames and messages of at most `max_frame` bytes (the tap applies
+/// the same limit to find what tungstenite refuses).
+fn protocol_config(max_frame: usize) -> ProtocolConfig {
+    ProtocolConfig::default()
+        .max_frame_size(Some(max_frame))
+        .max_message_size(Some(max_frame))
+}
+
 /// TCP, TLS for `wss`, and the upgrade, all within `connect_timeout`.
 async fn connect(
     target: &Target,
@@ -837,10 +847,8 @@ async fn connect(
         } else {
             Either::Left(tcp)
         };
-        let config = ProtocolConfig::default()
-            .max_frame_size(Some(max_frame))
-            .max_message_size(Some(max_frame));
         let tapped = Tap::new(stream, max_frame);
+        let config = protocol_config(max_frame);
         match tokio_tungstenite::client_async_with_config(request, tapped, Some(config)).await {
             Ok((ws, _response)) => Ok(ws),
             Err(tungstenite::Error::Http(resp)) => {
@@ -1040,9 +1048,15 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Positioned> + Se
                                             tracing::warn!(source = %name, url = %shown_url, "a message of {size} bytes is over the limit of {max_size}; kept its first bytes as a dead letter; reconnecting (tungstenite cannot skip the rest of it)");
                                         }
                                         tungstenite::Error::Utf8(detail) => {
-                                            let found = tracker.take_bad().filter(|f| matches!(f, Finding::InvalidUtf8(_)));
-                                            yield Positioned { raw: finding_record(found, RejectReason::InvalidUtf8), position: at(&resumer) };
-                                            tracing::warn!(source = %name, url = %shown_url, "a text message is not UTF-8 ({detail}); kept it as a dead letter; reconnecting (the protocol requires closing)");
+                                            // The tap finds every text message that is not UTF-8; what else
+                                            // tungstenite refuses so is a close frame's reason: no event.
+                                            match tracker.take_bad().filter(|f| matches!(f, Finding::InvalidUtf8(_))) {
+                                                Some(found) => {
+                                                    yield Positioned { raw: finding_record(Some(found), RejectReason::InvalidUtf8), position: at(&resumer) };
+                                                    tracing::warn!(source = %name, url = %shown_url, "a text message is not UTF-8 ({detail}); kept it as a dead letter; reconnecting (the protocol requires closing)");
+                                                }
+                                                None => tracing::warn!(source = %name, url = %shown_url, "the server closed the connection with a reason that is not UTF-8; reconnecting"),
+                                            }
                                         }
                                         tungstenite::Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) if !tracker.mid_frame() => {
                                             tracing::warn!(source = %name, url = %shown_url, "the server closed the connection without a close frame; reconnecting");

@@ -30,7 +30,7 @@ use crate::source::framing::PREFIX_BYTES;
 /// What the tracker found wrong with the message tungstenite is about to reject (or was
 /// reading when the connection ended).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Finding {
+pub enum Finding {
     /// A frame or message over the limit: its announced (frame) or reached (message) size.
     TooLarge {
         /// Bytes, as tungstenite counts them.
@@ -82,6 +82,10 @@ pub(super) struct Tracker {
 #[derive(Debug, Clone, Copy)]
 enum Bad {
     TooLarge(u64),
+    /// A frame over the limit that belongs to no message (a ping, pong or close, or a frame
+    /// tungstenite would refuse anyway): tungstenite refuses it on its header like a data
+    /// frame, but there are no message bytes to keep for it.
+    FrameTooLarge(u64),
     InvalidUtf8,
 }
 
@@ -169,26 +173,35 @@ impl Tracker {
             127 => u64::from_be_bytes([h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9]]),
             n => u64::from(n),
         };
-        // tungstenite fails the connection on these before looking at any payload.
-        if rsv || masked || (3..=7).contains(&opcode) || opcode > 10 {
+        let data = opcode <= 2;
+        // tungstenite fails the connection on these before looking at any payload; among
+        // them control frames that are fragmented or over 125 bytes (RFC 6455, 5.5).
+        let refused = rsv
+            || masked
+            || (3..=7).contains(&opcode)
+            || opcode > 10
+            || (!data && (!fin || len > 125));
+        // A continuation without a start, or a new message inside one.
+        let misplaced = data && matches!((opcode, self.msg.is_some()), (0, false) | (1 | 2, true));
+        // tungstenite's frame limit comes first, on every frame's header: before the reserved
+        // bits, the mask and the opcode are looked at, and for pings and pongs too (both found
+        // by fuzzing). Such a frame belongs to no message, so no message bytes are kept.
+        if len > self.limit && (!data || refused || misplaced) {
+            self.bad = Some(Bad::FrameTooLarge(len));
             self.phase = Phase::Done;
             return;
         }
-        let data = opcode <= 2;
+        // After a close frame tungstenite reads nothing more as data.
+        if refused || misplaced || opcode == 8 {
+            self.phase = Phase::Done;
+            return;
+        }
         if data {
-            match (opcode, self.msg.is_some()) {
-                (0, false) | (1 | 2, true) => {
-                    // A continuation without a start, or a new message inside one.
-                    self.phase = Phase::Done;
-                    return;
-                }
-                (0, true) => {}
-                _ => {
-                    self.msg = Some(Msg {
-                        text: opcode == 1,
-                        ..Msg::default()
-                    });
-                }
+            if opcode != 0 {
+                self.msg = Some(Msg {
+                    text: opcode == 1,
+                    ..Msg::default()
+                });
             }
             if let Some(msg) = &mut self.msg {
                 // tungstenite: the frame limit on the header; the message limit on the sum.
@@ -258,6 +271,10 @@ impl Tracker {
         self.phase = Phase::Done;
         Some(match bad {
             Bad::TooLarge(size) => Finding::TooLarge { size, prefix },
+            Bad::FrameTooLarge(size) => Finding::TooLarge {
+                size,
+                prefix: Vec::new(),
+            },
             Bad::InvalidUtf8 => Finding::InvalidUtf8(prefix),
         })
     }
@@ -550,6 +567,74 @@ mod tests {
             assert_eq!(size, 120);
             assert_eq!(&prefix[..60], &[b'a'; 60][..], "chunk {chunk}");
         });
+    }
+
+    #[test]
+    fn an_oversized_control_or_refused_frame_is_found_too_with_no_message_bytes() {
+        // Found by the websocket_frames fuzz target: tungstenite checks the frame limit on
+        // every frame's header, pings and pongs included, before anything else; the tap saw
+        // only valid data frames.
+        let mut s = HTTP.to_vec();
+        s.extend(frame(false, 1, b"{\"a\":"));
+        s.extend(frame(true, 9, &[b'p'; 36]));
+        every_chunking(11, &s, |t, chunk| {
+            assert_eq!(
+                t.take_bad(),
+                Some(Finding::TooLarge {
+                    size: 36,
+                    prefix: vec![]
+                }),
+                "chunk {chunk}: a 36-byte ping over a limit of 11, inside a text message"
+            );
+            assert!(!t.wants_prefix(), "chunk {chunk}: no prefix to wait for");
+        });
+        // Over the limit and refused anyway (reserved bits, a mask from the server):
+        // tungstenite checks the size first.
+        for (b0, b1) in [(0xe0, 0x60), (0x81, 0xe0)] {
+            let mut s = HTTP.to_vec();
+            s.extend([b0, b1, 1, 2, 3, 4]);
+            every_chunking(11, &s, |t, chunk| {
+                assert_eq!(
+                    t.take_bad(),
+                    Some(Finding::TooLarge {
+                        size: 0x60,
+                        prefix: vec![]
+                    }),
+                    "chunk {chunk}: header {b0:#x} {b1:#x}"
+                );
+            });
+        }
+        // Within the limit, a ping is nothing.
+        let mut s = HTTP.to_vec();
+        s.extend(frame(true, 9, &[b'p'; 11]));
+        every_chunking(11, &s, |t, chunk| {
+            assert_eq!(t.take_bad(), None, "chunk {chunk}");
+        });
+    }
+
+    #[test]
+    fn tracking_stops_where_tungstenite_stops() {
+        // Found by the websocket_frames fuzz target: after a control frame tungstenite refuses
+        // (fragmented, or over 125 bytes) or a close, the tap went on adding the next frames'
+        // bytes to the message in progress, so a cut message kept bytes that were not its own.
+        for stop in [
+            frame(false, 9, b"ping"),
+            frame(true, 9, &[b'p'; 126]),
+            frame(true, 8, b""),
+        ] {
+            let mut s = HTTP.to_vec();
+            s.extend(frame(false, 1, b"{\"a\":"));
+            s.extend(&stop);
+            s.extend(frame(false, 0, b"\"more\""));
+            every_chunking(1000, &s, |t, chunk| {
+                assert_eq!(
+                    t.take_cut(),
+                    Some(Finding::Cut(b"{\"a\":".to_vec())),
+                    "chunk {chunk}: after {:?}",
+                    &stop[..2]
+                );
+            });
+        }
     }
 
     #[test]
