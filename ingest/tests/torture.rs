@@ -139,12 +139,18 @@ const TAGS: [&str; 10] = [
 
 /// Writes the replay file: `lines` numbered lines (a unique `line` in each), about 96% events
 /// and the rest what real streams also carry, each kind of bad line becoming a dead letter;
-/// blank lines and CRLF endings here and there. Returns what each line must become.
+/// blank lines and CRLF endings here and there; the last line over the size limit. Returns
+/// what each line must become.
 fn write_replay(path: &Path, lines: u64, rng: &mut StdRng) -> Vec<Expect> {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
     let mut expect = Vec::with_capacity(lines as usize);
     for n in 1..=lines {
-        let roll = rng.random_range(0..1000u32);
+        // The last line is over the limit: a restart after the end must not read it again.
+        let roll = if n == lines {
+            62
+        } else {
+            rng.random_range(0..1000u32)
+        };
         let (bytes, what): (Vec<u8>, Expect) = match roll {
             0..=4 => (
                 // The one key no engine can store: a NUL in it.
@@ -166,8 +172,9 @@ fn write_replay(path: &Path, lines: u64, rng: &mut StdRng) -> Vec<Expect> {
                 (v, Expect::Letter("invalid_utf8"))
             }
             62..=63 => {
-                // Over ingest.max_event_bytes (64 KiB): only a prefix is ever held.
-                let blob = "🦀 big document ".repeat(4_000);
+                // Over ingest.max_event_bytes (64 KiB), by a little or by far (then the
+                // framer reports it before its end has been read): only a prefix is held.
+                let blob = "🦀 big document ".repeat(rng.random_range(4_000..12_000));
                 (
                     format!(r#"{{"line":{n},"blob":"{blob}"}}"#).into_bytes(),
                     Expect::Letter("too_large"),
@@ -355,6 +362,13 @@ fn integrity_check(db: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Where a replay record was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Stored {
+    Event,
+    Letter,
+}
+
 /// Everything verified so far; each audit reads only what was added since (events and dead
 /// letters are append-only and nothing is evicted), and checks it continues what came before.
 #[derive(Default)]
@@ -364,8 +378,9 @@ struct Audit {
     letters_after: Option<Position>,
     /// Stored events per source (the newest sequence number: they are 1..=n).
     stored: BTreeMap<String, u64>,
-    /// Every replay record read (events and dead letters): (hand-over time, line).
-    replay: Vec<(i64, u64)>,
+    /// Every replay record read: (hand-over time, line, what it was stored as, whether it
+    /// carried a position).
+    replay: Vec<(i64, u64, Stored, bool)>,
     /// The newest replay line stored as an event (they must increase).
     last_replay_event_line: u64,
     /// The newest replay record with a position: (hand-over time, byte offset).
@@ -456,7 +471,12 @@ impl Audit {
                         self.last_replay_event_line
                     );
                     self.last_replay_event_line = line;
-                    self.replay.push((stamp.received_us, line));
+                    self.replay.push((
+                        stamp.received_us,
+                        line,
+                        Stored::Event,
+                        stamp.position.is_some(),
+                    ));
                     let offset = stamp.position.as_ref().and_then(|p| p["offset"].as_u64());
                     self.note_position(stamp.received_us, offset);
                 }
@@ -493,7 +513,12 @@ impl Audit {
                 "{what}: line {line}'s dead letter (at {position:?})"
             );
             let received = doc.get("received_us").and_then(Value::as_i64).unwrap();
-            self.replay.push((received, line));
+            self.replay.push((
+                received,
+                line,
+                Stored::Letter,
+                doc.get("position").is_some(),
+            ));
             let offset = doc.get("position").and_then(|p| p["offset"].as_u64());
             self.note_position(received, offset);
             self.dead_letters += 1;
@@ -508,17 +533,24 @@ impl Audit {
             .replay
             .iter()
             .enumerate()
-            .position(|(i, (_, line))| *line != i as u64 + 1)
+            .position(|(i, (_, line, ..))| *line != i as u64 + 1)
         {
-            let around: Vec<u64> = self.replay[i.saturating_sub(3)..(i + 4).min(self.replay.len())]
+            let around: Vec<String> = self.replay
+                [i.saturating_sub(3)..(i + 4).min(self.replay.len())]
                 .iter()
-                .map(|(_, l)| *l)
+                .map(|(at, line, stored, positioned)| {
+                    format!(
+                        "line {line} as {stored:?} at {at}{}",
+                        if *positioned { "" } else { " without position" }
+                    )
+                })
                 .collect();
             let wanted = i as u64 + 1;
             panic!(
-                "{what}: the replay's lines, in hand-over order, must be 1..=k, each once: line {wanted} (to become {:?}) is missing or out of place, line {} came instead (lines around: {around:?})",
+                "{what}: the replay's lines, in hand-over order, must be 1..=k, each once: line {wanted} (to become {:?}) is missing or out of place, line {} came instead; around it:\n  {}",
                 expect.get(i),
-                self.replay[i].1
+                self.replay[i].1,
+                around.join("\n  ")
             );
         }
 
@@ -674,16 +706,23 @@ async fn sigkill_cycles_at_a_high_rate_lose_and_double_nothing() {
     let file_len = std::fs::metadata(&file).unwrap().len();
     let valid = expect.iter().filter(|e| **e == Expect::Event).count() as u64;
 
-    let sources = format!(
-        r#"[{{ name = "{REPLAY}", kind = "file", path = "{}", pace = "rate", rate_per_sec = {:.1} }}, {{ name = "{STREAM}", kind = "synthetic", rate_per_sec = {:.1}, seed = {} }}]"#,
-        file.display(),
-        plan.replay_rate,
+    let sources = |replay_pace: &str, stream_rate: f64| {
+        format!(
+            r#"[{{ name = "{REPLAY}", kind = "file", path = "{}", {replay_pace} }}, {{ name = "{STREAM}", kind = "synthetic", rate_per_sec = {stream_rate:.1}, seed = {} }}]"#,
+            file.display(),
+            plan.seed
+        )
+    };
+    let tortured = sources(
+        &format!(r#"pace = "rate", rate_per_sec = {:.1}"#, plan.replay_rate),
         plan.synthetic_rate,
-        plan.seed
     );
+    // The last run finishes the replay as fast as it goes, beside a trickle of the stream
+    // (both sources keep running, so both are recovered and checked once more).
+    let last_run = sources(r#"pace = "fast""#, 50.0);
     let (max_docs, max_bytes) = (MAX_DOCS.to_string(), MAX_BYTES.to_string());
-    let env = [
-        ("TAILRACE_SOURCES", sources.as_str()),
+    let mut env = [
+        ("TAILRACE_SOURCES", tortured.as_str()),
         ("TAILRACE_STORE__DURABILITY", "journaled"),
         ("TAILRACE_STORE__EVENTS__MAX_DOCS", max_docs.as_str()),
         ("TAILRACE_STORE__EVENTS__MAX_BYTES", max_bytes.as_str()),
@@ -758,6 +797,7 @@ async fn sigkill_cycles_at_a_high_rate_lose_and_double_nothing() {
 
     // The last run: the replay finishes, the pipeline stops cleanly.
     let resume_at = audit.replay_position.map(|(_, offset)| offset);
+    env[0].1 = last_run.as_str();
     let mut t = Tailrace::start(&data, &env).await;
     check_resumed(&t, resume_at, plan.cycles + 1).await;
     t.wait_until(
