@@ -153,6 +153,15 @@ impl Ingester {
         })
     }
 
+    /// Repairs the `source:<name>` rollup of `source` when it is behind its stored events (a
+    /// crash between a batch's events and rollups commits; see `recover_source`). The pipeline
+    /// calls it for every source at startup: the repair at a source's first record in a run is
+    /// not enough, since a source may never hand over another one (a replay at the end of its
+    /// file), and its summary would stay behind for good.
+    pub async fn catch_up_rollups(&self, source: &str) -> Result<(), StoreError> {
+        self.recover_source(source).await.map(|_| ())
+    }
+
     /// The next sequence number of `source`: one after the newest stored, so sequences continue
     /// across restarts (and crashes: only acknowledged writes are found).
     ///
