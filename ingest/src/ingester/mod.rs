@@ -378,24 +378,34 @@ impl Ingester {
         // crash in between leaves the rollups behind the events, never ahead (recovery repairs
         // behind; ahead would count events twice once their source re-reads them from the
         // stored position). The last stage's dead letters go together with the rollups.
+        //
+        // Stages before the last are committed without waiting for stable storage
+        // (`acknowledged`): the last stage's events, committed after them with the configured
+        // durability, make them durable too (one log, flushed in order: SQLite's WAL,
+        // MongoDB's journal), and nothing of the batch is acknowledged to a source before. So
+        // a batch with rejects among its events costs one more commit per stage, not one more
+        // fsync.
         let stages = order::stages(docs.len(), &letters_at);
+        let interim = d.min(Durability::Acknowledged);
         let mut events = Written::none();
         let mut dead_letters = Written::none();
         let mut trailing = (Vec::new(), 0);
         for (i, stage) in stages.iter().enumerate() {
+            let last = i + 1 == stages.len();
+            let durability = if last { d } else { interim };
             let part = take_front(&mut docs, stage.events.len());
             let written = write_isolating(self.events.name(), part, &self.health, |docs| {
                 let events = self.events.clone();
-                async move { events.append(docs, d).await.map(|_| ()) }
+                async move { events.append(docs, durability).await.map(|_| ()) }
             })
             .await;
             events.absorb(written, stage.events.start);
             let letters = take_front(&mut dead, stage.letters.len());
-            if i + 1 == stages.len() {
+            if last {
                 trailing = (letters, stage.letters.start);
                 break;
             }
-            let written = self.write_letters(letters).await;
+            let written = self.write_letters(letters, interim).await;
             dead_letters.absorb(written, stage.letters.start);
         }
         // The rollups of the events that were stored (not of the ones the store refused).
@@ -415,7 +425,7 @@ impl Ingester {
                 let rollups = self.rollups.clone();
                 async move { rollups.update(updates, d).await }
             }),
-            self.write_letters(trailing.0),
+            self.write_letters(trailing.0, d),
         );
         dead_letters.absorb(written, trailing.1);
         self.account(n, events, rollups, dead_letters, last_seq)
@@ -423,8 +433,7 @@ impl Ingester {
     }
 
     /// Appends dead letters (transient failures retried, refused ones isolated).
-    async fn write_letters(&self, letters: Vec<Document>) -> Written<Document> {
-        let d = self.options.durability;
+    async fn write_letters(&self, letters: Vec<Document>, d: Durability) -> Written<Document> {
         write_isolating(self.dead_letters.name(), letters, &self.health, |dead| {
             let letters = self.dead_letters.clone();
             async move { letters.append(dead, d).await.map(|_| ()) }
