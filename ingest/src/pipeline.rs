@@ -299,12 +299,14 @@ pub async fn run(
         stats: ingest_stats.clone(),
         health: health.clone(),
     };
-    // Each resumable source continues right after its newest stored record.
+    // Each resumable source continues right after its newest stored record; its rollup
+    // summary is brought up to its events now, whether or not it hands over anything more.
     for s in &mut sources {
         if let Some(position) = ingester.stored_position(s.name()).await? {
             tracing::info!(source = %s.name(), position = %position, "source resumes after its stored position");
             s.resume(&position);
         }
+        ingester.catch_up_rollups(s.name()).await?;
     }
     let ingest_task = tokio::spawn(ingester.run(rx));
     let retention_task = tokio::spawn(crate::ingester::retention::sweep_rollups(

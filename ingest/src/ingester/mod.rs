@@ -7,9 +7,11 @@
 //!
 //! Layout: this file runs the loop; [`validate`] decides what is an event and what a dead
 //! letter keeps; [`rollups`] derives the `rollups` updates of each event; [`write`] writes
-//! a batch so that transient failures are retried and permanent ones isolated; [`retention`]
-//! removes rollup counters that went idle.
+//! a batch so that transient failures are retried and permanent ones isolated; `order` puts
+//! a batch's events and dead letters in hand-over order, so a crash loses no record;
+//! [`retention`] removes rollup counters that went idle.
 
+mod order;
 pub mod retention;
 pub mod rollups;
 pub mod validate;
@@ -89,8 +91,11 @@ struct Prepared {
     /// ... and the index in `docs` of the event each belongs to (the updates of an event the
     /// store refuses are not applied).
     owners: Vec<usize>,
-    /// Dead letters of the records that are not events.
+    /// Dead letters of the records that are not events ...
     dead: Vec<Document>,
+    /// ... and, for each, how many of `docs` were handed over before it (the batch is written
+    /// in that order: `order`).
+    letters_at: Vec<usize>,
     /// The newest sequence number of each source in `docs`.
     last_seq: HashMap<Arc<str>, u64>,
 }
@@ -146,6 +151,15 @@ impl Ingester {
             (Some(e), _) => Some(e.1),
             (None, l) => l.map(|l| l.1),
         })
+    }
+
+    /// Repairs the `source:<name>` rollup of `source` when it is behind its stored events (a
+    /// crash between a batch's events and rollups commits; see `recover_source`). The pipeline
+    /// calls it for every source at startup: the repair at a source's first record in a run is
+    /// not enough, since a source may never hand over another one (a replay at the end of its
+    /// file), and its summary would stay behind for good.
+    pub async fn catch_up_rollups(&self, source: &str) -> Result<(), StoreError> {
+        self.recover_source(source).await.map(|_| ())
     }
 
     /// The next sequence number of `source`: one after the newest stored, so sequences continue
@@ -284,6 +298,7 @@ impl Ingester {
             updates: Vec::with_capacity(batch.len() * 4),
             owners: Vec::with_capacity(batch.len() * 4),
             dead: Vec::new(),
+            letters_at: Vec::new(),
             last_seq: HashMap::new(),
         };
         for h in batch.drain(..) {
@@ -339,6 +354,7 @@ impl Ingester {
                         letter.insert("position".into(), p);
                     }
                     ready.dead.push(letter);
+                    ready.letters_at.push(ready.docs.len());
                 }
             }
         }
@@ -347,27 +363,51 @@ impl Ingester {
 
     async fn write_prepared(&self, ready: Prepared) {
         let Prepared {
-            docs,
+            mut docs,
             mut updates,
             owners,
-            dead,
+            mut dead,
+            letters_at,
             last_seq,
         } = ready;
         let d = self.options.durability;
         let n = docs.len();
-        // Events first, then their rollups: a crash in between leaves the rollups behind the
-        // events, never ahead (recovery repairs behind; ahead would count events twice once
-        // their source re-reads them from the stored position).
-        let (events, dead_letters) = tokio::join!(
-            write_isolating(self.events.name(), docs, &self.health, |docs| {
+        // Events and dead letters in hand-over order, stage after stage ([`order`]): a crash
+        // leaves each source a prefix of what it handed over, so a restart that resumes after
+        // its newest stored record loses no record. Then the rollups, after every event: a
+        // crash in between leaves the rollups behind the events, never ahead (recovery repairs
+        // behind; ahead would count events twice once their source re-reads them from the
+        // stored position). The last stage's dead letters go together with the rollups.
+        //
+        // Stages before the last are committed without waiting for stable storage
+        // (`acknowledged`): the last stage's events, committed after them with the configured
+        // durability, make them durable too (one log, flushed in order: SQLite's WAL,
+        // MongoDB's journal), and nothing of the batch is acknowledged to a source before. So
+        // a batch with rejects among its events costs one more commit per stage, not one more
+        // fsync.
+        let stages = order::stages(docs.len(), &letters_at);
+        let interim = d.min(Durability::Acknowledged);
+        let mut events = Written::none();
+        let mut dead_letters = Written::none();
+        let mut trailing = (Vec::new(), 0);
+        for (i, stage) in stages.iter().enumerate() {
+            let last = i + 1 == stages.len();
+            let durability = if last { d } else { interim };
+            let part = take_front(&mut docs, stage.events.len());
+            let written = write_isolating(self.events.name(), part, &self.health, |docs| {
                 let events = self.events.clone();
-                async move { events.append(docs, d).await.map(|_| ()) }
-            }),
-            write_isolating(self.dead_letters.name(), dead, &self.health, |dead| {
-                let letters = self.dead_letters.clone();
-                async move { letters.append(dead, d).await.map(|_| ()) }
-            }),
-        );
+                async move { events.append(docs, durability).await.map(|_| ()) }
+            })
+            .await;
+            events.absorb(written, stage.events.start);
+            let letters = take_front(&mut dead, stage.letters.len());
+            if last {
+                trailing = (letters, stage.letters.start);
+                break;
+            }
+            let written = self.write_letters(letters, interim).await;
+            dead_letters.absorb(written, stage.letters.start);
+        }
         // The rollups of the events that were stored (not of the ones the store refused).
         if !events.refused.is_empty() {
             let refused: std::collections::HashSet<usize> =
@@ -380,13 +420,25 @@ impl Ingester {
                 .collect();
         }
         coalesce_counters(&mut updates);
-        let rollups = write_isolating("rollups", updates, &self.health, |updates| {
-            let rollups = self.rollups.clone();
-            async move { rollups.update(updates, d).await }
-        })
-        .await;
+        let (rollups, written) = tokio::join!(
+            write_isolating("rollups", updates, &self.health, |updates| {
+                let rollups = self.rollups.clone();
+                async move { rollups.update(updates, d).await }
+            }),
+            self.write_letters(trailing.0, d),
+        );
+        dead_letters.absorb(written, trailing.1);
         self.account(n, events, rollups, dead_letters, last_seq)
             .await;
+    }
+
+    /// Appends dead letters (transient failures retried, refused ones isolated).
+    async fn write_letters(&self, letters: Vec<Document>, d: Durability) -> Written<Document> {
+        write_isolating(self.dead_letters.name(), letters, &self.health, |dead| {
+            let letters = self.dead_letters.clone();
+            async move { letters.append(dead, d).await.map(|_| ()) }
+        })
+        .await
     }
 
     /// Counts what was written, turns events the store refused into dead letters (reason
@@ -511,4 +563,10 @@ impl Ingester {
             }
         }
     }
+}
+
+/// The first `n` items of `items`, removed from it (without copying the documents).
+fn take_front<T>(items: &mut Vec<T>, n: usize) -> Vec<T> {
+    let rest = items.split_off(n.min(items.len()));
+    std::mem::replace(items, rest)
 }

@@ -102,6 +102,28 @@ pub(super) struct Written<T> {
     pub unwritten: usize,
 }
 
+impl<T> Written<T> {
+    /// Nothing written yet.
+    pub fn none() -> Self {
+        Written {
+            latency: None,
+            refused: Vec::new(),
+            unwritten: 0,
+        }
+    }
+
+    /// Adds what another write of the same batch did, whose items started at `offset` among
+    /// the batch's (so refused indices stay indices into the whole batch).
+    pub fn absorb(&mut self, other: Written<T>, offset: usize) {
+        self.latency = self.latency.or(other.latency);
+        self.unwritten += other.unwritten;
+        self.refused.extend(other.refused.into_iter().map(|mut r| {
+            r.index += offset;
+            r
+        }));
+    }
+}
+
 /// Writes `items` with `write`: transient failures are retried with backoff (the store is
 /// marked unwritable until a write succeeds); a permanent failure splits the group in halves,
 /// written in order, until each refused item is alone. Items keep their order: positions

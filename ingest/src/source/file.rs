@@ -323,6 +323,10 @@ fn once(name: String, o: FileOptions) -> impl Stream<Item = Positioned> + Send +
         }
         let mut frames = FramedRead::new(reader, LineFramer::new(o.max_line));
         let mut n: u64 = 0;
+        // An over-long line reported before its end was read is handed over once its end is
+        // known, with the position after it: without one, a restart would resume before it
+        // and store it again (and again at every restart when it is the file's last line).
+        let mut long: Option<Raw> = None;
         while let Some(frame) = frames.next().await {
             let frame = match frame {
                 Ok(f) => f,
@@ -331,14 +335,26 @@ fn once(name: String, o: FileOptions) -> impl Stream<Item = Positioned> + Send +
                     break;
                 }
             };
+            if let Some(end) = frames.decoder_mut().take_long_line_end()
+                && let Some(raw) = long.take()
+            {
+                n += 1;
+                yield Positioned { raw, position: FilePosition::at(id, start + end) };
+            }
             let Some(raw) = framing::ndjson(frame) else { continue };
             let framer = frames.decoder();
-            let position = framer
-                .at_line_start()
-                .then(|| FilePosition::at(id, start + framer.consumed()))
-                .flatten();
+            if !framer.at_line_start() {
+                long = Some(raw);
+                continue;
+            }
             n += 1;
-            yield Positioned { raw, position };
+            yield Positioned { raw, position: FilePosition::at(id, start + framer.consumed()) };
+        }
+        if let Some(raw) = long.take() {
+            // The file ended inside the over-long line (or reading failed there: no position).
+            let end = frames.decoder_mut().take_long_line_end();
+            n += 1;
+            yield Positioned { raw, position: end.and_then(|end| FilePosition::at(id, start + end)) };
         }
         tracing::info!(source = %name, path = %o.path.display(), records = n, "end of file");
     }
@@ -428,12 +444,10 @@ fn follow(name: String, mut o: FileOptions) -> impl Stream<Item = Positioned> + 
             let mut framer = LineFramer::new(o.max_line);
             let mut buf = BytesMut::with_capacity(64 * 1024);
             let mut offset: u64 = start;
-            let at = |framer: &LineFramer| {
-                framer
-                    .at_line_start()
-                    .then(|| FilePosition::at(fid, start + framer.consumed()))
-                    .flatten()
-            };
+            let at = |framer: &LineFramer| FilePosition::at(fid, start + framer.consumed());
+            // As in `once`: an over-long line waits for its end, to be handed over with the
+            // position after it.
+            let mut long: Option<Raw> = None;
             'read: loop {
                 match file.read_buf(&mut buf).await {
                     Ok(0) => {
@@ -446,9 +460,21 @@ fn follow(name: String, mut o: FileOptions) -> impl Stream<Item = Positioned> + 
                         if reopen {
                             // Whatever the old file left unterminated is cut off.
                             while let Ok(Some(f)) = framer.decode_eof(&mut buf) {
-                                if let Some(raw) = framing::ndjson(f) {
-                                    yield Positioned { raw, position: at(&framer) };
+                                if let Some(end) = framer.take_long_line_end()
+                                    && let Some(raw) = long.take()
+                                {
+                                    yield Positioned { raw, position: FilePosition::at(fid, start + end) };
                                 }
+                                let Some(raw) = framing::ndjson(f) else { continue };
+                                if !framer.at_line_start() {
+                                    long = Some(raw);
+                                    continue;
+                                }
+                                yield Positioned { raw, position: at(&framer) };
+                            }
+                            if let Some(raw) = long.take() {
+                                let end = framer.take_long_line_end();
+                                yield Positioned { raw, position: end.and_then(|end| FilePosition::at(fid, start + end)) };
                             }
                             tracing::info!(source = %name, path = %o.path.display(), "file truncated or replaced; reading it from the start");
                             break 'read;
@@ -458,9 +484,23 @@ fn follow(name: String, mut o: FileOptions) -> impl Stream<Item = Positioned> + 
                     Ok(n) => {
                         offset += n as u64;
                         while let Ok(Some(f)) = framer.decode(&mut buf) {
-                            if let Some(raw) = framing::ndjson(f) {
-                                yield Positioned { raw, position: at(&framer) };
+                            if let Some(end) = framer.take_long_line_end()
+                                && let Some(raw) = long.take()
+                            {
+                                yield Positioned { raw, position: FilePosition::at(fid, start + end) };
                             }
+                            let Some(raw) = framing::ndjson(f) else { continue };
+                            if !framer.at_line_start() {
+                                long = Some(raw);
+                                continue;
+                            }
+                            yield Positioned { raw, position: at(&framer) };
+                        }
+                        // Its end may have come without a complete line after it.
+                        if let Some(end) = framer.take_long_line_end()
+                            && let Some(raw) = long.take()
+                        {
+                            yield Positioned { raw, position: FilePosition::at(fid, start + end) };
                         }
                     }
                     Err(e) => {
@@ -544,6 +584,7 @@ pub fn event_time(raw: &Raw, field: &str) -> Option<f64> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::source::RejectReason;
     use std::io::Write;
 
     const T: Duration = Duration::from_secs(10);
@@ -749,6 +790,98 @@ mod tests {
                 "a replaced file is read from its start: {fresh:?}"
             );
         }
+    }
+
+    /// Lines 1 and 3 and the last are over the limit by far more than one read, so the
+    /// framer reports each before its end has been read; the last has no newline.
+    fn long_lines_body() -> String {
+        let long = format!("{{\"blob\":\"{}\"}}", "🦀 big document ".repeat(20_000));
+        format!("{{\"n\":1}}\n{long}\n{{\"n\":2}}\n{long}\r\n{long}\n{{\"n\":3}}\n{long}")
+    }
+
+    fn is_long(records: &[Positioned]) -> Vec<bool> {
+        records
+            .iter()
+            .map(|p| {
+                matches!(
+                    p.raw,
+                    Raw::Invalid {
+                        reason: RejectReason::TooLarge,
+                        ..
+                    }
+                )
+            })
+            .collect()
+    }
+
+    /// Before: an over-long line whose end came in a later read was handed over without a
+    /// position. When it was the newest stored record (the file's last line, or a stop right
+    /// after it), every restart resumed before it and stored its dead letter again.
+    #[tokio::test]
+    async fn an_over_long_line_is_handed_over_with_the_position_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("long.ndjson");
+        let body = long_lines_body();
+        std::fs::write(&path, &body).unwrap();
+        let all = positioned(options(path.clone())).await;
+        assert_eq!(
+            is_long(&all),
+            [false, true, false, true, true, false, true],
+            "the records, over-long ones included, in order"
+        );
+        for (k, record) in all.iter().enumerate() {
+            let p = record
+                .position
+                .as_ref()
+                .unwrap_or_else(|| panic!("record {k} has a position"));
+            let mut s = FileSource::new("f", options(path.clone()));
+            s.resume(p);
+            let rest = positioned(s.options.clone()).await;
+            assert_eq!(
+                is_long(&rest),
+                is_long(&all[k + 1..]),
+                "resumed after record {k}: exactly what followed it"
+            );
+        }
+        assert_eq!(
+            all.last().unwrap().position.as_ref().unwrap()["offset"],
+            serde_json::json!(body.len()),
+            "the last record, an over-long line without a newline, ends at the end of the file"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_followed_file_hands_an_over_long_line_over_once_its_end_arrives() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("long.ndjson");
+        let body = long_lines_body();
+        std::fs::write(&path, &body).unwrap();
+        let mut o = options(path.clone());
+        o.follow = true;
+        let mut s = Box::new(FileSource::new("f", o)).positioned();
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            seen.push(tokio::time::timeout(T, s.next()).await.unwrap().unwrap());
+        }
+        assert_eq!(is_long(&seen), [false, true, false, true, true, false]);
+        assert!(
+            seen.iter().all(|p| p.position.is_some()),
+            "every record has a position: {:?}",
+            seen.iter().map(|p| &p.position).collect::<Vec<_>>()
+        );
+        // The last line's end is not there yet: it waits for it.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(b"\n").unwrap();
+        let last = tokio::time::timeout(T, s.next()).await.unwrap().unwrap();
+        assert_eq!(is_long(std::slice::from_ref(&last)), [true]);
+        assert_eq!(
+            last.position.unwrap()["offset"],
+            serde_json::json!(body.len() + 1),
+            "handed over with the position after its newline"
+        );
     }
 
     #[tokio::test]

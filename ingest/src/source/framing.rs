@@ -47,6 +47,10 @@ pub struct LineFramer {
     /// Bytes taken off the input so far (lines, their endings, discarded bytes): after a
     /// frame, the offset in the input right after it.
     consumed: u64,
+    /// Where the last over-long line reported before its end was seen finally ended (the
+    /// offset just past its `\n`, or the end of the input): the only place after it that a
+    /// reader can resume from. Taken by [`LineFramer::take_long_line_end`].
+    long_line_end: Option<u64>,
 }
 
 impl LineFramer {
@@ -57,6 +61,7 @@ impl LineFramer {
             discarding: false,
             scanned: 0,
             consumed: 0,
+            long_line_end: None,
         }
     }
 
@@ -75,6 +80,15 @@ impl LineFramer {
     /// over-long line is still being discarded: resuming there would start mid-line).
     pub fn at_line_start(&self) -> bool {
         !self.discarding
+    }
+
+    /// Once the rest of an over-long line reported as [`Frame::TooLong`] mid-line has been
+    /// discarded: the offset just past that line (its `\n`, or the end of the input), the
+    /// position a reader resumes from to continue after it; `None` before, and after it was
+    /// taken. A source that reports positions hands the over-long line over with this one
+    /// (not with none: a restart would then read it again).
+    pub fn take_long_line_end(&mut self) -> Option<u64> {
+        self.long_line_end.take()
     }
 }
 
@@ -102,6 +116,7 @@ impl Decoder for LineFramer {
                         self.consumed += i as u64 + 1;
                         self.discarding = false;
                         self.scanned = 0;
+                        self.long_line_end = Some(self.consumed);
                         continue;
                     }
                     None => {
@@ -157,6 +172,7 @@ impl Decoder for LineFramer {
             self.discarding = false;
             self.consumed += buf.len() as u64;
             buf.clear();
+            self.long_line_end = Some(self.consumed);
             return Ok(None);
         }
         if buf.is_empty() {
@@ -307,6 +323,43 @@ mod tests {
         assert_eq!(got, vec![Frame::TooLong(b"1234".to_vec()), line("ab")]);
         // Exactly at the limit, with \r\n, is fine.
         assert_eq!(frames(4, &[b"1234\r\n"]), vec![line("1234")]);
+    }
+
+    #[test]
+    fn the_end_of_an_over_long_line_is_known_once_its_rest_is_discarded() {
+        let mut framer = LineFramer::new(10);
+        let mut buf = BytesMut::new();
+        let mut feed = |framer: &mut LineFramer, chunk: &[u8]| {
+            buf.extend_from_slice(chunk);
+            let mut out = Vec::new();
+            while let Ok(Some(f)) = framer.decode(&mut buf) {
+                out.push(f);
+            }
+            out
+        };
+        // `{"a":1}\n` (8 bytes), then 50 x and `yy\n` (53 bytes, ends at 61), then `{"b":2}\n`.
+        assert_eq!(feed(&mut framer, b"{\"a\":1}\n").len(), 1);
+        assert_eq!(framer.take_long_line_end(), None, "no over-long line yet");
+        let got = feed(&mut framer, &[b'x'; 20]);
+        assert!(matches!(got[..], [Frame::TooLong(_)]), "{got:?}");
+        assert!(!framer.at_line_start());
+        assert_eq!(framer.take_long_line_end(), None, "its end is not read yet");
+        assert!(feed(&mut framer, &[b'x'; 30]).is_empty());
+        assert!(feed(&mut framer, b"yy\n").is_empty());
+        assert_eq!(
+            framer.take_long_line_end(),
+            Some(61),
+            "just past its newline"
+        );
+        assert_eq!(framer.take_long_line_end(), None, "taken once");
+        assert_eq!(feed(&mut framer, b"{\"b\":2}\n"), vec![line("{\"b\":2}")]);
+        // An over-long line cut by the end of the input ends there.
+        assert!(matches!(
+            feed(&mut framer, &[b'z'; 12])[..],
+            [Frame::TooLong(_)]
+        ));
+        assert_eq!(framer.decode_eof(&mut buf).unwrap(), None);
+        assert_eq!(framer.take_long_line_end(), Some(81));
     }
 
     #[test]
