@@ -11,7 +11,15 @@ use super::{BenchError, Result};
 /// The floors each scenario must report.
 fn floors_needed(scenario: &str) -> &'static [&'static str] {
     match scenario {
-        "writes" | "insert" => &["fdatasync_512b"],
+        "writes" => &[
+            "fdatasync_512b",
+            "fdatasync_overwrite_4k",
+            "sqlite_insert_full",
+            "sqlite_insert_normal",
+            "sqlite_insert_normal_indexed",
+            "sqlite_insert_full_indexed",
+        ],
+        "insert" => &["fdatasync_512b"],
         "notify" => &["task_wake"],
         "outbox" => &["loopback_rtt"],
         _ => &[],

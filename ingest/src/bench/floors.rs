@@ -2,7 +2,13 @@
 //! scenarios can report ratios to them:
 //!
 //! - [`fdatasync`]: append 512 bytes to a file on the data directory's disk and `fdatasync`
-//!   it — what any durable commit must at least wait for (writes, insert);
+//!   it — what any durable commit must at least wait for (writes, insert). An append grows the
+//!   file, so the file system also commits its size;
+//! - [`fdatasync_overwrite`]: overwrite a 4 KiB page of a file already allocated and
+//!   `fdatasync` it — what a WAL that is being reused pays (SQLite restarts its WAL from the
+//!   top after each checkpoint), and so the stricter floor for a journaled commit (writes);
+//! - raw SQLite single-row inserts (`store::embedded::probe`), `synchronous` FULL and NORMAL —
+//!   the engine's own floor, without tailrace's thread hand-off, indexes and op log (writes);
 //! - [`wake`]: wake a task parked on the async runtime from another thread, through the
 //!   same primitive the embedded engine uses to publish commits (a tokio broadcast channel) —
 //!   what an in-process notification must at least cost (notify);
@@ -72,6 +78,67 @@ pub async fn fdatasync(dir: &Path, n: usize) -> Result<Samples> {
     })
     .await
     .map_err(|e| BenchError::Scenario(format!("fdatasync probe task: {e}")))?
+}
+
+/// `n` overwrites of a 4 KiB page, cycling over a file of 64 pages written and synced before
+/// the first, each followed by `fdatasync`. The file is removed afterwards.
+pub async fn fdatasync_overwrite(dir: &Path, n: usize) -> Result<Samples> {
+    use std::os::unix::fs::FileExt;
+    const PAGES: u64 = 64;
+    let dir = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        let path = dir.join("fdatasync-overwrite-probe");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io_err(format!("opening {}", path.display())))?;
+        let page = [b'x'; 4096];
+        for i in 0..PAGES {
+            file.write_all_at(&page, i * 4096)
+                .map_err(io_err("fdatasync overwrite probe"))?;
+        }
+        file.sync_all()
+            .map_err(io_err("fdatasync overwrite probe"))?;
+        let mut samples = Samples::with_capacity(n);
+        for i in 0..n as u64 {
+            let t = Instant::now();
+            file.write_all_at(&page, (i % PAGES) * 4096)
+                .and_then(|_| file.sync_data())
+                .map_err(io_err("fdatasync overwrite probe"))?;
+            samples.push(t.elapsed());
+        }
+        drop(file);
+        let _ = std::fs::remove_file(&path);
+        Ok(samples)
+    })
+    .await
+    .map_err(|e| BenchError::Scenario(format!("fdatasync overwrite probe task: {e}")))?
+}
+
+/// `n` raw SQLite single-row inserts of `body` (one transaction each, WAL, `synchronous` FULL
+/// or NORMAL, `indexes` indexed columns) in a scratch database under `dir`.
+pub async fn sqlite_insert(
+    dir: &Path,
+    n: usize,
+    full: bool,
+    indexes: usize,
+    body: String,
+) -> Result<Samples> {
+    let dir = dir.to_path_buf();
+    let times = tokio::task::spawn_blocking(move || {
+        store::embedded::probe::raw_inserts(&dir, n, full, indexes, &body)
+    })
+    .await
+    .map_err(|e| BenchError::Scenario(format!("sqlite probe task: {e}")))??;
+    let mut samples = Samples::with_capacity(n);
+    for t in times {
+        samples.push(t);
+    }
+    Ok(samples)
 }
 
 /// `n` wakes of a task parked on the runtime, each sent from a plain thread through a

@@ -134,7 +134,7 @@ impl Target {
     /// `met (1.05×)` or `MISSED by 35% (1.62× against 1.20×)`.
     pub fn verdict(&self) -> String {
         let show = |v: f64| match self.unit.as_str() {
-            "×floor" => fmt_ratio(v),
+            u if u.starts_with('×') => fmt_ratio(v),
             "µs" => super::measure::fmt_us(v),
             "docs/s" | "req/s" => super::measure::fmt_rate(v),
             _ => format!("{v:.0} {}", self.unit),

@@ -132,6 +132,13 @@ mod tests {
         fn tail(&self, start: Start) -> RecordStream {
             self.inner.tail(start)
         }
+        async fn newest_matching(
+            &self,
+            filter: &store::Filter,
+            limit: usize,
+        ) -> store::Result<store::NewestMatching> {
+            self.inner.newest_matching(filter, limit).await
+        }
         async fn get(&self, position: Position) -> store::Result<Option<Record>> {
             self.inner.get(position).await
         }

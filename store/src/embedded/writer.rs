@@ -273,7 +273,28 @@ impl Writer {
         let now = now_us();
         self.exec_cached("BEGIN IMMEDIATE")?;
         let mut wrote_oplog = false;
+        // A group of one job needs no savepoint: if it fails, the whole transaction is undone.
+        let alone = jobs.len() == 1;
         for job in jobs.iter_mut() {
+            if alone {
+                let before_changes = commit.changes.len();
+                match self.apply(&mut job.op, now, commit) {
+                    Ok(reply) => {
+                        wrote_oplog |= commit.changes.len() > before_changes;
+                        results.push(Ok(reply));
+                    }
+                    Err(e) => {
+                        self.exec_cached("ROLLBACK")?;
+                        self.kv.clear();
+                        commit.appended.clear();
+                        commit.changes.clear();
+                        self.reload_capped_meta();
+                        results.push(Err(e));
+                        return Ok(());
+                    }
+                }
+                continue;
+            }
             self.exec_cached("SAVEPOINT job")?;
             let before_appended = commit.appended.len();
             let before_changes = commit.changes.len();
