@@ -341,9 +341,12 @@ async fn a_fast_source_meets_backpressure_not_unbounded_memory() {
     assert!(read > 1000.0, "the source did run ({read} read)");
     let status = t.json("/api/status").await;
     let written = status["ingest"]["written"].as_f64().unwrap();
+    // Between the source and the store: the queue, then the ingester's two stages — one batch
+    // being prepared (or waiting to be handed over), one in the hand-over channel (capacity 1),
+    // one being written.
     assert!(
-        read - written <= 256.0 + 64.0 + 1.0,
-        "read {read} vs written {written}: only the queue and one batch in between"
+        read - written <= 256.0 + 3.0 * 64.0 + 1.0,
+        "read {read} vs written {written}: only the queue and three batches in between"
     );
     t.stop().await;
 }
