@@ -16,6 +16,9 @@ use crate::{
     ResumeToken, StoreError, update,
 };
 
+/// `PRAGMA wal_autocheckpoint` of the write connection, in pages (see [`Writer::new`]).
+const WAL_CHECKPOINT_PAGES: i64 = 16_384;
+
 /// At most this many jobs share one transaction, so one commit's latency stays bounded.
 const MAX_GROUP: usize = 1024;
 
@@ -177,6 +180,14 @@ impl Writer {
         // changes) spills to a temporary *file* past 64 KiB by default: one pwrite per page,
         // on every group commit. Memory is where it belongs; it lives for one job.
         conn.pragma_update(None, "temp_store", "MEMORY")?;
+        // The WAL is copied into the database when it reaches this many pages. SQLite's 1,000
+        // (4 MB) is about one batch of 256 long-tail events (each lands on its own index and
+        // rollup pages), so nearly every commit paid a checkpoint and every page was written
+        // twice. At 16,384 a page changed by many commits is copied once: bench insert,
+        // realistic, 22.6 → 15.3 KB written and 10-12k → 15-16k events/s. The file is cut
+        // back to that size after a checkpoint if readers made it outgrow it.
+        conn.pragma_update(None, "wal_autocheckpoint", WAL_CHECKPOINT_PAGES)?;
+        conn.pragma_update(None, "journal_size_limit", WAL_CHECKPOINT_PAGES * 4096)?;
         Ok(Writer {
             conn,
             kv: KvCache::default(),
