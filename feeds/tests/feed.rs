@@ -350,3 +350,31 @@ async fn the_stats_document_carries_the_notification_latency_window() {
     );
     feed.stop().await;
 }
+
+/// A change feed whose newest op-log entries are all ones its filter skips (the hashtag
+/// counters written after the last `source:` summary) stops at once: it used to wait for an
+/// item that never came and held every such stop for its whole 2 s drain deadline.
+#[tokio::test]
+async fn a_change_feed_whose_newest_entries_are_filtered_out_stops_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _, rollups) = open(&dir, 10_000).await;
+    update_rollup(&rollups, 1..=5).await;
+    let feed = start(&store, changes_spec()).await;
+    feed.wait("5 changes processed", |s| events_of(s) == 5)
+        .await;
+    // Written while the feed follows live, right before the stop.
+    let counters = (0..200)
+        .map(|i| KeyUpdate::new(format!("hashtags:tag{i}"), Update::inc("count", 1)))
+        .collect();
+    rollups
+        .update(counters, Durability::Journaled)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    feed.stop().await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "the stop waited {took:?} for entries the filter skips (the drain deadline is 2 s)"
+    );
+}

@@ -33,6 +33,10 @@ use crate::telemetry::{self as t, FeedMeters, RestartReason};
 use checkpoint::Checkpoint;
 use reader::{Item, Lag};
 
+/// While draining at a stop, how long to wait for the next item before looking at the lag
+/// again (see `drain`).
+const DRAIN_SLICE: Duration = Duration::from_millis(20);
+
 /// The kind of stream a feed reads (the config's `kind`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -312,9 +316,16 @@ impl Feed {
                 Lag::Entries(0) | Lag::Unknown => return,
                 Lag::Entries(_) | Lag::Behind => {}
             }
-            match tokio::time::timeout_at(deadline, stream.next()).await {
+            // The newest entries may all be ones this feed's filter skips: the stream reads past
+            // them (its read position moves) without yielding anything. So wait for an item a
+            // short while only, then look at the lag again; waiting for an item that never
+            // comes held every such stop for the whole deadline.
+            let slice = (tokio::time::Instant::now() + DRAIN_SLICE).min(deadline);
+            match tokio::time::timeout_at(slice, stream.next()).await {
                 Ok(Some(Ok(item))) => self.process(item),
-                _ => return,
+                Ok(_) => return,
+                Err(_) if slice >= deadline => return,
+                Err(_) => {}
             }
         }
     }
