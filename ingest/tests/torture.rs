@@ -21,7 +21,7 @@
 //!
 //! `TAILRACE_TORTURE_CYCLES` sets N (default 10: the CI version, about a minute in a debug
 //! build); `TAILRACE_TORTURE_SEED` the seed (printed at the start). The long version and its
-//! figures: `docs/TORTURE.md`.
+//! figures: `docs/RELIABILITY.md`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -876,7 +876,7 @@ async fn check_resumed(t: &Tailrace, resume_at: Option<u64>, run: usize) {
     );
 }
 
-/// Prints the figures docs/TORTURE.md quotes.
+/// Prints the figures docs/RELIABILITY.md quotes.
 fn report(plan: &Plan, rows: &[Row], audit: &Audit, last: &Found, elapsed: Duration) {
     eprintln!(
         "cycle  wait_ms  acked(replay,stream)  stored(replay,stream)  rollups_behind  wal(committed,uncommitted,torn)  integrity_ms"

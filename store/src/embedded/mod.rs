@@ -155,7 +155,7 @@ impl EmbeddedStore {
     }
 
     /// SQLite's query plan for `latest(field = ..)` on a capped collection: shows whether the
-    /// expression index is used.
+    /// index on the field's column is used.
     pub async fn explain_latest(&self, coll: &str, field: &str) -> Result<String> {
         schema::check_name(coll)?;
         let (coll, field) = (coll.to_string(), field.to_string());
