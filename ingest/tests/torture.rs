@@ -810,6 +810,21 @@ async fn sigkill_cycles_at_a_high_rate_lose_and_double_nothing() {
         },
     )
     .await;
+    // The feeds resumed from checkpoints up to a few seconds old and may be thousands of
+    // events behind: a stop gives them 5 s to drain, which a debug build on a loaded machine
+    // may not make (then the stop rightly exits 1). A clean stop is the point here, so wait
+    // for both to catch up first.
+    t.wait_until(
+        "both feeds caught up",
+        Duration::from_secs(300),
+        async |t| {
+            let m = t.metrics().await;
+            FEEDS
+                .iter()
+                .all(|f| m.one("tailrace_feed_lag_events", &[("feed", f)]) == Some(0.0))
+        },
+    )
+    .await;
     t.stop().await;
     drop(t);
     let found = audit.inspect(&data, &expect, "after the last run").await;
