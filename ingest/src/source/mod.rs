@@ -15,13 +15,15 @@
 //! `examples/custom_source.rs`).
 //!
 //! Layout: [`synthetic`], [`http`], [`websocket`], [`file`], [`stdin`], [`command`]; the byte-stream sources
-//! share [`framing`] (bounded NDJSON lines) and the http source's SSE mode uses [`sse`].
+//! share [`framing`] (bounded NDJSON lines), the http source's SSE mode uses [`sse`], and the
+//! sources that resume from a cursor in their events use [`resume`].
 
 pub mod command;
 pub mod file;
 pub mod framing;
 pub mod http;
 pub mod realistic;
+pub mod resume;
 pub mod sse;
 pub mod stdin;
 pub mod synthetic;
