@@ -1,7 +1,8 @@
 //! The `http` source against a real local server (axum on 127.0.0.1:0) that plays a script per
 //! connection: NDJSON and SSE, chunk boundaries inside lines and characters, closes mid-line,
-//! stalls, 429 with Retry-After, 500s, Last-Event-ID, gzip, secret headers; and bad input
-//! through the real ingester into a real embedded store.
+//! stalls, 429 with Retry-After, 500s, Last-Event-ID, gzip, secret headers; NDJSON resumed
+//! from a cursor by a server that takes `?since=<n>`; and bad input through the real ingester
+//! into a real embedded store.
 //!
 //! No sleep synchronises anything: the tests wait on the server's request counter, the
 //! captured log, or the store's tail, each under a timeout.
@@ -24,9 +25,12 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use ingest::ingester::{Handed, IngestOptions, IngestStats, Ingester};
 use ingest::source::http::HttpFormat;
-use ingest::source::http::{HttpOptions, HttpSource};
-use ingest::source::{Raw, RejectReason, Source, USER_AGENT};
-use ingest::telemetry::SOURCE_EVENTS_SKIPPED;
+use ingest::source::http::{HttpConfig, HttpOptions, HttpSource};
+use ingest::source::resume::Resume;
+use ingest::source::{
+    BuildContext, Positioned, Raw, RejectReason, Source, SourceSettings, USER_AGENT,
+};
+use ingest::telemetry::{DUPLICATES_DROPPED, SOURCE_EVENTS_SKIPPED};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::{Value, json};
 use store::embedded::{EmbeddedOptions, EmbeddedStore};
@@ -236,7 +240,7 @@ fn source(name: &str, o: HttpOptions) -> BoxStream<'static, Raw> {
     Box::new(HttpSource::new(name, o)).records()
 }
 
-async fn take(s: &mut BoxStream<'static, Raw>, n: usize) -> Vec<Raw> {
+async fn take<T: std::fmt::Debug>(s: &mut BoxStream<'static, T>, n: usize) -> Vec<T> {
     let mut out = Vec::new();
     for _ in 0..n {
         let next = tokio::time::timeout(T, s.next()).await.unwrap_or_else(|_| {
@@ -763,4 +767,281 @@ async fn named_events_are_chosen_counted_and_ids_echoed_verbatim() {
         .count();
     assert_eq!(labels, 17, "16 names and `other`");
     log_line(&["masto", "skipping server-sent events", "delete"]).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// NDJSON resumed from a cursor: a server that takes `?since=<n>`
+// ---------------------------------------------------------------------------------------
+
+/// Event `n` of the `since` server, as one NDJSON line without its `\n`.
+fn numbered(n: u64) -> String {
+    format!("{{\"n\":{n},\"text\":\"第{n}号 🦀 naïve ☃\"}}")
+}
+
+/// An NDJSON server whose stream holds events 1..=`last` ([`numbered`]). It answers
+/// `?since=<c>` with the events after c (from c itself when `replays`, as a server that
+/// resumes inclusively does), at most `per_connection` of them, and then closes the
+/// response; when it has fewer left it sends them and holds the connection open. It records
+/// the query string of every request.
+struct Since {
+    last: u64,
+    per_connection: usize,
+    replays: bool,
+    queries: Mutex<Vec<Option<String>>>,
+    count: watch::Sender<usize>,
+}
+
+impl Since {
+    async fn start(last: u64, per_connection: usize, replays: bool) -> (Arc<Since>, SocketAddr) {
+        let server = Arc::new(Since {
+            last,
+            per_connection,
+            replays,
+            queries: Mutex::new(Vec::new()),
+            count: watch::channel(0).0,
+        });
+        let app = axum::Router::new()
+            .fallback(serve_since)
+            .with_state(server.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (server, addr)
+    }
+
+    /// Waits until `n` requests arrived, then returns the query strings of all so far.
+    async fn queries(&self, n: usize) -> Vec<Option<String>> {
+        let mut rx = self.count.subscribe();
+        tokio::time::timeout(T, rx.wait_for(|c| *c >= n))
+            .await
+            .unwrap_or_else(|_| panic!("{n} requests did not arrive within {T:?}"))
+            .unwrap();
+        self.queries.lock().unwrap().clone()
+    }
+}
+
+async fn serve_since(State(s): State<Arc<Since>>, req: axum::extract::Request) -> Response<Body> {
+    let query = req.uri().query().map(str::to_owned);
+    let since = query.as_deref().and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("since="))
+            .map(|v| v.parse::<u64>().unwrap())
+    });
+    s.queries.lock().unwrap().push(query);
+    s.count.send_modify(|c| *c += 1);
+    let from = match since {
+        None => 1,
+        Some(c) if s.replays => c,
+        Some(c) => c + 1,
+    };
+    let lines: Vec<String> = (from..=s.last)
+        .take(s.per_connection)
+        .map(|n| numbered(n) + "\n")
+        .collect();
+    let close = lines.len() == s.per_connection;
+    let body = async_stream::stream! {
+        for line in lines {
+            // Each line in two chunks, cut inside the crab's four bytes.
+            let bytes = line.into_bytes();
+            let cut = bytes.iter().position(|&b| b == 0xf0).unwrap() + 2;
+            yield Ok::<_, Infallible>(Bytes::from(bytes[..cut].to_vec()));
+            yield Ok(Bytes::from(bytes[cut..].to_vec()));
+        }
+        if !close {
+            futures::future::pending::<()>().await;
+        }
+    };
+    Response::builder()
+        .header("content-type", "application/x-ndjson")
+        .body(Body::from_stream(body))
+        .unwrap()
+}
+
+fn since_options(addr: SocketAddr) -> HttpOptions {
+    let mut o = options(addr, HttpFormat::Ndjson);
+    o.url = format!("http://{addr}/stream?topic=all");
+    o.resume = Some(Resume {
+        field: "n".into(),
+        param: "since".into(),
+    });
+    o
+}
+
+/// A source's records with their positions; `stored` is handed to `resume` first, as a
+/// restarted pipeline does with the position stored with the source's newest event.
+fn positioned(source: Box<dyn Source>, stored: Option<Value>) -> BoxStream<'static, Positioned> {
+    logs();
+    let mut source = source;
+    if let Some(p) = stored {
+        source.resume(&p);
+    }
+    source.positioned()
+}
+
+/// Records as text with their positions, so that a failure reads.
+fn shown(records: Vec<Positioned>) -> Vec<(String, Option<Value>)> {
+    records
+        .into_iter()
+        .map(|p| {
+            let text = match p.raw {
+                Raw::Bytes(b) => String::from_utf8(b).unwrap_or_else(|e| format!("{e:?}")),
+                other => format!("{other:?}"),
+            };
+            (text, p.position)
+        })
+        .collect()
+}
+
+/// Records `from..=to` of the `since` server, each with its own `n` as its position.
+fn numbered_run(from: u64, to: u64) -> Vec<(String, Option<Value>)> {
+    (from..=to)
+        .map(|n| (numbered(n), Some(json!(n.to_string()))))
+        .collect()
+}
+
+fn q(s: &str) -> Option<String> {
+    Some(s.to_owned())
+}
+
+#[tokio::test]
+async fn ndjson_resume_reconnects_with_since_and_every_event_arrives_once_in_order() {
+    recorder();
+    let (srv, addr) = Since::start(10, 3, false).await;
+    let mut s = positioned(
+        Box::new(HttpSource::new("since", since_options(addr))),
+        None,
+    );
+    assert_eq!(
+        shown(take(&mut s, 10).await),
+        numbered_run(1, 10),
+        "each event once, in order, positioned at its own n"
+    );
+    assert_eq!(
+        srv.queries(4).await,
+        [
+            q("topic=all"),
+            q("topic=all&since=3"),
+            q("topic=all&since=6"),
+            q("topic=all&since=9"),
+        ],
+        "no cursor before the first event; then the last n on every reconnect, the rest of \
+         the query kept"
+    );
+    assert_eq!(metric(DUPLICATES_DROPPED, &[("source", "since")]), 0.0);
+}
+
+#[tokio::test]
+async fn ndjson_resume_drops_and_counts_the_event_a_server_replays_at_the_cursor() {
+    recorder();
+    // Each reconnect starts with the event at the cursor again: 3, 5, 7 and 9 come twice.
+    let (srv, addr) = Since::start(10, 3, true).await;
+    let mut s = positioned(
+        Box::new(HttpSource::new("replaying", since_options(addr))),
+        None,
+    );
+    assert_eq!(shown(take(&mut s, 10).await), numbered_run(1, 10));
+    assert_eq!(
+        srv.queries(5).await,
+        [
+            q("topic=all"),
+            q("topic=all&since=3"),
+            q("topic=all&since=5"),
+            q("topic=all&since=7"),
+            q("topic=all&since=9"),
+        ]
+    );
+    assert_eq!(
+        metric(DUPLICATES_DROPPED, &[("source", "replaying")]),
+        4.0,
+        "the four replayed events were dropped and counted"
+    );
+}
+
+#[tokio::test]
+async fn ndjson_resume_a_restarted_source_asks_for_the_events_after_its_stored_position() {
+    // Built from its configuration, as a restarted tailrace builds it, then resumed with the
+    // position stored with its newest event: a string (what the source reports), or a number.
+    for (stored, name) in [(json!("7"), "restarted"), (json!(7), "restarted-number")] {
+        let (srv, addr) = Since::start(10, 3, false).await;
+        let mut config = HttpConfig::new(format!("http://{addr}/stream?topic=all"));
+        config.resume = Some(Resume {
+            field: "n".into(),
+            param: "since".into(),
+        });
+        let ctx = BuildContext {
+            index: 0,
+            max_line: 1000,
+        };
+        let mut s = positioned(config.build(name, &ctx).unwrap(), Some(stored));
+        assert_eq!(shown(take(&mut s, 3).await), numbered_run(8, 10), "{name}");
+        assert_eq!(
+            srv.queries(1).await[0],
+            q("topic=all&since=7"),
+            "{name}: the very first request carries the stored cursor"
+        );
+    }
+}
+
+#[tokio::test]
+async fn ndjson_without_resume_adds_no_parameter_and_reports_no_position() {
+    let (srv, addr) = Since::start(4, 3, false).await;
+    let mut o = since_options(addr);
+    o.resume = None;
+    // A stored position means nothing to it.
+    let mut s = positioned(Box::new(HttpSource::new("plain", o)), Some(json!("2")));
+    assert_eq!(
+        shown(take(&mut s, 6).await),
+        [1, 2, 3, 1, 2, 3].map(|n| (numbered(n), None)),
+        "every connection starts from the beginning"
+    );
+    assert_eq!(
+        srv.queries(2).await[..2],
+        [q("topic=all"), q("topic=all")],
+        "the URL as configured, on the first request and on the reconnect"
+    );
+}
+
+#[tokio::test]
+async fn ndjson_resume_lines_without_the_field_keep_the_previous_position() {
+    let (srv, addr) = Server::start(vec![
+        ok(vec![send(
+            "not json\n{\"n\":1}\nnot json\n{\"other\":\"x\"}\n[1]\n{\"n\":2}\n{\"n\":",
+        )]),
+        ok(vec![send("{\"n\":3}\n"), Step::Stall]),
+    ])
+    .await;
+    let mut o = options(addr, HttpFormat::Ndjson);
+    o.resume = Some(Resume {
+        field: "n".into(),
+        param: "since".into(),
+    });
+    let mut s = positioned(Box::new(HttpSource::new("gaps", o)), None);
+    let at = |raw: Raw, n: Option<&str>| Positioned {
+        raw,
+        position: n.map(|n| json!(n)),
+    };
+    assert_eq!(
+        take(&mut s, 8).await,
+        [
+            at(bytes("not json"), None),
+            at(bytes("{\"n\":1}"), Some("1")),
+            at(bytes("not json"), Some("1")),
+            at(bytes("{\"other\":\"x\"}"), Some("1")),
+            at(bytes("[1]"), Some("1")),
+            at(bytes("{\"n\":2}"), Some("2")),
+            at(
+                Raw::Invalid {
+                    bytes: b"{\"n\":".to_vec(),
+                    reason: RejectReason::Truncated
+                },
+                Some("2")
+            ),
+            at(bytes("{\"n\":3}"), Some("3")),
+        ]
+    );
+    srv.requests(2).await;
+    srv.seen(|r| {
+        assert_eq!(r[0].uri, "/stream", "no cursor known yet");
+        assert_eq!(r[1].uri, "/stream?since=2");
+    });
 }

@@ -651,7 +651,7 @@ fn source_kinds_get_their_defaults_and_only_their_keys() {
         [
             "unknown key sources[0].follow (allowed: name, kind) (from TOML source string)",
             "unknown key sources[1].restart (allowed: name, kind, url, format, headers, \
-             connect_timeout_ms, idle_timeout_ms, reconnect_max_ms, events) (from TOML source string)",
+             connect_timeout_ms, idle_timeout_ms, reconnect_max_ms, events, resume) (from TOML source string)",
         ]
     );
     let found = toml_problems(
@@ -989,6 +989,7 @@ fn dollar_prefixed_paths_are_one_line_errors_naming_the_key() {
     let ws = "[[sources]]\nname = \"jet\"\nkind = \"websocket\"\nurl = \"ws://127.0.0.1:1/s\"\n";
     let file =
         "[[sources]]\nname = \"f\"\nkind = \"file\"\npath = \"x.ndjson\"\npace = \"timestamps\"\n";
+    let http = "[[sources]]\nname = \"h\"\nkind = \"http\"\nurl = \"http://x/\"\n";
     for (toml, key) in [
         (
             "[store.events]\nindexes = [\"wiki\", \"$schema\"]\n".to_owned(),
@@ -1013,6 +1014,10 @@ fn dollar_prefixed_paths_are_one_line_errors_naming_the_key() {
         (
             format!("{file}timestamp_field = \"meta.$dt\"\n"),
             "sources[0].timestamp_field",
+        ),
+        (
+            format!("{http}resume = {{ field = \"$seq\", param = \"since\" }}\n"),
+            "sources[0].resume.field",
         ),
     ] {
         let err = toml_err(&toml);
@@ -1057,6 +1062,51 @@ fn sse_event_names_are_checked() {
     assert_eq!(
         toml_err(&http("format = \"sse\"\nevents = [\"ok\", \"a\\nb\"]\n")),
         "sources[0].events[1]: \"a\\nb\" is not an event name (1-256 bytes, no line break or NUL) (from TOML source string)"
+    );
+}
+
+#[test]
+fn ndjson_resume_is_checked() {
+    let http = |extra: &str| {
+        format!("[[sources]]\nname = \"h\"\nkind = \"http\"\nurl = \"http://x/\"\n{extra}")
+    };
+    let c = with_toml(&http(
+        "resume = { field = \"meta.seq\", param = \"since\" }\n",
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    match &c.sources[0].kind {
+        SourceKind::Http(h) => {
+            let r = h.resume.as_ref().expect("resumes from a cursor");
+            assert_eq!((r.field.as_str(), r.param.as_str()), ("meta.seq", "since"));
+        }
+        other => panic!("not http: {other:?}"),
+    }
+    let c = with_toml(&http("")).unwrap_or_else(|e| panic!("{e}"));
+    match &c.sources[0].kind {
+        SourceKind::Http(h) => assert_eq!(h.resume, None, "the default"),
+        other => panic!("not http: {other:?}"),
+    }
+    assert_eq!(
+        toml_err(&http(
+            "format = \"sse\"\nresume = { field = \"n\", param = \"since\" }\n"
+        )),
+        "sources[0].resume: only for format = \"ndjson\" (SSE resumes by Last-Event-ID on its own) (from TOML source string)"
+    );
+    assert_eq!(
+        toml_err(&http("resume = { field = \"\", param = \"since\" }\n")),
+        "sources[0].resume.field: \"\" is not a field path (dot-separated names, e.g. \"user.id\") (from TOML source string)"
+    );
+    assert_eq!(
+        toml_err(&http("resume = { field = \"n\", param = \"\" }\n")),
+        "sources[0].resume.param: must not be empty (the query parameter that carries the cursor, e.g. \"since\") (from TOML source string)"
+    );
+    let err = toml_err(&http(
+        "resume = { field = \"n\", param = \"since\", after = 3 }\n",
+    ));
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("unknown key sources[0].resume.after "),
+        "an unknown key is refused by its dotted key: {err}"
     );
 }
 

@@ -10,6 +10,12 @@
 //!
 //! - NDJSON: [`framing`](super::framing) rules; a line cut off by a dropped connection is
 //!   `truncated`.
+//! - NDJSON with `resume = { field, param }` (a server that takes a resume parameter, e.g.
+//!   `?since=<seq>`): a record's position is the `field` of the newest event seen (see
+//!   [`resume`](super::resume)); every request carries `param=<that value>` once one is known
+//!   (the first one after a restart carries the stored one), and the events a server replays
+//!   at or before it are dropped and counted in
+//!   `tailrace_source_duplicates_dropped_total{source}`, as the `websocket` source does.
 //! - SSE: [`sse`](super::sse) rules; the last event id is sent back, verbatim, as
 //!   `Last-Event-ID` on every reconnect, so the server can resume. Only events whose type is
 //!   in `events` (default `["message"]`: unnamed events) are records; the others are counted
@@ -33,6 +39,7 @@ use tokio_util::codec::FramedRead;
 use tokio_util::io::StreamReader;
 
 use super::framing::{self, Frame, LineFramer};
+use super::resume::{Resume, Resumer, Verdict, resume_url, stored_cursor};
 use super::sse::{self, Dispatched, SseAssembler};
 use super::{BuildContext, Positioned, Raw, Source, SourceError, SourceSettings, USER_AGENT};
 use crate::config::redact::redact_url;
@@ -122,6 +129,11 @@ pub struct HttpConfig {
     /// stands for events without one). Events of other types are counted, not stored.
     #[serde(default = "default_events")]
     pub events: Vec<String>,
+    /// `format = "ndjson"`: resume from a cursor in the events, for a server that takes one
+    /// as a query parameter: `{ field = "seq", param = "since" }` sends the newest event's
+    /// `seq` as `since=<seq>` on every reconnect and after a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Resume>,
 }
 
 impl HttpConfig {
@@ -135,6 +147,7 @@ impl HttpConfig {
             idle_timeout_ms: DEFAULT_IDLE_TIMEOUT_MS,
             reconnect_max_ms: DEFAULT_RECONNECT_MAX_MS,
             events: default_events(),
+            resume: None,
         }
     }
 }
@@ -209,6 +222,9 @@ impl SourceSettings for HttpConfig {
             100,
         );
         validate_events(at, self.format, &self.events, p);
+        if let Some(r) = &self.resume {
+            validate_resume(at, self.format, r, p);
+        }
     }
 
     fn build(&self, name: &str, ctx: &BuildContext) -> Result<Box<dyn Source>, SourceError> {
@@ -218,6 +234,7 @@ impl SourceSettings for HttpConfig {
         o.idle_timeout = Duration::from_millis(self.idle_timeout_ms);
         o.reconnect_max = Duration::from_millis(self.reconnect_max_ms);
         o.events = self.events.clone();
+        o.resume = self.resume.clone();
         Ok(Box::new(HttpSource::new(name, o)))
     }
 
@@ -238,6 +255,24 @@ impl SourceSettings for HttpConfig {
         for value in self.headers.values_mut() {
             *value = REDACTED.to_owned();
         }
+    }
+}
+
+/// Checks `resume`: NDJSON only (SSE has its own), a field path and a parameter name.
+fn validate_resume(at: &str, format: HttpFormat, r: &Resume, p: &mut Problems) {
+    if format == HttpFormat::Sse {
+        p.push(
+            format!("{at}.resume"),
+            "only for format = \"ndjson\" (SSE resumes by Last-Event-ID on its own)",
+        );
+        return;
+    }
+    p.field_path(&format!("{at}.resume.field"), &r.field);
+    if r.param.is_empty() {
+        p.push(
+            format!("{at}.resume.param"),
+            "must not be empty (the query parameter that carries the cursor, e.g. \"since\")",
+        );
     }
 }
 
@@ -310,6 +345,12 @@ pub struct HttpOptions {
     pub last_event_id: Option<String>,
     /// SSE: the event types that are records (default `["message"]`: unnamed events).
     pub events: Vec<String>,
+    /// NDJSON: resume from a cursor taken from the events (see the module doc); ignored for
+    /// SSE, which resumes by `Last-Event-ID`.
+    pub resume: Option<Resume>,
+    /// NDJSON with `resume`: the cursor of the first request (e.g. the one stored before a
+    /// restart).
+    pub start: Option<String>,
 }
 
 impl HttpOptions {
@@ -326,6 +367,8 @@ impl HttpOptions {
             max_line,
             last_event_id: None,
             events: default_events(),
+            resume: None,
+            start: None,
         }
     }
 }
@@ -364,14 +407,22 @@ impl Source for HttpSource {
     }
 
     /// SSE: the stored position is the last event id; the first request sends it as
-    /// `Last-Event-ID`, so the server continues after it. NDJSON streams have no position.
+    /// `Last-Event-ID`, so the server continues after it. NDJSON with `resume`: the stored
+    /// position is the cursor; the first request carries it in `param`. NDJSON without
+    /// `resume` has no position.
     fn resume(&mut self, position: &serde_json::Value) {
         match (self.options.format, position.as_str()) {
             (HttpFormat::Sse, Some(id)) => self.options.last_event_id = Some(id.to_owned()),
             (HttpFormat::Sse, None) => {
                 tracing::warn!(source = %self.name, "the stored position is not an SSE event id; starting without Last-Event-ID")
             }
-            (HttpFormat::Ndjson, _) => {}
+            (HttpFormat::Ndjson, _) if self.options.resume.is_none() => {}
+            (HttpFormat::Ndjson, _) => match stored_cursor(position) {
+                Some(c) => self.options.start = Some(c),
+                None => {
+                    tracing::warn!(source = %self.name, "the stored position is not a cursor; connecting without one")
+                }
+            },
         }
     }
 }
@@ -499,15 +550,20 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Positioned> + Send + 
         let mut backoff = Backoff::new(o.reconnect_min, o.reconnect_max);
         let mut sse = SseAssembler::new(o.max_line, o.last_event_id.clone()).with_events(o.events.clone());
         let mut skipped = t::SkippedEvents::new(&name, &o.events);
+        let mut cursor = Cursor::new(&name, &o);
         // An SSE record's position is the id of the event it came from (what a reconnect or a
-        // restart sends back as Last-Event-ID).
-        let at = |sse: &SseAssembler| match o.format {
+        // restart sends back as Last-Event-ID); an NDJSON record's, with `resume`, the cursor.
+        let at = |sse: &SseAssembler, cursor: &Option<Cursor>| match o.format {
             HttpFormat::Sse => sse.last_event_id().map(|id| serde_json::Value::String(id.to_owned())),
-            HttpFormat::Ndjson => None,
+            HttpFormat::Ndjson => cursor.as_ref().and_then(Cursor::position),
         };
         let mut ever_connected = false;
         loop {
-            let mut req = client.get(&o.url).headers(headers.clone());
+            let url = match &mut cursor {
+                Some(c) => c.url(&o.url),
+                None => o.url.clone(),
+            };
+            let mut req = client.get(&url).headers(headers.clone());
             match o.format {
                 HttpFormat::Sse => {
                     req = req.header(header::ACCEPT, "text/event-stream").header(header::CACHE_CONTROL, "no-cache");
@@ -559,7 +615,9 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Positioned> + Send + 
                                         got_any = true;
                                         backoff.reset();
                                     }
-                                    yield Positioned { position: at(&sse), raw };
+                                    if cursor.as_mut().is_none_or(|c| c.admit(&raw)) {
+                                        yield Positioned { position: at(&sse, &cursor), raw };
+                                    }
                                 }
                             }
                             Some(Err(e)) => {
@@ -571,12 +629,14 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Positioned> + Send + 
                                     rest.push(f);
                                 }
                                 for f in rest {
-                                    if let Some(raw) = to_raw(o.format, &mut sse, &mut skipped, f) {
-                                        yield Positioned { position: at(&sse), raw };
+                                    if let Some(raw) = to_raw(o.format, &mut sse, &mut skipped, f)
+                                        && cursor.as_mut().is_none_or(|c| c.admit(&raw))
+                                    {
+                                        yield Positioned { position: at(&sse, &cursor), raw };
                                     }
                                 }
                                 if let Some(raw) = sse_finish(o.format, &mut sse, &mut skipped) {
-                                    yield Positioned { position: at(&sse), raw };
+                                    yield Positioned { position: at(&sse, &cursor), raw };
                                 }
                                 if e.kind() == std::io::ErrorKind::TimedOut {
                                     tracing::warn!(source = %name, url = %shown_url, "stream stalled: {e}; reconnecting");
@@ -587,7 +647,7 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Positioned> + Send + 
                             }
                             None => {
                                 if let Some(raw) = sse_finish(o.format, &mut sse, &mut skipped) {
-                                    yield Positioned { position: at(&sse), raw };
+                                    yield Positioned { position: at(&sse, &cursor), raw };
                                 }
                                 tracing::warn!(source = %name, url = %shown_url, "the server closed the stream; reconnecting");
                                 break ReconnectReason::Closed;
@@ -606,6 +666,57 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Positioned> + Send + 
             t::SourceReconnecting { source: &name, reason: ended, delay }.emit();
             tokio::time::sleep(delay).await;
         }
+    }
+}
+
+/// NDJSON with `resume`: the cursor, the query parameter that carries it, and the count of
+/// replayed events dropped.
+struct Cursor {
+    param: String,
+    resumer: Resumer,
+    duplicates: metrics::Counter,
+}
+
+impl Cursor {
+    /// The cursor of an NDJSON source with `resume` (`None` otherwise), from `start` if set.
+    fn new(name: &str, o: &HttpOptions) -> Option<Self> {
+        let r = o
+            .resume
+            .as_ref()
+            .filter(|_| o.format == HttpFormat::Ndjson)?;
+        Some(Cursor {
+            param: r.param.clone(),
+            resumer: Resumer::new(&r.field, o.start.clone()),
+            duplicates: t::duplicates_dropped(name),
+        })
+    }
+
+    /// The URL of the next request: `url` with `param=<cursor>` once a cursor is known. Opens
+    /// the replay window.
+    fn url(&mut self, url: &str) -> String {
+        match self.resumer.connecting() {
+            Some(c) => resume_url(url, &self.param, c),
+            None => url.to_owned(),
+        }
+    }
+
+    /// Whether to hand `raw` over: not when it is a replayed event already handed over (it is
+    /// counted instead).
+    fn admit(&mut self, raw: &Raw) -> bool {
+        if let Raw::Bytes(b) = raw
+            && self.resumer.admit(b) == Verdict::Duplicate
+        {
+            self.duplicates.increment(1);
+            return false;
+        }
+        true
+    }
+
+    /// Where the stream stands: the cursor, as a string (as the websocket source stores it).
+    fn position(&self) -> Option<serde_json::Value> {
+        self.resumer
+            .position()
+            .map(|c| serde_json::Value::String(c.to_owned()))
     }
 }
 

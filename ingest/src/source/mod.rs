@@ -16,7 +16,7 @@
 //!
 //! Layout: [`synthetic`], [`http`], [`websocket`], [`file`], [`stdin`], [`command`]; the byte-stream sources
 //! share [`framing`] (bounded NDJSON lines), the http source's SSE mode uses [`sse`], and the
-//! sources that resume from a cursor in their events use [`resume`].
+//! sources that resume from a cursor in their events (websocket, http NDJSON) use [`resume`].
 
 pub mod command;
 pub mod file;
@@ -89,12 +89,13 @@ impl From<Raw> for Positioned {
 /// connection) are the source's to handle (reconnect with backoff) and to log; they do not end
 /// the stream. The stream is dropped on shutdown, so it must not need an explicit stop.
 ///
-/// **Resumable sources** (a file, an SSE stream with event ids, a WebSocket with a cursor)
-/// also implement [`Source::positioned`], giving with each record where the source stood right
-/// after it, and [`Source::resume`]. The ingester stores a record's position in the same
-/// document as the event it became, so it is committed with it; before a restarted pipeline
-/// starts a source, it calls `resume` with the position stored with that source's newest
-/// record: the source continues exactly after it, and nothing is read twice or skipped.
+/// **Resumable sources** (a file, an SSE stream with event ids, a WebSocket or an NDJSON http
+/// stream with a cursor) also implement [`Source::positioned`], giving with each record where
+/// the source stood right after it, and [`Source::resume`]. The ingester stores a record's
+/// position in the same document as the event it became, so it is committed with it; before a
+/// restarted pipeline starts a source, it calls `resume` with the position stored with that
+/// source's newest record: the source continues exactly after it, and nothing is read twice or
+/// skipped.
 pub trait Source: Send + 'static {
     /// The source's name: the `source` label of metrics, stored with each event.
     fn name(&self) -> &str;
