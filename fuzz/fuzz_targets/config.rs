@@ -165,7 +165,7 @@ fuzz_target!(|input: &[u8]| {
             for h in headers_of(&mut doc) {
                 *h = shifted(h);
             }
-            let Ok(changed) = toml::to_string(&doc) else {
+            let Ok(changed) = toml_print::to_string(&doc) else {
                 return;
             };
             let Err(again) = load(&changed) else {
@@ -181,7 +181,7 @@ fuzz_target!(|input: &[u8]| {
             }
         }
         Ok(config) => {
-            let printed = toml::to_string(&config).expect("a loaded configuration prints as TOML");
+            let printed = toml_print::to_string(&config).expect("a loaded configuration prints as TOML");
             match load(&printed) {
                 Ok(again) => assert_eq!(
                     again, config,
