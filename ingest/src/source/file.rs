@@ -214,6 +214,37 @@ impl FilePosition {
     }
 }
 
+/// An over-long line reported before its end was read, held until the framer knows where it
+/// ended, so it is handed over with the position after it: without one, a restart would
+/// resume before it and store it again (and again at every restart when it is the file's last
+/// line). Offsets are the framer's, from where reading started.
+#[derive(Default)]
+struct HeldLine(Option<Raw>);
+
+impl HeldLine {
+    /// The held line with the offset after it, once the framer has read its end.
+    fn released(&mut self, framer: &mut LineFramer) -> Option<(Raw, u64)> {
+        let end = framer.take_long_line_end()?;
+        Some((self.0.take()?, end))
+    }
+
+    /// A frame's record with the offset after it, or `None` while its line goes on (held).
+    fn frame(&mut self, framer: &LineFramer, raw: Raw) -> Option<(Raw, u64)> {
+        if framer.at_line_start() {
+            Some((raw, framer.consumed()))
+        } else {
+            self.0 = Some(raw);
+            None
+        }
+    }
+
+    /// At the end of the input: the held line, with the offset after it if its end was read.
+    fn finish(&mut self, framer: &mut LineFramer) -> Option<(Raw, Option<u64>)> {
+        let raw = self.0.take()?;
+        Some((raw, framer.take_long_line_end()))
+    }
+}
+
 /// The file source.
 pub struct FileSource {
     name: String,
@@ -323,10 +354,7 @@ fn once(name: String, o: FileOptions) -> impl Stream<Item = Positioned> + Send +
         }
         let mut frames = FramedRead::new(reader, LineFramer::new(o.max_line));
         let mut n: u64 = 0;
-        // An over-long line reported before its end was read is handed over once its end is
-        // known, with the position after it: without one, a restart would resume before it
-        // and store it again (and again at every restart when it is the file's last line).
-        let mut long: Option<Raw> = None;
+        let mut held = HeldLine::default();
         while let Some(frame) = frames.next().await {
             let frame = match frame {
                 Ok(f) => f,
@@ -335,24 +363,18 @@ fn once(name: String, o: FileOptions) -> impl Stream<Item = Positioned> + Send +
                     break;
                 }
             };
-            if let Some(end) = frames.decoder_mut().take_long_line_end()
-                && let Some(raw) = long.take()
-            {
+            if let Some((raw, end)) = held.released(frames.decoder_mut()) {
                 n += 1;
                 yield Positioned { raw, position: FilePosition::at(id, start + end) };
             }
             let Some(raw) = framing::ndjson(frame) else { continue };
-            let framer = frames.decoder();
-            if !framer.at_line_start() {
-                long = Some(raw);
-                continue;
+            if let Some((raw, end)) = held.frame(frames.decoder(), raw) {
+                n += 1;
+                yield Positioned { raw, position: FilePosition::at(id, start + end) };
             }
-            n += 1;
-            yield Positioned { raw, position: FilePosition::at(id, start + framer.consumed()) };
         }
-        if let Some(raw) = long.take() {
-            // The file ended inside the over-long line (or reading failed there: no position).
-            let end = frames.decoder_mut().take_long_line_end();
+        // The file ended inside an over-long line (or reading failed there: no position).
+        if let Some((raw, end)) = held.finish(frames.decoder_mut()) {
             n += 1;
             yield Positioned { raw, position: end.and_then(|end| FilePosition::at(id, start + end)) };
         }
@@ -444,10 +466,8 @@ fn follow(name: String, mut o: FileOptions) -> impl Stream<Item = Positioned> + 
             let mut framer = LineFramer::new(o.max_line);
             let mut buf = BytesMut::with_capacity(64 * 1024);
             let mut offset: u64 = start;
-            let at = |framer: &LineFramer| FilePosition::at(fid, start + framer.consumed());
-            // As in `once`: an over-long line waits for its end, to be handed over with the
-            // position after it.
-            let mut long: Option<Raw> = None;
+            let at = |end: u64| FilePosition::at(fid, start + end);
+            let mut held = HeldLine::default();
             'read: loop {
                 match file.read_buf(&mut buf).await {
                     Ok(0) => {
@@ -460,21 +480,16 @@ fn follow(name: String, mut o: FileOptions) -> impl Stream<Item = Positioned> + 
                         if reopen {
                             // Whatever the old file left unterminated is cut off.
                             while let Ok(Some(f)) = framer.decode_eof(&mut buf) {
-                                if let Some(end) = framer.take_long_line_end()
-                                    && let Some(raw) = long.take()
-                                {
-                                    yield Positioned { raw, position: FilePosition::at(fid, start + end) };
+                                if let Some((raw, end)) = held.released(&mut framer) {
+                                    yield Positioned { raw, position: at(end) };
                                 }
                                 let Some(raw) = framing::ndjson(f) else { continue };
-                                if !framer.at_line_start() {
-                                    long = Some(raw);
-                                    continue;
+                                if let Some((raw, end)) = held.frame(&framer, raw) {
+                                    yield Positioned { raw, position: at(end) };
                                 }
-                                yield Positioned { raw, position: at(&framer) };
                             }
-                            if let Some(raw) = long.take() {
-                                let end = framer.take_long_line_end();
-                                yield Positioned { raw, position: end.and_then(|end| FilePosition::at(fid, start + end)) };
+                            if let Some((raw, end)) = held.finish(&mut framer) {
+                                yield Positioned { raw, position: end.and_then(at) };
                             }
                             tracing::info!(source = %name, path = %o.path.display(), "file truncated or replaced; reading it from the start");
                             break 'read;
@@ -484,23 +499,17 @@ fn follow(name: String, mut o: FileOptions) -> impl Stream<Item = Positioned> + 
                     Ok(n) => {
                         offset += n as u64;
                         while let Ok(Some(f)) = framer.decode(&mut buf) {
-                            if let Some(end) = framer.take_long_line_end()
-                                && let Some(raw) = long.take()
-                            {
-                                yield Positioned { raw, position: FilePosition::at(fid, start + end) };
+                            if let Some((raw, end)) = held.released(&mut framer) {
+                                yield Positioned { raw, position: at(end) };
                             }
                             let Some(raw) = framing::ndjson(f) else { continue };
-                            if !framer.at_line_start() {
-                                long = Some(raw);
-                                continue;
+                            if let Some((raw, end)) = held.frame(&framer, raw) {
+                                yield Positioned { raw, position: at(end) };
                             }
-                            yield Positioned { raw, position: at(&framer) };
                         }
                         // Its end may have come without a complete line after it.
-                        if let Some(end) = framer.take_long_line_end()
-                            && let Some(raw) = long.take()
-                        {
-                            yield Positioned { raw, position: FilePosition::at(fid, start + end) };
+                        if let Some((raw, end)) = held.released(&mut framer) {
+                            yield Positioned { raw, position: at(end) };
                         }
                     }
                     Err(e) => {
