@@ -609,6 +609,31 @@ pub(crate) struct MongoCapped {
     pub(crate) indexes: Vec<String>,
 }
 
+impl MongoCapped {
+    /// The `limit` newest documents matching `query`, newest first (`limit` > 0: MongoDB reads
+    /// 0 as no limit).
+    async fn newest_first(&self, query: BsonDoc, limit: usize) -> Result<Vec<Record>> {
+        let mut cursor = self
+            .shared
+            .coll
+            .find(query)
+            .sort(doc! {"_id": -1})
+            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
+            .await?;
+        let mut records = Vec::new();
+        while let Some(doc) = cursor.next().await {
+            let doc = doc?;
+            let position = position_of(&self.shared.name, &doc)?;
+            records.push(to_record(
+                &self.shared.name,
+                doc,
+                self.shared.acks.lookup(position),
+            )?);
+        }
+        Ok(records)
+    }
+}
+
 #[async_trait]
 impl Capped for MongoCapped {
     fn name(&self) -> &str {
@@ -677,23 +702,7 @@ impl Capped for MongoCapped {
         if !filter.is_match_all() {
             query = doc! {"$and": [query, filter_document(filter)]};
         }
-        let mut cursor = self
-            .shared
-            .coll
-            .find(query)
-            .sort(doc! {"_id": -1})
-            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
-            .await?;
-        let mut records = Vec::new();
-        while let Some(doc) = cursor.next().await {
-            let doc = doc?;
-            let position = position_of(&self.shared.name, &doc)?;
-            records.push(to_record(
-                &self.shared.name,
-                doc,
-                self.shared.acks.lookup(position),
-            )?);
-        }
+        let records = self.newest_first(query, limit).await?;
         Ok(NewestMatching { records, as_of })
     }
 
@@ -724,24 +733,8 @@ impl Capped for MongoCapped {
             // MongoDB reads `limit(0)` as "no limit".
             return Ok(Vec::new());
         }
-        let mut cursor = self
-            .shared
-            .coll
-            .find(doc! {field: json_to_bson(value)})
-            .sort(doc! {"_id": -1})
-            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
-            .await?;
-        let mut out = Vec::new();
-        while let Some(doc) = cursor.next().await {
-            let doc = doc?;
-            let position = position_of(&self.shared.name, &doc)?;
-            out.push(to_record(
-                &self.shared.name,
-                doc,
-                self.shared.acks.lookup(position),
-            )?);
-        }
-        Ok(out)
+        self.newest_first(doc! {field: json_to_bson(value)}, limit)
+            .await
     }
 
     async fn bounds(&self) -> Result<Option<Bounds>> {
