@@ -378,3 +378,86 @@ async fn a_change_feed_whose_newest_entries_are_filtered_out_stops_at_once() {
         "the stop waited {took:?} for entries the filter skips (the drain deadline is 2 s)"
     );
 }
+
+/// Statistics are published every `publish_interval_ms`; the checkpoint (the whole top-k
+/// window, a journaled commit) only every `checkpoint_interval_ms` and when the feed stops.
+/// A feed that dies between checkpoints replays from the last one: no gap, no duplicate.
+#[tokio::test]
+async fn statistics_are_published_often_and_checkpoints_saved_at_their_own_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, events, _) = open(&dir, 1000).await;
+    let stats_docs = store.keyed("stats").await.unwrap();
+    let spec = |checkpoint_interval_ms| FeedSpec {
+        name: "tail".into(),
+        source: FeedSource::Tail(events.clone()),
+        stats: StatsConfig {
+            period: 5,
+            publish_interval_ms: 20,
+            checkpoint_interval_ms,
+            ..StatsConfig::default()
+        },
+    };
+    let saved_events = |store: Arc<dyn Store>| async move {
+        let cp = store.load_checkpoint("tail").await.unwrap();
+        cp.map(|c| c["position"].clone())
+    };
+
+    let feed = start(&store, spec(3_600_000)).await;
+    append(&events, 1..=6).await;
+    feed.wait("6 events processed", |s| events_of(s) == 6).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let doc = stats_docs.get("tail").await.unwrap();
+        if doc.as_ref().is_some_and(|d| d["stats"]["events"] == json!(6)) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stats document shows the 6 events; last saw {doc:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Many publish ticks later, still no checkpoint: its interval is an hour.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        saved_events(store.clone()).await,
+        None,
+        "no checkpoint before its interval"
+    );
+    // Dies without stopping: nothing saved, so the next run replays from the start.
+    feed.task.abort();
+    let _ = feed.task.await;
+
+    let feed = start(&store, spec(3_600_000)).await;
+    feed.wait("6 events replayed", |s| events_of(s) == 6).await;
+    append(&events, 7..=9).await;
+    let status = feed.wait("9 events processed", |s| events_of(s) == 9).await;
+    let stats = status.stats.unwrap();
+    assert_eq!(stats.count("missing"), Some(0), "no gap after the replay");
+    assert_eq!(stats.count("duplicates"), Some(0), "no event counted twice");
+    // A clean stop saves the checkpoint whatever the interval.
+    feed.stop().await;
+    assert!(
+        saved_events(store.clone()).await.is_some(),
+        "a stopping feed saves its checkpoint"
+    );
+
+    // A short interval saves while running.
+    let feed = start(&store, spec(50)).await;
+    append(&events, 10..=12).await;
+    feed.wait("12 events processed", |s| events_of(s) == 12).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let cp = store.load_checkpoint("tail").await.unwrap().unwrap();
+        if cp["position"] == json!(12) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a checkpoint at position 12 while running; last saw {}",
+            cp["position"]
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    feed.stop().await;
+}

@@ -66,7 +66,8 @@ pub struct FeedSpec {
     pub name: String,
     /// What it reads.
     pub source: FeedSource,
-    /// Its statistics, and how often it checkpoints (`checkpoint_interval_ms`).
+    /// Its statistics, how often it checkpoints (`checkpoint_interval_ms`) and how often it
+    /// publishes them (`publish_interval_ms`).
     pub stats: StatsConfig,
 }
 
@@ -116,6 +117,11 @@ pub struct Feed {
     name: String,
     source: FeedSource,
     checkpoint_interval: Duration,
+    publish_interval: Duration,
+    /// When the checkpoint was last saved (or the feed started).
+    checkpointed_at: tokio::time::Instant,
+    /// Events processed or read position moved since the last checkpoint.
+    unsaved: bool,
     store: Arc<dyn Store>,
     gaps: Arc<dyn Keyed>,
     stats_docs: Arc<dyn Keyed>,
@@ -212,6 +218,9 @@ impl Feed {
             name,
             source,
             checkpoint_interval: Duration::from_millis(config.checkpoint_interval_ms.max(1)),
+            publish_interval: Duration::from_millis(config.publish_interval_ms.max(1)),
+            checkpointed_at: tokio::time::Instant::now(),
+            unsaved: false,
             store,
             gaps,
             stats_docs,
@@ -246,7 +255,7 @@ impl Feed {
     /// Runs until `cancel`; then drains what is already committed (bounded by a deadline),
     /// saves the checkpoint and returns.
     pub async fn run(mut self, cancel: CancellationToken) {
-        let mut tick = tokio::time::interval(self.checkpoint_interval);
+        let mut tick = tokio::time::interval(self.publish_interval.min(self.checkpoint_interval));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
         let mut dirty = false;
@@ -292,13 +301,13 @@ impl Feed {
                         }
                     },
                     _ = tick.tick() => {
-                        self.on_tick(dirty).await;
+                        self.on_tick(dirty, false).await;
                         dirty = false;
                     }
                 }
             }
         }
-        self.on_tick(true).await;
+        self.on_tick(true, true).await;
         t::FeedStopped {
             feed: &self.name,
             events: self.stats.events(),
@@ -394,7 +403,9 @@ impl Feed {
         moved
     }
 
-    async fn on_tick(&mut self, dirty: bool) {
+    /// Publishes the statistics (`dirty`: events came since the last tick) and, once per
+    /// checkpoint interval or when `stopping`, saves the checkpoint if anything moved.
+    async fn on_tick(&mut self, dirty: bool, stopping: bool) {
         // A moved read position needs a checkpoint, not a stats document: stats documents are
         // changes themselves, and a change feed reading past its own writes must not loop.
         let moved = self.advance_read_position();
@@ -414,8 +425,14 @@ impl Feed {
         if let Some(h) = headroom {
             self.meters.headroom.set(h);
         }
-        if moved || dirty {
-            self.save_checkpoint(now).await;
+        self.unsaved |= moved || dirty;
+        if self.unsaved
+            && (stopping || self.checkpointed_at.elapsed() >= self.checkpoint_interval)
+        {
+            if self.save_checkpoint(now).await {
+                self.unsaved = false;
+                self.checkpointed_at = tokio::time::Instant::now();
+            }
         }
         if dirty {
             let doc = json!({
@@ -464,7 +481,8 @@ impl Feed {
         Some(((now - oldest_us) - behind_us) as f64 / 1e6)
     }
 
-    async fn save_checkpoint(&mut self, now: i64) {
+    /// Saves the position and state; false (and the failure reported) when it was not saved.
+    async fn save_checkpoint(&mut self, now: i64) -> bool {
         let cp = Checkpoint {
             kind: self.source.kind(),
             position: self.position.clone(),
@@ -480,13 +498,19 @@ impl Feed {
             Err(e) => Err(StoreError::Json(e)),
         };
         match saved {
-            Ok(()) => self.meters.checkpoints.increment(1),
-            Err(e) => t::FeedWriteFailed {
-                feed: &self.name,
-                what: "checkpoint",
-                error: e.to_string(),
+            Ok(()) => {
+                self.meters.checkpoints.increment(1);
+                true
             }
-            .emit(),
+            Err(e) => {
+                t::FeedWriteFailed {
+                    feed: &self.name,
+                    what: "checkpoint",
+                    error: e.to_string(),
+                }
+                .emit();
+                false
+            }
         }
     }
 

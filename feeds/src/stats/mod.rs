@@ -105,7 +105,14 @@ fn default_topk_window_secs() -> u64 {
 fn default_topk_capacity() -> usize {
     heavy_hitters::DEFAULT_CAPACITY
 }
+/// 10 s: a checkpoint carries the whole top-k window (tens of KB on a long-tail stream) and
+/// is a journaled commit, so at 70 events/s saving it every second was a fifth of the
+/// process's CPU (4.1 % against 3.4 % of a core at 10 s). A restart replays what came after
+/// the checkpoint, which a feed does at 180,000+ events/s: 10 s of a 70/s stream is a few ms.
 fn default_checkpoint_interval_ms() -> u64 {
+    10_000
+}
+fn default_publish_interval_ms() -> u64 {
     1000
 }
 
@@ -140,9 +147,14 @@ pub struct StatsConfig {
     /// (values counted in the window) / this. Bounds the saved state too. At least `topk`.
     #[serde(default = "default_topk_capacity")]
     pub topk_capacity: usize,
-    /// How often each feed saves its position and state, so a restart resumes there. At least 1.
+    /// How often each feed saves its position and state, so a restart resumes there (and
+    /// replays what came after). Also saved when the feed stops. At least 1.
     #[serde(default = "default_checkpoint_interval_ms")]
     pub checkpoint_interval_ms: u64,
+    /// How often each feed publishes its statistics document and its lag and headroom
+    /// gauges. At least 1.
+    #[serde(default = "default_publish_interval_ms")]
+    pub publish_interval_ms: u64,
 }
 
 impl Default for StatsConfig {
@@ -156,6 +168,7 @@ impl Default for StatsConfig {
             topk_window_secs: default_topk_window_secs(),
             topk_capacity: default_topk_capacity(),
             checkpoint_interval_ms: default_checkpoint_interval_ms(),
+            publish_interval_ms: default_publish_interval_ms(),
         }
     }
 }
@@ -198,6 +211,12 @@ impl StatsConfig {
             p.push((
                 "checkpoint_interval_ms",
                 format!("must be >= 1 (got {})", self.checkpoint_interval_ms),
+            ));
+        }
+        if self.publish_interval_ms < 1 {
+            p.push((
+                "publish_interval_ms",
+                format!("must be >= 1 (got {})", self.publish_interval_ms),
             ));
         }
         p
@@ -401,7 +420,8 @@ mod tests {
             topk_field: "hashtags".into(),
             topk_window_secs: 60,
             topk_capacity: 1024,
-            checkpoint_interval_ms: 1000,
+            checkpoint_interval_ms: 10_000,
+            publish_interval_ms: 1000,
         };
         assert_eq!(c, expected, "empty config");
         assert_eq!(StatsConfig::default(), expected, "Default impl");
@@ -421,6 +441,7 @@ mod tests {
             topk: 0,
             topk_window_secs: 0,
             checkpoint_interval_ms: 0,
+            publish_interval_ms: 0,
             ..StatsConfig::default()
         };
         let fields: Vec<&str> = bad.problems().iter().map(|(f, _)| *f).collect();
@@ -432,7 +453,8 @@ mod tests {
                 "value_field",
                 "topk",
                 "topk_window_secs",
-                "checkpoint_interval_ms"
+                "checkpoint_interval_ms",
+                "publish_interval_ms"
             ],
             "every broken rule is reported"
         );
