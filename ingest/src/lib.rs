@@ -40,6 +40,8 @@ pub mod source;
 pub mod telemetry;
 
 #[cfg(feature = "app")]
+pub mod allocator;
+#[cfg(feature = "app")]
 pub mod bench;
 #[cfg(feature = "app")]
 pub mod dead_letters;

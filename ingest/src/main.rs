@@ -9,6 +9,10 @@ use clap::{Parser, Subcommand};
 use ingest::config::Config;
 use tokio_util::sync::CancellationToken;
 
+/// mimalloc, tuned in `main` (see `ingest::allocator`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// tailrace — a realtime event ingestion pipeline: sources → capped + changefeed store →
 /// tailable and change feeds → rolling statistics → Prometheus.
 #[derive(Parser)]
@@ -93,6 +97,7 @@ enum DeadLettersAction {
 }
 
 fn main() -> ExitCode {
+    ingest::allocator::tune();
     let cli = Cli::parse();
     // `bench` prints tables: only warnings in between, unless TAILRACE_LOG asks for more.
     let default_filter = match cli.command {
