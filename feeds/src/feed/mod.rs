@@ -428,11 +428,10 @@ impl Feed {
         self.unsaved |= moved || dirty;
         if self.unsaved
             && (stopping || self.checkpointed_at.elapsed() >= self.checkpoint_interval)
+            && self.save_checkpoint(now).await
         {
-            if self.save_checkpoint(now).await {
-                self.unsaved = false;
-                self.checkpointed_at = tokio::time::Instant::now();
-            }
+            self.unsaved = false;
+            self.checkpointed_at = tokio::time::Instant::now();
         }
         if dirty {
             let doc = json!({
