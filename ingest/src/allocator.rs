@@ -1,13 +1,14 @@
-//! The binary's allocator: mimalloc, told to give freed memory back at once.
+//! The binary's allocator: mimalloc, built without transparent huge pages and told to give
+//! freed memory back at once.
 //!
 //! `tailrace` allocates and frees on every event (JSON values, batches, op-log images, the
-//! commit published to the feeds), on several threads. Against glibc's allocator, mimalloc
-//! raised `bench insert` by 10–35 % (realistic 17.8–19.1k → 20.9–24.1k events/s, small-vocabulary
-//! content 41–46k → 46–54k, alternating runs; docs/BENCHMARKS.md). With its defaults, though,
-//! it kept 32–44 MiB of anonymous memory at 70 events/s where glibc kept 15–20: it commits
-//! whole arenas eagerly where the OS overcommits, and holds freed pages for a second before
-//! returning them. With the two options below it kept 12–15 MiB in the same run, at the same
-//! CPU. The library (`default-features = false`) leaves the allocator to its user.
+//! commit published to the feeds), on several threads; mimalloc does that faster than glibc's
+//! allocator (`bench insert`: docs/BENCHMARKS.md). With its defaults, though, it kept
+//! 30–44 MiB of anonymous memory at 70 events/s where glibc kept 15–20: it asks for huge pages
+//! on its arenas (`madvise(MADV_HUGEPAGE)`, so touching a few bytes of a region can make
+//! 2 MiB of it resident) and holds freed pages for a second before returning them. The
+//! crate's `no_thp` feature (Cargo.toml) removes the first; [`tune`] sets the second. The
+//! library (`default-features = false`) leaves the allocator to its user.
 
 #![allow(unsafe_code)]
 
@@ -17,20 +18,17 @@ use std::os::raw::c_int;
 use libmimalloc_sys::mi_option_get;
 use libmimalloc_sys::mi_option_set;
 
-/// `mi_option_arena_eager_commit` in mimalloc.h. The option enum keeps the slots of retired
-/// options, so the numbers do not move between versions; a test checks both against their
-/// documented defaults.
-const ARENA_EAGER_COMMIT: c_int = 4;
-/// `mi_option_purge_delay` in mimalloc.h (milliseconds before freed pages go back to the OS).
+/// `mi_option_purge_delay` in mimalloc.h: milliseconds before freed pages go back to the OS
+/// (1,000 by default). The option enum keeps the slots of retired options, so the number
+/// does not move between versions; a test checks it against the documented default.
 const PURGE_DELAY: c_int = 15;
 
-/// Sets the options; call first thing in `main`, before the runtime starts its threads.
+/// Sets the options; call first thing in `main`.
 pub fn tune() {
     // SAFETY: `mi_option_set` stores a value in mimalloc's option table (an array indexed by
-    // the option, bounds-checked by mimalloc itself); both options are read when memory is
-    // next obtained or freed, and changing them at run time is supported.
+    // the option, bounds-checked by mimalloc itself). The purge delay is read each time freed
+    // pages are considered for purging, so setting it at run time takes effect.
     unsafe {
-        mi_option_set(ARENA_EAGER_COMMIT, 0);
         mi_option_set(PURGE_DELAY, 0);
     }
 }
@@ -47,16 +45,14 @@ fn option(option: c_int) -> std::os::raw::c_long {
 mod tests {
     use super::*;
 
-    /// The constants name the options they mean to: before `tune`, each holds the default
-    /// mimalloc.h documents for it (2: eager only where the OS overcommits; 1,000 ms), which
-    /// no neighbouring option has. Then `tune` sets both to 0.
+    /// The constant names the option it means to: before `tune` it holds the default
+    /// mimalloc.h documents for the purge delay (1,000 ms), which no neighbouring option has;
+    /// then `tune` sets it to 0.
     #[test]
-    fn the_option_numbers_are_mimallocs_and_tune_sets_them() {
-        let env = "(a MIMALLOC_* variable in the environment changes the defaults)";
-        assert_eq!(option(ARENA_EAGER_COMMIT), 2, "arena_eager_commit default {env}");
+    fn the_option_number_is_mimallocs_and_tune_sets_it() {
+        let env = "(a MIMALLOC_PURGE_DELAY variable in the environment changes the default)";
         assert_eq!(option(PURGE_DELAY), 1000, "purge_delay default {env}");
         tune();
-        assert_eq!(option(ARENA_EAGER_COMMIT), 0);
         assert_eq!(option(PURGE_DELAY), 0);
     }
 }
