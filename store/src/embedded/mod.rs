@@ -461,17 +461,7 @@ impl Capped for EmbeddedCapped {
     async fn bounds(&self) -> Result<Option<Bounds>> {
         let table = schema::capped_table(&self.name);
         self.inner
-            .read(move |c| {
-                let (lo, hi): (Option<i64>, Option<i64>) = c.query_row(
-                    &format!("SELECT MIN(pos), MAX(pos) FROM {table}"),
-                    [],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )?;
-                Ok(lo.zip(hi).map(|(lo, hi)| Bounds {
-                    oldest: Position(lo as u64),
-                    newest: Position(hi as u64),
-                }))
-            })
+            .read(move |c| read::bounds(c, &table))
             .await
     }
 

@@ -11,7 +11,7 @@ use tokio::sync::broadcast::error::RecvError;
 use super::Inner;
 use super::schema::{self, capped_table};
 use crate::{
-    Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Document, Filter, KeyedDoc,
+    Bounds, Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Document, Filter, KeyedDoc,
     KeyedSnapshot, NewestMatching, Position, Record, RecordStream, Result, ResumeToken, Start,
     StoreError,
 };
@@ -119,6 +119,24 @@ pub fn explain_latest(c: &Connection, coll: &str, field: &str) -> Result<String>
     ))?;
     let rows = stmt.query_map(["x"], |r| r.get::<_, String>(3))?;
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?.join("; "))
+}
+
+/// The oldest and newest positions of a capped table. Two scalar subqueries, each a seek
+/// to one end of the rowid B-tree: SQLite turns a lone `MIN(pos)` or `MAX(pos)` into a seek,
+/// but `SELECT MIN(pos), MAX(pos)` into a scan of the whole table, which every tailable feed
+/// ran twice a second (its lag and its headroom) and which grew with the collection.
+pub(super) fn bounds(c: &Connection, table: &str) -> Result<Option<Bounds>> {
+    let (lo, hi): (Option<i64>, Option<i64>) =
+        c.prepare_cached(&bounds_sql(table))?
+            .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(lo.zip(hi).map(|(lo, hi)| Bounds {
+        oldest: Position(lo as u64),
+        newest: Position(hi as u64),
+    }))
+}
+
+fn bounds_sql(table: &str) -> String {
+    format!("SELECT (SELECT MIN(pos) FROM {table}), (SELECT MAX(pos) FROM {table})")
 }
 
 pub(super) fn scan(c: &Connection, coll: &str, prefix: &str) -> Result<Vec<KeyedDoc>> {
@@ -557,4 +575,40 @@ pub(super) fn change_stream(
         }
     };
     ChangeStream::new(Box::pin(inner_stream), read_up_to)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// `bounds` seeks both ends of the table, whatever its size, and finds them after the
+    /// oldest rows were evicted.
+    #[test]
+    fn bounds_seek_the_ends_instead_of_scanning() {
+        let c = Connection::open_in_memory().unwrap();
+        c.execute_batch(
+            "CREATE TABLE capped_e(pos INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT, sz INTEGER)",
+        )
+        .unwrap();
+        assert!(bounds(&c, "capped_e").unwrap().is_none(), "empty");
+        let plan: Vec<String> = c
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", bounds_sql("capped_e")))
+            .unwrap()
+            .query_map([], |r| r.get::<_, String>(3))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert!(
+            plan.iter().all(|step| !step.starts_with("SCAN capped_e")),
+            "no scan of the table: {plan:?}"
+        );
+        for _ in 0..10 {
+            c.execute("INSERT INTO capped_e(body, sz) VALUES ('{}', 2)", [])
+                .unwrap();
+        }
+        c.execute("DELETE FROM capped_e WHERE pos <= 3", []).unwrap();
+        let b = bounds(&c, "capped_e").unwrap().unwrap();
+        assert_eq!((b.oldest, b.newest), (Position(4), Position(10)));
+    }
 }
