@@ -408,7 +408,10 @@ async fn statistics_are_published_often_and_checkpoints_saved_at_their_own_inter
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let doc = stats_docs.get("tail").await.unwrap();
-        if doc.as_ref().is_some_and(|d| d["stats"]["events"] == json!(6)) {
+        if doc
+            .as_ref()
+            .is_some_and(|d| d["stats"]["events"] == json!(6))
+        {
             break;
         }
         assert!(
@@ -445,7 +448,8 @@ async fn statistics_are_published_often_and_checkpoints_saved_at_their_own_inter
     // A short interval saves while running.
     let feed = start(&store, spec(50)).await;
     append(&events, 10..=12).await;
-    feed.wait("12 events processed", |s| events_of(s) == 12).await;
+    feed.wait("12 events processed", |s| events_of(s) == 12)
+        .await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let cp = store.load_checkpoint("tail").await.unwrap().unwrap();

@@ -460,9 +460,7 @@ impl Capped for EmbeddedCapped {
 
     async fn bounds(&self) -> Result<Option<Bounds>> {
         let table = schema::capped_table(&self.name);
-        self.inner
-            .read(move |c| read::bounds(c, &table))
-            .await
+        self.inner.read(move |c| read::bounds(c, &table)).await
     }
 
     async fn usage(&self) -> Result<Usage> {

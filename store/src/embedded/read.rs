@@ -126,9 +126,9 @@ pub fn explain_latest(c: &Connection, coll: &str, field: &str) -> Result<String>
 /// but `SELECT MIN(pos), MAX(pos)` into a scan of the whole table, which every tailable feed
 /// ran twice a second (its lag and its headroom) and which grew with the collection.
 pub(super) fn bounds(c: &Connection, table: &str) -> Result<Option<Bounds>> {
-    let (lo, hi): (Option<i64>, Option<i64>) =
-        c.prepare_cached(&bounds_sql(table))?
-            .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let (lo, hi): (Option<i64>, Option<i64>) = c
+        .prepare_cached(&bounds_sql(table))?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
     Ok(lo.zip(hi).map(|(lo, hi)| Bounds {
         oldest: Position(lo as u64),
         newest: Position(hi as u64),
@@ -607,7 +607,8 @@ mod tests {
             c.execute("INSERT INTO capped_e(body, sz) VALUES ('{}', 2)", [])
                 .unwrap();
         }
-        c.execute("DELETE FROM capped_e WHERE pos <= 3", []).unwrap();
+        c.execute("DELETE FROM capped_e WHERE pos <= 3", [])
+            .unwrap();
         let b = bounds(&c, "capped_e").unwrap().unwrap();
         assert_eq!((b.oldest, b.newest), (Position(4), Position(10)));
     }
