@@ -4,7 +4,7 @@
 //! `tailrace` allocates and frees on every event (JSON values, batches, op-log images, the
 //! commit published to the feeds), on several threads; mimalloc does that faster than glibc's
 //! allocator (`bench insert`: docs/BENCHMARKS.md). With its defaults, though, it kept
-//! 30–44 MiB of anonymous memory at 70 events/s where glibc kept 15–20: it asks for huge pages
+//! 30–43 MiB of anonymous memory at 70 events/s where glibc kept 15–20: it asks for huge pages
 //! on its arenas (`madvise(MADV_HUGEPAGE)`, so touching a few bytes of a region can make
 //! 2 MiB of it resident) and holds freed pages for a second before returning them. The
 //! crate's `no_thp` feature (Cargo.toml) removes the first; [`tune`] sets the second. The

@@ -384,9 +384,11 @@ impl Ingester {
         // durability, make them durable too (one log, flushed in order: SQLite's WAL,
         // MongoDB's journal), and nothing of the batch is acknowledged to a source before. So
         // a batch with rejects among its events costs one more commit per stage, not one more
-        // fsync.
+        // fsync. Not so for `majority`: a failover between two stages can roll the earlier
+        // ones back on the old primary while the retried last stage lands on the new one, so
+        // with `majority` every stage waits for the majority.
         let stages = order::stages(docs.len(), &letters_at);
-        let interim = d.min(Durability::Acknowledged);
+        let interim = interim_durability(d);
         let mut events = Written::none();
         let mut dead_letters = Written::none();
         let mut trailing = (Vec::new(), 0);
@@ -565,8 +567,37 @@ impl Ingester {
     }
 }
 
+/// The durability of a batch's stages before its last (see `write_prepared`): one log
+/// flushed in order makes them durable with the last stage, except across a failover, which
+/// only `majority` survives.
+fn interim_durability(d: Durability) -> Durability {
+    match d {
+        Durability::Majority => Durability::Majority,
+        d => d.min(Durability::Acknowledged),
+    }
+}
+
 /// The first `n` items of `items`, removed from it (without copying the documents).
 fn take_front<T>(items: &mut Vec<T>, n: usize) -> Vec<T> {
     let rest = items.split_off(n.min(items.len()));
     std::mem::replace(items, rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Earlier stages skip the sync the last stage makes for them, except under `majority`,
+    /// where a failover between stages would lose them.
+    #[test]
+    fn earlier_stages_skip_the_sync_except_under_majority() {
+        for (d, interim) in [
+            (Durability::Unacknowledged, Durability::Unacknowledged),
+            (Durability::Acknowledged, Durability::Acknowledged),
+            (Durability::Journaled, Durability::Acknowledged),
+            (Durability::Majority, Durability::Majority),
+        ] {
+            assert_eq!(interim_durability(d), interim, "{d:?}");
+        }
+    }
 }
