@@ -108,40 +108,6 @@ async fn a_second_process_cannot_open_the_same_directory() {
     assert!(err.to_string().contains("in use"), "got {err}");
 }
 
-#[tokio::test]
-async fn a_failing_job_does_not_fail_its_group() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
-    let k = store.keyed("k").await.unwrap();
-    k.update(
-        vec![store::KeyUpdate::new(
-            "a",
-            store::Update::default().and_set("s", "text"),
-        )],
-        Durability::Journaled,
-    )
-    .await
-    .unwrap();
-    let (bad, good) = tokio::join!(
-        k.update(
-            vec![store::KeyUpdate::new("a", store::Update::inc("s", 1))],
-            Durability::Journaled
-        ),
-        k.update(
-            vec![store::KeyUpdate::new("b", store::Update::inc("n", 1))],
-            Durability::Journaled
-        ),
-    );
-    assert!(bad.is_err(), "$inc of a string fails");
-    good.unwrap();
-    assert_eq!(k.get("b").await.unwrap().unwrap()["n"], json!(1));
-    assert_eq!(
-        k.get("a").await.unwrap().unwrap()["s"],
-        json!("text"),
-        "the failed job left no trace"
-    );
-}
-
 /// The writer keeps hot keys' documents in memory; a job undone halfway must not leave its
 /// first, undone, update there for the next one to build on.
 #[tokio::test]

@@ -1,7 +1,8 @@
 //! The embedded engine: SQLite (bundled, WAL) behind the store contract. No server needed.
 //!
-//! - **Writes** go through one writer thread ([`writer`]) that commits whatever is queued in
-//!   one transaction (group commit): `journaled` throughput is not one fsync per event.
+//! - **Writes** go through one writer ([`writer`]) that commits whatever is queued in one
+//!   transaction (group commit): `journaled` throughput is not one fsync per event. A caller
+//!   that finds the writer idle and nothing queued commits its write in its own thread.
 //! - **Durability**: `synchronous=FULL` (fsync per commit) for `journaled`/`majority`,
 //!   `NORMAL` (survives a process crash, not a power loss) for `acknowledged`;
 //!   `unacknowledged` returns once the write is queued.
@@ -12,6 +13,8 @@
 pub mod probe;
 mod read;
 pub mod schema;
+#[cfg(test)]
+mod tests;
 mod writer;
 
 use std::collections::HashMap;
@@ -30,7 +33,7 @@ use crate::{
     Filter, KeyUpdate, Keyed, KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record,
     RecordStream, Result, ResumeToken, Start, Store, StoreError, Usage,
 };
-use writer::{Commit, Job, Op, Reply, Writer};
+use writer::{Commit, Job, Op, Reply, Writer, WriterCell};
 
 /// How many commits a live reader may fall behind before it switches to reading the tables.
 /// A commit is released once every live reader has it, so this bounds only a lagging reader.
@@ -66,6 +69,8 @@ struct Inner {
     db_path: PathBuf,
     /// `None` once closed: sends then fail with `Closed`.
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    /// The writer, committed to by the writer thread and by callers that find it idle.
+    cell: Arc<WriterCell>,
     /// `None` once closed: live readers then end with `Closed`.
     hub: Mutex<Option<broadcast::Sender<Arc<Commit>>>>,
     readers: Mutex<Vec<Connection>>,
@@ -128,9 +133,13 @@ impl EmbeddedStore {
             hub.clone(),
             newest_op.clone(),
         )?;
+        let cell = Arc::new(WriterCell::new(writer));
         let handle = std::thread::Builder::new()
             .name("tailrace-writer".into())
-            .spawn(move || writer.run(rx))
+            .spawn({
+                let cell = cell.clone();
+                move || writer::run(cell, rx)
+            })
             .map_err(|source| StoreError::Io {
                 context: "starting the writer thread".into(),
                 source,
@@ -139,6 +148,7 @@ impl EmbeddedStore {
             inner: Arc::new(Inner {
                 db_path,
                 jobs: Mutex::new(Some(tx)),
+                cell,
                 hub: Mutex::new(Some(hub)),
                 readers: Mutex::new(Vec::new()),
                 newest_op,
@@ -166,7 +176,9 @@ impl EmbeddedStore {
 }
 
 impl Inner {
-    /// Queues a job; waits for the answer unless the durability is `unacknowledged`.
+    /// Commits a job in this thread when the writer is idle; queues it for the writer thread
+    /// otherwise. Waits for the answer unless the durability is `unacknowledged` (always
+    /// queued: it returns before the commit).
     async fn submit(&self, op: Op, durability: Durability) -> Result<Reply> {
         let sender = self
             .jobs
@@ -174,27 +186,49 @@ impl Inner {
             .map_err(lock_err)?
             .clone()
             .ok_or(StoreError::Closed)?;
-        if !durability.waits() {
-            sender
-                .send(Job {
-                    op,
-                    durability,
-                    reply: None,
-                })
-                .await
-                .map_err(|_| StoreError::Closed)?;
-            return Ok(Reply::Done);
+        let op = if durability.waits() {
+            match self.cell.try_inline(op, durability) {
+                Ok(inline) => {
+                    if inline.wake_writer {
+                        self.cell.queued();
+                        let wake = Job {
+                            op: Op::Barrier,
+                            durability: Durability::Acknowledged,
+                            reply: None,
+                        };
+                        if sender.try_send(wake).is_err() {
+                            // Full: the writer thread is awake anyway and checks the WAL
+                            // after each group.
+                            self.cell.not_queued();
+                        }
+                    }
+                    return inline.result;
+                }
+                Err(op) => op,
+            }
+        } else {
+            op
+        };
+        let (tx, rx) = if durability.waits() {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        self.cell.queued();
+        let job = Job {
+            op,
+            durability,
+            reply: tx,
+        };
+        if sender.send(job).await.is_err() {
+            self.cell.not_queued();
+            return Err(StoreError::Closed);
         }
-        let (tx, rx) = oneshot::channel();
-        sender
-            .send(Job {
-                op,
-                durability,
-                reply: Some(tx),
-            })
-            .await
-            .map_err(|_| StoreError::Closed)?;
-        rx.await.map_err(|_| StoreError::Closed)?
+        match rx {
+            Some(rx) => rx.await.map_err(|_| StoreError::Closed)?,
+            None => Ok(Reply::Done),
+        }
     }
 
     fn subscribe(&self) -> Result<broadcast::Receiver<Arc<Commit>>> {
@@ -379,7 +413,8 @@ impl Store for EmbeddedStore {
                     message: "writer thread panicked".into(),
                 })?;
         }
-        Ok(())
+        // No caller commits inline any more (the sender is gone): the connection closes.
+        self.inner.cell.close()
     }
 }
 

@@ -1,0 +1,276 @@
+//! The writer's two ways in: a caller that finds it idle commits in its own thread; otherwise
+//! its job is queued and grouped with the others. What only the engine's insides can show.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::json;
+
+use super::{EmbeddedOptions, EmbeddedStore};
+use crate::{
+    Capped, CappedSpec, Document, Durability, KeyUpdate, Start, Store, StoreError, Update,
+};
+
+fn open(dir: &tempfile::TempDir) -> EmbeddedStore {
+    EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap()
+}
+
+fn spec() -> CappedSpec {
+    CappedSpec {
+        max_docs: 1_000_000,
+        max_bytes: 1 << 30,
+        indexes: vec![],
+    }
+}
+
+fn doc(v: serde_json::Value) -> Document {
+    match v {
+        serde_json::Value::Object(d) => d,
+        _ => unreachable!(),
+    }
+}
+
+/// Waits until `n` jobs are queued (the writer held by the test meanwhile).
+async fn until_queued(store: &EmbeddedStore, n: usize) {
+    for _ in 0..2000 {
+        if store.inner.cell.pending() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("{n} jobs never got queued");
+}
+
+/// The documents of `coll` in position order.
+async fn stored(coll: &dyn Capped, n: usize) -> Vec<Document> {
+    coll.tail(Start::Oldest)
+        .take(n)
+        .map(|r| r.unwrap().doc)
+        .collect()
+        .await
+}
+
+// The test holds the writer's lock across awaits on purpose: that is the busy writer.
+#[allow(clippy::await_holding_lock)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_writer_commits_in_the_callers_thread_and_a_busy_one_groups_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let coll = store.capped("c", &spec()).await.unwrap();
+    let before = store.inner.cell.inline_commits();
+    // Few enough pages that the WAL is not full (the writer thread is then woken to copy it,
+    // and writes made meanwhile are queued).
+    for i in 0..10 {
+        coll.append(vec![doc(json!({"i": i}))], Durability::Acknowledged)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        store.inner.cell.inline_commits() - before,
+        10,
+        "one caller writing one at a time does not need the writer thread"
+    );
+
+    // While a commit holds the writer, concurrent writes are queued, and then committed by
+    // the writer thread, not in their callers' threads.
+    let held = store.inner.cell.hold();
+    let before = store.inner.cell.inline_commits();
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let coll = coll.clone();
+            tokio::spawn(async move {
+                coll.append(vec![doc(json!({"t": t}))], Durability::Journaled)
+                    .await
+            })
+        })
+        .collect();
+    until_queued(&store, 8).await;
+    drop(held);
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap().len(), 1);
+    }
+    assert_eq!(store.inner.cell.inline_commits(), before);
+    assert_eq!(store.inner.cell.pending(), 0);
+    assert_eq!(coll.usage().await.unwrap().docs, 18);
+    store.close().await.unwrap();
+}
+
+/// An unacknowledged write returns before its commit; an acknowledged one right after it
+/// must not commit first in its own thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_never_overtakes_its_own_queued_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let coll = store.capped("c", &spec()).await.unwrap();
+    let n = 3000;
+    for i in 0..n {
+        let d = match i % 4 {
+            0 | 1 => Durability::Unacknowledged,
+            2 => Durability::Acknowledged,
+            _ => Durability::Journaled,
+        };
+        coll.append(vec![doc(json!({"i": i}))], d).await.unwrap();
+    }
+    let order: Vec<i64> = stored(&*coll, n)
+        .await
+        .iter()
+        .map(|d| d["i"].as_i64().unwrap())
+        .collect();
+    let expected: Vec<i64> = (0..n as i64).collect();
+    assert!(
+        order == expected,
+        "commit order differs from call order from index {:?}",
+        order.iter().zip(&expected).position(|(a, b)| a != b)
+    );
+    store.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_each_keep_their_order_and_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let coll = store.capped("c", &spec()).await.unwrap();
+    let (tasks, per_task) = (8, 300);
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let coll = coll.clone();
+            tokio::spawn(async move {
+                for i in 0..per_task {
+                    let d = if i % 5 == 0 {
+                        Durability::Unacknowledged
+                    } else {
+                        Durability::Acknowledged
+                    };
+                    coll.append(vec![doc(json!({"t": t, "i": i}))], d)
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.unwrap();
+    }
+    let docs = stored(&*coll, tasks * per_task).await;
+    let mut next = vec![0i64; tasks];
+    for d in &docs {
+        let t = d["t"].as_u64().unwrap() as usize;
+        assert_eq!(d["i"].as_i64().unwrap(), next[t], "task {t} out of order");
+        next[t] += 1;
+    }
+    assert!(next.iter().all(|&n| n == per_task as i64));
+    assert_eq!(store.inner.cell.pending(), 0);
+    store.close().await.unwrap();
+}
+
+/// A job of a group that fails is undone alone; the others in its transaction commit.
+#[allow(clippy::await_holding_lock)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_job_does_not_fail_its_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let k = store.keyed("k").await.unwrap();
+    k.update(
+        vec![KeyUpdate::new("a", Update::default().and_set("s", "text"))],
+        Durability::Journaled,
+    )
+    .await
+    .unwrap();
+    // Held, so both jobs are queued and the writer thread commits them as one group.
+    let held = store.inner.cell.hold();
+    let bad = tokio::spawn({
+        let k = k.clone();
+        async move {
+            k.update(
+                vec![KeyUpdate::new("a", Update::inc("s", 1))],
+                Durability::Journaled,
+            )
+            .await
+        }
+    });
+    until_queued(&store, 1).await;
+    let good = tokio::spawn({
+        let k = k.clone();
+        async move {
+            k.update(
+                vec![KeyUpdate::new("b", Update::inc("n", 1))],
+                Durability::Journaled,
+            )
+            .await
+        }
+    });
+    until_queued(&store, 2).await;
+    let inline = store.inner.cell.inline_commits();
+    drop(held);
+    assert!(bad.await.unwrap().is_err(), "$inc of a string fails");
+    good.await.unwrap().unwrap();
+    assert_eq!(store.inner.cell.inline_commits(), inline);
+    assert_eq!(k.get("b").await.unwrap().unwrap()["n"], json!(1));
+    assert_eq!(
+        k.get("a").await.unwrap().unwrap()["s"],
+        json!("text"),
+        "the failed job left no trace"
+    );
+    store.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn writes_after_close_fail_as_closed_on_either_way_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let coll = store.capped("c", &spec()).await.unwrap();
+    coll.append(vec![doc(json!({"i": 0}))], Durability::Acknowledged)
+        .await
+        .unwrap();
+    store.close().await.unwrap();
+    for d in [Durability::Unacknowledged, Durability::Acknowledged] {
+        let err = coll
+            .append(vec![doc(json!({"i": 1}))], d)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Closed), "{d}: {err}");
+    }
+}
+
+/// Inline commits leave the WAL's copy into the database to the writer thread; the WAL stays
+/// bounded all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wal_is_copied_by_the_writer_thread_while_callers_commit_inline() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let coll = store.capped("c", &spec()).await.unwrap();
+    let db = store.db_path().to_path_buf();
+    let wal = db.with_extension("db-wal");
+    let db_before = std::fs::metadata(&db).unwrap().len();
+    let page = super::writer::WAL_CHECKPOINT_PAGES as u64 * 4096;
+    let (n, body) = (400u64, "x".repeat(2000));
+    let before = store.inner.cell.inline_commits();
+    let mut wal_max = 0;
+    for i in 0..n {
+        coll.append(
+            vec![doc(json!({"i": i, "body": body}))],
+            Durability::Acknowledged,
+        )
+        .await
+        .unwrap();
+        wal_max = wal_max.max(std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0));
+    }
+    // Without a checkpoint the WAL would hold every page written: ~n × 2 KB and more.
+    assert!(
+        wal_max < n * 2000 / 2,
+        "WAL reached {wal_max} bytes; the limit is {page}"
+    );
+    let db_after = std::fs::metadata(&db).unwrap().len();
+    assert!(
+        db_after > db_before + n * 2000 / 4,
+        "the database file grew from {db_before} to {db_after} bytes only: nothing was copied"
+    );
+    let inline = store.inner.cell.inline_commits() - before;
+    assert!(
+        inline >= n / 2,
+        "{inline} of {n} appends were committed inline: only those made while the writer thread copied the WAL are queued"
+    );
+    store.close().await.unwrap();
+}
