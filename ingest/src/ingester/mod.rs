@@ -386,7 +386,8 @@ impl Ingester {
         // a batch with rejects among its events costs one more commit per stage, not one more
         // fsync. Not so for `majority`: a failover between two stages can roll the earlier
         // ones back on the old primary while the retried last stage lands on the new one, so
-        // with `majority` every stage waits for the majority.
+        // with `majority` every stage waits for the majority. On the embedded engine the
+        // rollups skip the sync too ([`rollups_durability`]).
         let stages = order::stages(docs.len(), &letters_at);
         let interim = interim_durability(d);
         let mut events = Written::none();
@@ -422,10 +423,11 @@ impl Ingester {
                 .collect();
         }
         coalesce_counters(&mut updates);
+        let rollups_d = rollups_durability(d, self.engine);
         let (rollups, written) = tokio::join!(
             write_isolating("rollups", updates, &self.health, |updates| {
                 let rollups = self.rollups.clone();
-                async move { rollups.update(updates, d).await }
+                async move { rollups.update(updates, rollups_d).await }
             }),
             self.write_letters(trailing.0, d),
         );
@@ -550,15 +552,19 @@ impl Ingester {
                 t::sequence_acked(&source, seq);
             }
         }
-        for (collection, written) in [
-            ("rollups", rollups.latency),
-            (self.dead_letters.name(), dead_letters.latency),
+        for (collection, written, durability) in [
+            (
+                "rollups",
+                rollups.latency,
+                rollups_durability(d, self.engine),
+            ),
+            (self.dead_letters.name(), dead_letters.latency, d),
         ] {
             if let Some(latency) = written {
                 t::WriteAcked {
                     engine: self.engine,
                     collection,
-                    durability: d,
+                    durability,
                     latency,
                 }
                 .emit();
@@ -574,6 +580,22 @@ fn interim_durability(d: Durability) -> Durability {
     match d {
         Durability::Majority => Durability::Majority,
         d => d.min(Durability::Acknowledged),
+    }
+}
+
+/// The durability of a batch's rollups, written after its events. Rollups that fell behind
+/// the events are rebuilt from the stored events when tailrace starts (`recover_source`).
+/// The embedded engine loses a commit only together with the process (a power cut, an OS
+/// crash: tailrace restarts and rebuilds), and the next batch's synced events commit makes the
+/// rollups before it durable too (one WAL, synced in order): the rollups need no sync of their
+/// own, and a crash leaves at most the last batch's to rebuild. That halves the syncs of a
+/// slow stream (one per event instead of two). A server (MongoDB) can lose writes it did not
+/// journal and restart while tailrace runs on, with nothing to rebuild them: there the rollups
+/// keep the configured durability.
+fn rollups_durability(d: Durability, engine: &str) -> Durability {
+    match (engine, d) {
+        ("embedded", Durability::Journaled | Durability::Majority) => Durability::Acknowledged,
+        (_, d) => d,
     }
 }
 
@@ -598,6 +620,21 @@ mod tests {
             (Durability::Majority, Durability::Majority),
         ] {
             assert_eq!(interim_durability(d), interim, "{d:?}");
+        }
+    }
+
+    /// The embedded engine's rollups skip the sync (the next events commit makes them
+    /// durable; a crash's loss is rebuilt at startup); a server's keep the durability asked.
+    #[test]
+    fn rollups_skip_the_sync_only_on_the_embedded_engine() {
+        for (d, embedded) in [
+            (Durability::Unacknowledged, Durability::Unacknowledged),
+            (Durability::Acknowledged, Durability::Acknowledged),
+            (Durability::Journaled, Durability::Acknowledged),
+            (Durability::Majority, Durability::Acknowledged),
+        ] {
+            assert_eq!(rollups_durability(d, "embedded"), embedded, "{d:?}");
+            assert_eq!(rollups_durability(d, "mongodb"), d, "{d:?}");
         }
     }
 }
