@@ -97,6 +97,61 @@ async fn an_idle_writer_commits_in_the_callers_thread_and_a_busy_one_groups_the_
     store.close().await.unwrap();
 }
 
+/// A large job goes to the writer thread even when it is idle (it would hold an async thread
+/// for the whole commit); small ones around it still commit inline, in call order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_job_is_committed_by_the_writer_thread() {
+    use super::writer::INLINE_MAX_ITEMS;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let coll = store.capped("c", &spec()).await.unwrap();
+    let docs = |from: usize, n: usize| (from..from + n).map(|i| doc(json!({"i": i}))).collect();
+    let before = store.inner.cell.inline_commits();
+    coll.append(docs(0, INLINE_MAX_ITEMS), Durability::Acknowledged)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.inner.cell.inline_commits() - before,
+        1,
+        "a job of the limit's size is small"
+    );
+    let before = store.inner.cell.inline_commits();
+    let big = INLINE_MAX_ITEMS + 1;
+    coll.append(docs(INLINE_MAX_ITEMS, big), Durability::Acknowledged)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.inner.cell.inline_commits(),
+        before,
+        "the large job was queued"
+    );
+    // Unacknowledged, so the small write after it is made while it may still be queued.
+    let from = INLINE_MAX_ITEMS + big;
+    coll.append(docs(from, big), Durability::Unacknowledged)
+        .await
+        .unwrap();
+    coll.append(docs(from + big, 1), Durability::Acknowledged)
+        .await
+        .unwrap();
+    let n = from + big + 1;
+    let order: Vec<u64> = stored(&*coll, n)
+        .await
+        .iter()
+        .map(|d| d["i"].as_u64().unwrap())
+        .collect();
+    assert_eq!(order, (0..n as u64).collect::<Vec<_>>());
+    let before = store.inner.cell.inline_commits();
+    coll.append(docs(n, 1), Durability::Acknowledged)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.inner.cell.inline_commits() - before,
+        1,
+        "the writer is idle again"
+    );
+    store.close().await.unwrap();
+}
+
 /// An unacknowledged write returns before its commit; an acknowledged one right after it
 /// must not commit first in its own thread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

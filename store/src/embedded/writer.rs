@@ -3,8 +3,8 @@
 //! publishes the commit to tail readers and answers every caller.
 //!
 //! The [`Writer`] sits behind a lock ([`WriterCell`]). A caller that finds it idle, with
-//! nothing queued, commits its own job in its own thread ([`WriterCell::try_inline`]): a
-//! single write then pays no hand-off to another thread and back (two cross-thread wake-ups,
+//! nothing queued, commits its own small job in its own thread ([`WriterCell::try_inline`]):
+//! a single write then pays no hand-off to another thread and back (two cross-thread wake-ups,
 //! 20-60 µs each on a small VM, more than SQLite's own commit at `synchronous=NORMAL`).
 //! Otherwise the job is queued, and the writer thread ([`run`]) commits everything queued
 //! together. A caller never overtakes a queued job: it commits inline only while no job is
@@ -32,11 +32,13 @@ const WAL_CHECKPOINT_PAGES: i64 = 16_384;
 #[cfg(test)]
 pub(crate) const WAL_CHECKPOINT_PAGES: i64 = 64;
 
-/// A job of more documents or updates than this, committed in its caller's thread, runs in
-/// [`tokio::task::block_in_place`]: the runtime's other tasks move to another thread while it
-/// works. A smaller one (a single event, a feed's checkpoint) does not pay for that hand-off,
-/// which costs about what it saves.
-const INLINE_BLOCKING_ITEMS: usize = 16;
+/// A job of more documents or updates than this is always queued for the writer thread, never
+/// committed in its caller's thread: a large commit would hold an async thread for as long as
+/// it takes. (Running it in [`tokio::task::block_in_place`] instead moves the runtime to a
+/// fresh thread each time; every one of them then keeps its own allocator heap: 70/s ran with
+/// six such threads and 5-8 MiB more resident memory.) A single event, a feed's checkpoint,
+/// the rollups of a slow stream's event stay inline.
+pub(crate) const INLINE_MAX_ITEMS: usize = 16;
 
 /// At most this many jobs share one transaction, so one commit's latency stays bounded.
 const MAX_GROUP: usize = 1024;
@@ -225,9 +227,8 @@ impl WriterCell {
         }
     }
 
-    /// Commits `op` in the calling thread when the writer is idle and nothing is queued;
-    /// gives `op` back otherwise (the caller then queues it). A large job on a multi-threaded
-    /// tokio runtime runs in [`tokio::task::block_in_place`] (see [`INLINE_BLOCKING_ITEMS`]).
+    /// Commits `op` in the calling thread when the writer is idle, nothing is queued and `op`
+    /// is small ([`INLINE_MAX_ITEMS`]); gives `op` back otherwise (the caller then queues it).
     /// When the commit leaves the WAL full, the caller must wake the writer thread to copy
     /// it (`Inline::wake_writer`): the copy is not done on the caller's thread.
     pub(crate) fn try_inline(
@@ -235,7 +236,7 @@ impl WriterCell {
         op: Op,
         durability: Durability,
     ) -> std::result::Result<Inline, Op> {
-        if self.pending.load(Ordering::Acquire) != 0 {
+        if op.items() > INLINE_MAX_ITEMS || self.pending.load(Ordering::Acquire) != 0 {
             return Err(op);
         }
         let mut guard = match self.writer.try_lock() {
@@ -250,22 +251,12 @@ impl WriterCell {
         let Some(writer) = guard.as_mut() else {
             return Ok(Inline::done(Err(StoreError::Closed)));
         };
-        let large = op.items() > INLINE_BLOCKING_ITEMS;
         let mut jobs = [Job {
             op,
             durability,
             reply: None,
         }];
-        let mut commit = || writer.commit_group(&mut jobs).pop();
-        let multi_thread = matches!(
-            tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()),
-            Ok(tokio::runtime::RuntimeFlavor::MultiThread)
-        );
-        let result = if large && multi_thread {
-            tokio::task::block_in_place(commit)
-        } else {
-            commit()
-        };
+        let result = writer.commit_group(&mut jobs).pop();
         let wake_writer = writer.wal_full() && !self.checkpoint_asked.swap(true, Ordering::AcqRel);
         self.inline.fetch_add(1, Ordering::Relaxed);
         Ok(Inline {
