@@ -602,8 +602,16 @@ impl Writer {
                 Ok(Reply::Positions(positions))
             }
             Op::Update { coll, updates } => {
-                for KeyUpdate { key, update: u } in updates.iter() {
-                    let before = self.take_kv(coll, key)?;
+                // A key updated again later in the job (a source's summary: once per event of
+                // a batch) has its row written once, with its last state; each state before
+                // that is logged, as change feeds read every one, and held here meanwhile.
+                let rewritten = rewritten_later(updates);
+                let mut held: HashMap<&str, (Document, String)> = HashMap::new();
+                for (KeyUpdate { key, update: u }, again) in updates.iter().zip(rewritten) {
+                    let before = match held.remove(key.as_str()) {
+                        Some(entry) => Some(entry),
+                        None => self.take_kv(coll, key)?,
+                    };
                     let mut after = match &before {
                         Some((doc, _)) => doc.clone(),
                         None => {
@@ -618,7 +626,22 @@ impl Writer {
                     } else {
                         ChangeOp::Insert
                     };
-                    let change = self.write_kv(coll, key, op, before, after, now)?;
+                    let change = if again {
+                        let body = serde_json::to_string(&after)?;
+                        let (before_doc, before_body) = before.unzip();
+                        let change = self.log_texts(
+                            coll,
+                            op,
+                            key,
+                            (before_doc, before_body.as_deref()),
+                            (Some(after.clone()), Some(&body)),
+                            now,
+                        )?;
+                        held.insert(key, (after, body));
+                        change
+                    } else {
+                        self.write_kv(coll, key, op, before, after, now)?
+                    };
                     commit.changes.push(change);
                 }
                 Ok(Reply::Done)
@@ -962,6 +985,18 @@ impl Writer {
             committed_at_us: now,
         })
     }
+}
+
+/// For each update, whether a later one of `updates` is of the same key.
+fn rewritten_later(updates: &[KeyUpdate]) -> Vec<bool> {
+    let mut seen = std::collections::HashSet::with_capacity(updates.len());
+    let mut again: Vec<bool> = updates
+        .iter()
+        .rev()
+        .map(|u| !seen.insert(u.key.as_str()))
+        .collect();
+    again.reverse();
+    again
 }
 
 /// Deletes the oldest documents until the collection is within both limits (never the newest).

@@ -35,6 +35,7 @@ macro_rules! every_check {
             position_lost,
             latest_by_indexed_field,
             change_ops_with_images,
+            one_update_of_a_key_several_times,
             resume_from_token,
             change_filters,
             oplog_across_collections,
@@ -317,6 +318,55 @@ pub async fn change_ops_with_images(store: &dyn Store) {
         "deleting a missing key publishes nothing"
     );
     assert!(k.get("a").await.unwrap().is_none());
+}
+
+/// One `update` naming a key several times (a source's summary, once per event of a batch):
+/// each update is a change of its own, with the images before and after it, and the document
+/// ends in the last state, as read afterwards, as updated again and as the log replays it.
+pub async fn one_update_of_a_key_several_times(store: &dyn Store) {
+    let k = store.keyed("k_repeat").await.unwrap();
+    let mut live = k.changes(ChangeFilter::default(), ChangeStart::Now);
+    let ku = store::KeyUpdate::new;
+    k.update(
+        vec![
+            ku("a", Update::inc("count", 1)),
+            ku("b", Update::inc("count", 1)),
+            ku("a", Update::inc("count", 2).and_set("tag", "x")),
+            ku("a", Update::inc("count", 3).and_set("tag", "y")),
+        ],
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    let got = k.get("a").await.unwrap().expect("a exists");
+    assert_eq!((&got["count"], &got["tag"]), (&json!(6), &json!("y")));
+    k.update(
+        vec![ku("a", Update::inc("count", 10))],
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    assert_eq!(k.get("a").await.unwrap().unwrap()["count"], json!(16));
+
+    let expected = [
+        (ChangeOp::Insert, "a", None, Some(1)),
+        (ChangeOp::Insert, "b", None, Some(1)),
+        (ChangeOp::Update, "a", Some(1), Some(3)),
+        (ChangeOp::Update, "a", Some(3), Some(6)),
+        (ChangeOp::Update, "a", Some(6), Some(16)),
+    ];
+    let count = |d: &Option<Document>| d.as_ref().map(|d| d["count"].as_i64().unwrap());
+    let mut replay = k.changes(ChangeFilter::default(), ChangeStart::Oldest);
+    for (stream, name) in [(&mut live, "live"), (&mut replay, "replayed")] {
+        for (i, (op, key, before, after)) in expected.iter().enumerate() {
+            let c = next_change(stream).await;
+            assert_eq!(
+                (c.op, c.key.as_str(), count(&c.before), count(&c.after)),
+                (*op, *key, *before, *after),
+                "{name} change {i}"
+            );
+        }
+    }
 }
 
 /// Resuming from a token yields exactly the later changes: no gap, no duplicate.
