@@ -989,6 +989,9 @@ impl Writer {
 
 /// For each update, whether a later one of `updates` is of the same key.
 fn rewritten_later(updates: &[KeyUpdate]) -> Vec<bool> {
+    if updates.len() < 2 {
+        return vec![false; updates.len()];
+    }
     let mut seen = std::collections::HashSet::with_capacity(updates.len());
     let mut again: Vec<bool> = updates
         .iter()
