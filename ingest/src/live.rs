@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 use store::{
-    Bounds, Capped, Document, Durability, Filter, Keyed, NewestMatching, Position, Record,
-    RecordStream, Start, Usage,
+    Bounds, Capped, Document, Durability, Filter, KeyUpdate, Keyed, NewestMatching, Position,
+    Record, RecordStream, Start, Usage,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -91,6 +91,26 @@ impl Capped for TimedEvents {
     async fn append(&self, docs: Vec<Document>, d: Durability) -> store::Result<Vec<Position>> {
         let t = Instant::now();
         let out = self.inner.append(docs, d).await;
+        if out.is_ok() {
+            self.times.record(d, t.elapsed().as_micros() as u64);
+        }
+        out
+    }
+    fn commits_with(&self, keyed: &dyn Keyed) -> bool {
+        self.inner.commits_with(keyed)
+    }
+    async fn append_with_updates(
+        &self,
+        docs: Vec<Document>,
+        keyed: &dyn Keyed,
+        updates: Vec<KeyUpdate>,
+        d: Durability,
+    ) -> store::Result<Vec<Position>> {
+        let t = Instant::now();
+        let out = self
+            .inner
+            .append_with_updates(docs, keyed, updates, d)
+            .await;
         if out.is_ok() {
             self.times.record(d, t.elapsed().as_micros() as u64);
         }

@@ -192,3 +192,45 @@ async fn a_rollup_update_the_store_refuses_is_dropped_and_ingestion_goes_on() {
         "the source summary saw every event"
     );
 }
+
+/// The usual batch (no dead letters) commits its events and their rollups together: every
+/// rollup change carries the commit time of events, and every batch's events one of a rollup
+/// change. (The refusals above prove the other way: a failed joint commit is written in turn.)
+#[tokio::test]
+async fn a_batch_commits_its_events_and_rollups_together() {
+    use futures::StreamExt;
+    let r = rig().await;
+    let events: Vec<Value> = (1..=300).map(|i| event(i, false)).collect();
+    ingest(&r, events).await;
+    let stored = all(&r, "events").await;
+    assert_eq!(stored.len(), 300);
+    let event_commits: std::collections::BTreeSet<i64> = stored
+        .iter()
+        .map(|r| r.committed_at_us.expect("a stored event has its commit time"))
+        .collect();
+    let rollups = r.store.keyed("rollups").await.unwrap();
+    let mut changes = rollups.changes(
+        store::ChangeFilter::default(),
+        store::ChangeStart::Oldest,
+    );
+    let mut rollup_commits = std::collections::BTreeSet::new();
+    let mut summaries = 0;
+    while summaries < 300 {
+        let c = tokio::time::timeout(Duration::from_secs(10), changes.next())
+            .await
+            .expect("every rollup change is replayed")
+            .unwrap()
+            .unwrap();
+        summaries += usize::from(c.key == "source:s");
+        rollup_commits.insert(c.committed_at_us);
+    }
+    assert_eq!(
+        rollup_commits, event_commits,
+        "each batch is one commit of events and rollups"
+    );
+    assert!(
+        event_commits.len() >= 300 / 64,
+        "batches of at most 64 events: {} commits",
+        event_commits.len()
+    );
+}

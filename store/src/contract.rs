@@ -126,6 +126,33 @@ pub trait Capped: Send + Sync + 'static {
     /// list for [`Durability::Unacknowledged`], which returns before the commit.
     async fn append(&self, docs: Vec<Document>, durability: Durability) -> Result<Vec<Position>>;
 
+    /// Whether [`Capped::append_with_updates`] commits into `keyed` together with this
+    /// collection's documents (all or nothing, one commit). `false` by default: the engine
+    /// cannot (MongoDB does not write capped collections inside a transaction), or `keyed`
+    /// belongs to another store.
+    fn commits_with(&self, keyed: &dyn Keyed) -> bool {
+        let _ = keyed;
+        false
+    }
+
+    /// Appends `docs` and applies `updates` to `keyed` (as [`Keyed::update`] does), in one
+    /// commit where [`Capped::commits_with`] says so: both are written or neither is, and tails
+    /// and change streams see them at once. The ingester writes each batch's events and their
+    /// rollups so: one commit instead of two. Where the engine cannot, the default writes them
+    /// in turn (documents first); a failure then may leave the documents written without the
+    /// updates.
+    async fn append_with_updates(
+        &self,
+        docs: Vec<Document>,
+        keyed: &dyn Keyed,
+        updates: Vec<KeyUpdate>,
+        durability: Durability,
+    ) -> Result<Vec<Position>> {
+        let positions = self.append(docs, durability).await?;
+        keyed.update(updates, durability).await?;
+        Ok(positions)
+    }
+
     /// Every document after `start`, in order, then waits for new ones without polling.
     fn tail(&self, start: Start) -> RecordStream;
 
@@ -175,6 +202,10 @@ pub trait Capped: Send + Sync + 'static {
 pub trait Keyed: Send + Sync + 'static {
     /// The collection's name.
     fn name(&self) -> &str;
+
+    /// The collection as [`std::any::Any`], so an engine can recognise its own collections
+    /// (see [`Capped::commits_with`]).
+    fn as_any(&self) -> &dyn std::any::Any;
 
     /// Upserts: applies each `$inc`/`$set` update to its key (creating the key when absent), in
     /// order, in one commit. Each key's change is published.

@@ -87,6 +87,29 @@ impl Capped for TimedCapped {
         }
         out
     }
+    fn commits_with(&self, keyed: &dyn store::Keyed) -> bool {
+        self.inner.commits_with(keyed)
+    }
+    async fn append_with_updates(
+        &self,
+        docs: Vec<Document>,
+        keyed: &dyn store::Keyed,
+        updates: Vec<store::KeyUpdate>,
+        d: Durability,
+    ) -> store::Result<Vec<Position>> {
+        let n = docs.len();
+        let t = Instant::now();
+        let out = self
+            .inner
+            .append_with_updates(docs, keyed, updates, d)
+            .await;
+        if out.is_ok()
+            && let Ok(mut a) = self.appends.lock()
+        {
+            a.push((t.elapsed().as_nanos() as f64 / 1e3, n));
+        }
+        out
+    }
     fn tail(&self, start: Start) -> RecordStream {
         self.inner.tail(start)
     }

@@ -198,6 +198,20 @@ impl Capped for ObservedCapped {
     async fn append(&self, docs: Vec<Document>, d: Durability) -> store::Result<Vec<Position>> {
         self.inner.append(docs, d).await
     }
+    fn commits_with(&self, keyed: &dyn Keyed) -> bool {
+        self.inner.commits_with(keyed)
+    }
+    async fn append_with_updates(
+        &self,
+        docs: Vec<Document>,
+        keyed: &dyn Keyed,
+        updates: Vec<store::KeyUpdate>,
+        d: Durability,
+    ) -> store::Result<Vec<Position>> {
+        self.inner
+            .append_with_updates(docs, keyed, updates, d)
+            .await
+    }
     fn tail(&self, start: Start) -> RecordStream {
         let probe = self.probe.clone();
         self.inner

@@ -32,7 +32,7 @@ pub use rollups::{coalesce_counters, rollups};
 pub use validate::{Rejection, dead_letter, validate};
 pub use write::StoreHealth;
 
-use write::{Refused, Written, write_isolating};
+use write::{Refused, Written, write_isolating, write_together};
 
 use crate::source::{Raw, RejectReason};
 use crate::telemetry as t;
@@ -372,6 +372,28 @@ impl Ingester {
         } = ready;
         let d = self.options.durability;
         let n = docs.len();
+        // A batch without dead letters (the usual one): events and rollups in one commit where
+        // the engine can ([`write_together`]); both land or neither does, so the rollups are
+        // never behind. The events' durability covers both.
+        if dead.is_empty() && self.events.commits_with(self.rollups.as_ref()) {
+            let mut together = updates.clone();
+            coalesce_counters(&mut together);
+            if let Some(latency) = write_together(
+                &self.events,
+                &self.rollups,
+                &docs,
+                together,
+                d,
+                &self.health,
+            )
+            .await
+            {
+                let (events, rollups) = (Written::landed(latency), Written::landed(latency));
+                self.account(n, events, (rollups, d), Written::none(), last_seq)
+                    .await;
+                return;
+            }
+        }
         // Events and dead letters in hand-over order, stage after stage ([`order`]): a crash
         // leaves each source a prefix of what it handed over, so a restart that resumes after
         // its newest stored record loses no record. Then the rollups, after every event: a
@@ -432,7 +454,7 @@ impl Ingester {
             self.write_letters(trailing.0, d),
         );
         dead_letters.absorb(written, trailing.1);
-        self.account(n, events, rollups, dead_letters, last_seq)
+        self.account(n, events, (rollups, rollups_d), dead_letters, last_seq)
             .await;
     }
 
@@ -451,7 +473,7 @@ impl Ingester {
         &self,
         n: usize,
         events: Written<Document>,
-        rollups: Written<store::KeyUpdate>,
+        (rollups, rollups_d): (Written<store::KeyUpdate>, Durability),
         dead_letters: Written<Document>,
         last_seq: HashMap<Arc<str>, u64>,
     ) {
@@ -553,11 +575,7 @@ impl Ingester {
             }
         }
         for (collection, written, durability) in [
-            (
-                "rollups",
-                rollups.latency,
-                rollups_durability(d, self.engine),
-            ),
+            ("rollups", rollups.latency, rollups_d),
             (self.dead_letters.name(), dead_letters.latency, d),
         ] {
             if let Some(latency) = written {

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use store::StoreError;
 use store::backoff::Backoff;
+use store::{Capped, Document, Durability, KeyUpdate, Keyed, StoreError};
 
 use crate::telemetry as t;
 
@@ -112,6 +112,14 @@ impl<T> Written<T> {
         }
     }
 
+    /// Everything written, the first attempt taking `latency`.
+    pub fn landed(latency: Duration) -> Self {
+        Written {
+            latency: Some(latency),
+            ..Written::none()
+        }
+    }
+
     /// Adds what another write of the same batch did, whose items started at `offset` among
     /// the batch's (so refused indices stay indices into the whole batch).
     pub fn absorb(&mut self, other: Written<T>, offset: usize) {
@@ -206,6 +214,39 @@ where
         })
         .collect();
     out
+}
+
+/// Writes a batch's events and their rollup updates in one commit, when the engine commits
+/// the two together ([`store::Capped::commits_with`]): one commit (one sync, one wake-up of
+/// each reader) instead of two. Returns the commit's latency. `None` when the engine cannot,
+/// or when the attempt failed: then nothing of it was written (all or nothing), and the caller
+/// writes both in turn, which retries transient failures and isolates refused items.
+pub(super) async fn write_together(
+    events: &Arc<dyn Capped>,
+    rollups: &Arc<dyn Keyed>,
+    docs: &[Document],
+    updates: Vec<KeyUpdate>,
+    durability: Durability,
+    health: &StoreHealth,
+) -> Option<Duration> {
+    if docs.is_empty() || !events.commits_with(rollups.as_ref()) {
+        return None;
+    }
+    let started = Instant::now();
+    match events
+        .append_with_updates(docs.to_vec(), rollups.as_ref(), updates, durability)
+        .await
+    {
+        Ok(_) => {
+            health.succeeded(events.name());
+            health.succeeded(rollups.name());
+            Some(started.elapsed())
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, events = docs.len(), "events and rollups not written together; writing them in turn");
+            None
+        }
+    }
 }
 
 #[cfg(test)]

@@ -425,6 +425,29 @@ struct EmbeddedCapped {
     shared: Arc<CappedShared>,
 }
 
+impl EmbeddedCapped {
+    /// The append of `docs`, their JSON encoded here (on the caller's thread, not the
+    /// writer's).
+    fn append_op(&self, docs: Vec<Document>) -> Result<Op> {
+        Ok(Op::Append {
+            coll: self.name.clone(),
+            bodies: docs
+                .iter()
+                .map(serde_json::to_string)
+                .collect::<std::result::Result<_, _>>()?,
+            docs,
+        })
+    }
+
+    /// Whether `keyed` is a collection of this very store (one writer, one database file).
+    fn same_store(&self, keyed: &dyn Keyed) -> bool {
+        keyed
+            .as_any()
+            .downcast_ref::<EmbeddedKeyed>()
+            .is_some_and(|k| Arc::ptr_eq(&k.inner, &self.inner))
+    }
+}
+
 #[async_trait]
 impl Capped for EmbeddedCapped {
     fn name(&self) -> &str {
@@ -435,21 +458,39 @@ impl Capped for EmbeddedCapped {
         if docs.is_empty() {
             return Ok(Vec::new());
         }
-        match self
-            .inner
-            .submit(
-                Op::Append {
-                    coll: self.name.clone(),
-                    bodies: docs
-                        .iter()
-                        .map(serde_json::to_string)
-                        .collect::<std::result::Result<_, _>>()?,
-                    docs,
-                },
-                durability,
-            )
-            .await?
-        {
+        match self.inner.submit(self.append_op(docs)?, durability).await? {
+            Reply::Positions(p) => Ok(p),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    fn commits_with(&self, keyed: &dyn Keyed) -> bool {
+        self.same_store(keyed)
+    }
+
+    async fn append_with_updates(
+        &self,
+        docs: Vec<Document>,
+        keyed: &dyn Keyed,
+        updates: Vec<KeyUpdate>,
+        durability: Durability,
+    ) -> Result<Vec<Position>> {
+        if !self.same_store(keyed) {
+            let positions = self.append(docs, durability).await?;
+            keyed.update(updates, durability).await?;
+            return Ok(positions);
+        }
+        let mut ops = Vec::with_capacity(2);
+        if !docs.is_empty() {
+            ops.push(self.append_op(docs)?);
+        }
+        if !updates.is_empty() {
+            ops.push(Op::Update {
+                coll: keyed.name().to_owned(),
+                updates,
+            });
+        }
+        match self.inner.submit(Op::Together(ops), durability).await? {
             Reply::Positions(p) => Ok(p),
             _ => Ok(Vec::new()),
         }
@@ -526,6 +567,10 @@ struct EmbeddedKeyed {
 impl Keyed for EmbeddedKeyed {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     async fn update(&self, updates: Vec<KeyUpdate>, durability: Durability) -> Result<()> {

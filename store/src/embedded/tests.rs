@@ -329,3 +329,33 @@ async fn the_wal_is_copied_by_the_writer_thread_while_callers_commit_inline() {
     );
     store.close().await.unwrap();
 }
+
+/// Documents and updates commit together only within one store: a keyed collection of another
+/// store (another file, another writer) is written in turn, and both writes still land.
+#[tokio::test]
+async fn append_with_updates_commits_together_only_within_one_store() {
+    let (dir, other_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (store, other) = (open(&dir), open(&other_dir));
+    let events = store.capped("events", &spec()).await.unwrap();
+    let mine = store.keyed("rollups").await.unwrap();
+    let theirs = other.keyed("rollups").await.unwrap();
+    assert!(events.commits_with(mine.as_ref()));
+    assert!(!events.commits_with(theirs.as_ref()));
+
+    let inc = || vec![KeyUpdate::new("k", Update::inc("n", 1))];
+    for keyed in [&mine, &theirs] {
+        events
+            .append_with_updates(
+                vec![doc(json!({"x": 1}))],
+                keyed.as_ref(),
+                inc(),
+                Durability::Journaled,
+            )
+            .await
+            .unwrap();
+    }
+    assert_eq!(stored(events.as_ref(), 2).await.len(), 2);
+    for keyed in [&mine, &theirs] {
+        assert_eq!(keyed.get("k").await.unwrap().unwrap()["n"], json!(1));
+    }
+}

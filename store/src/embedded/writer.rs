@@ -86,6 +86,9 @@ pub(crate) enum Op {
     /// Commits everything queued before it; used by `close` to flush, and to wake the
     /// writer thread for a WAL checkpoint.
     Barrier,
+    /// Several operations as one job: all of them or none (an append and the updates derived
+    /// from it). Answered with the first append's positions.
+    Together(Vec<Op>),
 }
 
 impl Op {
@@ -94,6 +97,7 @@ impl Op {
         match self {
             Op::Append { docs, .. } => docs.len(),
             Op::Update { updates, .. } => updates.len(),
+            Op::Together(ops) => ops.iter().map(Op::items).sum(),
             _ => 1,
         }
     }
@@ -690,6 +694,18 @@ impl Writer {
                 Ok(Reply::Done)
             }
             Op::Barrier => Ok(Reply::Done),
+            Op::Together(ops) => {
+                // A failure undoes the whole job (its savepoint, or the transaction when it is
+                // alone), so no part of it is committed without the others.
+                let mut reply = None;
+                for op in ops.iter_mut() {
+                    let r = self.apply(op, now, commit)?;
+                    if reply.is_none() && matches!(r, Reply::Positions(_)) {
+                        reply = Some(r);
+                    }
+                }
+                Ok(reply.unwrap_or(Reply::Done))
+            }
         }
     }
 

@@ -244,6 +244,10 @@ impl Keyed for MongoKeyed {
         &self.name
     }
 
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     async fn update(&self, updates: Vec<KeyUpdate>, durability: Durability) -> Result<()> {
         if updates.is_empty() {
             return Ok(());

@@ -36,6 +36,7 @@ macro_rules! every_check {
             latest_by_indexed_field,
             change_ops_with_images,
             one_update_of_a_key_several_times,
+            append_with_updates_all_or_nothing,
             resume_from_token,
             change_filters,
             oplog_across_collections,
@@ -367,6 +368,107 @@ pub async fn one_update_of_a_key_several_times(store: &dyn Store) {
             );
         }
     }
+}
+
+/// `append_with_updates` appends the documents and applies the updates, readers see both. An
+/// engine that commits the two together ([`Capped::commits_with`]) writes neither when one
+/// update is refused, and goes on afterwards; one that cannot says so, and writes in turn.
+pub async fn append_with_updates_all_or_nothing(store: &dyn Store) {
+    let c = capped(store, "c_together", 1000, 1 << 20).await;
+    let k = store.keyed("k_together").await.unwrap();
+    let mut changes = k.changes(ChangeFilter::default(), ChangeStart::Now);
+    let mut tail = c.tail(Start::Now);
+    let ku = store::KeyUpdate::new;
+    let together = c.commits_with(k.as_ref());
+    let positions = c
+        .append_with_updates(
+            vec![doc(json!({"n": 1, "$kind": "a.b"})), doc(json!({"n": 2}))],
+            k.as_ref(),
+            vec![
+                ku("a", Update::inc("count", 1)),
+                ku("a", Update::inc("count", 1).and_set("tag", "x")),
+            ],
+            Durability::Journaled,
+        )
+        .await
+        .unwrap();
+    assert_eq!(positions.len(), 2);
+    assert!(positions[0] < positions[1]);
+    for n in [1, 2] {
+        assert_eq!(next_record(&mut tail).await.doc["n"], json!(n));
+    }
+    let got = k.get("a").await.unwrap().expect("a was upserted");
+    assert_eq!((&got["count"], &got["tag"]), (&json!(2), &json!("x")));
+    for after in [1, 2] {
+        let ch = next_change(&mut changes).await;
+        assert_eq!(ch.key, "a");
+        assert_eq!(ch.after.unwrap()["count"], json!(after));
+    }
+    if !together {
+        eprintln!(
+            "notice: the {} engine writes append_with_updates in turn, not in one commit; \
+             its all-or-nothing check does not apply",
+            store.engine()
+        );
+        return;
+    }
+
+    // `$inc` of a string is refused: the whole call is undone.
+    k.set("s", doc(json!({"count": "many"})), Durability::Acknowledged)
+        .await
+        .unwrap();
+    assert_eq!(next_change(&mut changes).await.key, "s");
+    let newest = c.bounds().await.unwrap().unwrap().newest;
+    let refused = c
+        .append_with_updates(
+            vec![doc(json!({"n": 3}))],
+            k.as_ref(),
+            vec![
+                ku("a", Update::inc("count", 1)),
+                ku("s", Update::inc("count", 1)),
+            ],
+            Durability::Journaled,
+        )
+        .await;
+    assert!(
+        refused.is_err(),
+        "an update the engine refuses fails the call"
+    );
+    assert_eq!(
+        c.bounds().await.unwrap().unwrap().newest,
+        newest,
+        "the documents were not appended"
+    );
+    assert_eq!(
+        k.get("a").await.unwrap().unwrap()["count"],
+        json!(2),
+        "nor the updates applied"
+    );
+    assert!(
+        tokio::time::timeout(QUIET, tail.next()).await.is_err(),
+        "tails see nothing of it"
+    );
+    assert!(
+        tokio::time::timeout(QUIET, changes.next()).await.is_err(),
+        "change streams see nothing of it"
+    );
+
+    // And the collection goes on from where it was.
+    let positions = c
+        .append_with_updates(
+            vec![doc(json!({"n": 4}))],
+            k.as_ref(),
+            vec![ku("a", Update::inc("count", 5))],
+            Durability::Acknowledged,
+        )
+        .await
+        .unwrap();
+    assert!(positions[0] > newest);
+    assert_eq!(next_record(&mut tail).await.doc["n"], json!(4));
+    assert_eq!(
+        next_change(&mut changes).await.after.unwrap()["count"],
+        json!(7)
+    );
 }
 
 /// Resuming from a token yields exactly the later changes: no gap, no duplicate.
