@@ -165,12 +165,13 @@ impl Ingester {
     /// The next sequence number of `source`: one after the newest stored, so sequences continue
     /// across restarts (and crashes: only acknowledged writes are found).
     ///
-    /// The events and the rollups of a batch are written concurrently (on the embedded engine
-    /// they usually share one group commit, but need not), so a crash between the two commits
-    /// can leave either one ahead. When the `source:<name>` rollup is behind, the missing
+    /// A batch's rollups are written after its events, or with them in one commit (a small
+    /// batch on the embedded engine, [`JOINT_MAX_EVENTS`]), so a crash between two commits
+    /// leaves the rollups behind. When the `source:<name>` rollup is behind, the missing
     /// rollup updates are applied from the stored events, so change feeds see every sequence
-    /// number too. When it is ahead, the sequence continues after it, and the events that never
-    /// committed are counted as missing by tailable feeds.
+    /// number too. Should it be ahead (a server that rolled back journaled events), the
+    /// sequence continues after it, and the events that never committed are counted as
+    /// missing by tailable feeds.
     async fn recover_source(&self, source: &str) -> Result<u64, StoreError> {
         let newest_event = self
             .events
