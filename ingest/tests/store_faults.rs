@@ -206,13 +206,13 @@ async fn a_batch_commits_its_events_and_rollups_together() {
     assert_eq!(stored.len(), 300);
     let event_commits: std::collections::BTreeSet<i64> = stored
         .iter()
-        .map(|r| r.committed_at_us.expect("a stored event has its commit time"))
+        .map(|r| {
+            r.committed_at_us
+                .expect("a stored event has its commit time")
+        })
         .collect();
     let rollups = r.store.keyed("rollups").await.unwrap();
-    let mut changes = rollups.changes(
-        store::ChangeFilter::default(),
-        store::ChangeStart::Oldest,
-    );
+    let mut changes = rollups.changes(store::ChangeFilter::default(), store::ChangeStart::Oldest);
     let mut rollup_commits = std::collections::BTreeSet::new();
     let mut summaries = 0;
     while summaries < 300 {
