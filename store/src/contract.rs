@@ -116,6 +116,20 @@ pub trait Store: Send + Sync + 'static {
     async fn close(&self) -> Result<()>;
 }
 
+/// [`Capped::append_with_updates`] for an engine that cannot commit the two together: the
+/// documents, then the updates, each its own commit.
+pub(crate) async fn append_then_update<C: Capped + ?Sized>(
+    capped: &C,
+    docs: Vec<Document>,
+    keyed: &dyn Keyed,
+    updates: Vec<KeyUpdate>,
+    durability: Durability,
+) -> Result<Vec<Position>> {
+    let positions = capped.append(docs, durability).await?;
+    keyed.update(updates, durability).await?;
+    Ok(positions)
+}
+
 /// A capped collection: bounded by count and bytes, insertion-ordered, oldest evicted first.
 #[async_trait]
 pub trait Capped: Send + Sync + 'static {
@@ -148,9 +162,7 @@ pub trait Capped: Send + Sync + 'static {
         updates: Vec<KeyUpdate>,
         durability: Durability,
     ) -> Result<Vec<Position>> {
-        let positions = self.append(docs, durability).await?;
-        keyed.update(updates, durability).await?;
-        Ok(positions)
+        append_then_update(self, docs, keyed, updates, durability).await
     }
 
     /// Every document after `start`, in order, then waits for new ones without polling.

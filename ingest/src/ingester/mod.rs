@@ -378,25 +378,20 @@ impl Ingester {
         // neither does, so the rollups are never behind. The events' durability covers both.
         if n <= JOINT_MAX_EVENTS
             && dead.is_empty()
-            && self.events.commits_with(self.rollups.as_ref())
-        {
-            let mut together = updates.clone();
-            coalesce_counters(&mut together);
-            if let Some(latency) = write_together(
+            && let Some(latency) = write_together(
                 &self.events,
                 &self.rollups,
                 &docs,
-                together,
+                &updates,
                 d,
                 &self.health,
             )
             .await
-            {
-                let (events, rollups) = (Written::landed(latency), Written::landed(latency));
-                self.account(n, events, (rollups, d), Written::none(), last_seq)
-                    .await;
-                return;
-            }
+        {
+            let (events, rollups) = (Written::landed(latency), Written::landed(latency));
+            self.account(n, events, (rollups, d), Written::none(), last_seq)
+                .await;
+            return;
         }
         // Events and dead letters in hand-over order, stage after stage ([`order`]): a crash
         // leaves each source a prefix of what it handed over, so a restart that resumes after

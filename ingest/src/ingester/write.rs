@@ -225,13 +225,16 @@ pub(super) async fn write_together(
     events: &Arc<dyn Capped>,
     rollups: &Arc<dyn Keyed>,
     docs: &[Document],
-    updates: Vec<KeyUpdate>,
+    updates: &[KeyUpdate],
     durability: Durability,
     health: &StoreHealth,
 ) -> Option<Duration> {
     if docs.is_empty() || !events.commits_with(rollups.as_ref()) {
         return None;
     }
+    // Copies: the caller keeps the batch for the writes in turn, should this one fail.
+    let mut updates = updates.to_vec();
+    super::coalesce_counters(&mut updates);
     let started = Instant::now();
     match events
         .append_with_updates(docs.to_vec(), rollups.as_ref(), updates, durability)

@@ -476,9 +476,8 @@ impl Capped for EmbeddedCapped {
         durability: Durability,
     ) -> Result<Vec<Position>> {
         if !self.same_store(keyed) {
-            let positions = self.append(docs, durability).await?;
-            keyed.update(updates, durability).await?;
-            return Ok(positions);
+            return crate::contract::append_then_update(self, docs, keyed, updates, durability)
+                .await;
         }
         let mut ops = Vec::with_capacity(2);
         if !docs.is_empty() {
