@@ -465,3 +465,111 @@ async fn statistics_are_published_often_and_checkpoints_saved_at_their_own_inter
     }
     feed.stop().await;
 }
+
+/// The embedded store, except that a checkpoint save waits at a gate: a checkpoint stuck
+/// behind a large batch at the store's writer, made as long as the test needs.
+struct GatedCheckpoints {
+    inner: Arc<dyn Store>,
+    gate: Arc<tokio::sync::Semaphore>,
+    /// Saves that reached the gate.
+    waiting: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl Store for GatedCheckpoints {
+    fn engine(&self) -> &'static str {
+        self.inner.engine()
+    }
+    async fn capped(&self, name: &str, spec: &CappedSpec) -> store::Result<Arc<dyn Capped>> {
+        self.inner.capped(name, spec).await
+    }
+    async fn keyed(&self, name: &str) -> store::Result<Arc<dyn Keyed>> {
+        self.inner.keyed(name).await
+    }
+    fn changes(&self, filter: ChangeFilter, start: store::ChangeStart) -> store::ChangeStream {
+        self.inner.changes(filter, start)
+    }
+    async fn newest_change(&self) -> store::Result<Option<store::ResumeToken>> {
+        self.inner.newest_change().await
+    }
+    async fn changes_after(&self, token: &store::ResumeToken) -> store::Result<Option<u64>> {
+        self.inner.changes_after(token).await
+    }
+    async fn oldest_change_at(&self) -> store::Result<Option<i64>> {
+        self.inner.oldest_change_at().await
+    }
+    async fn load_checkpoint(&self, feed: &str) -> store::Result<Option<serde_json::Value>> {
+        self.inner.load_checkpoint(feed).await
+    }
+    async fn save_checkpoint(
+        &self,
+        feed: &str,
+        checkpoint: serde_json::Value,
+        durability: Durability,
+    ) -> store::Result<()> {
+        self.waiting
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _pass = self.gate.acquire().await.unwrap();
+        self.inner
+            .save_checkpoint(feed, checkpoint, durability)
+            .await
+    }
+    async fn close(&self) -> store::Result<()> {
+        self.inner.close().await
+    }
+}
+
+/// A feed goes on with its events while its checkpoint is being written: the checkpoint
+/// (and the `stats` document) wait their turn at the store's writer, which may be committing
+/// a large batch, and a feed that waited with them held back every event committed meanwhile.
+/// Nothing is lost either way: a stop waits for the write under way and saves its own.
+#[tokio::test]
+async fn a_feed_goes_on_with_its_events_while_its_checkpoint_is_being_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (inner, events, _) = open(&dir, 1000).await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let waiting = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let store: Arc<dyn Store> = Arc::new(GatedCheckpoints {
+        inner: inner.clone(),
+        gate: gate.clone(),
+        waiting: waiting.clone(),
+    });
+    let feed = start(&store, tail_spec(&events)).await;
+    append(&events, 1..=3).await;
+    feed.wait("3 events processed", |s| events_of(s) == 3).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the feed tries to save a checkpoint within its 50 ms interval"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    append(&events, 4..=9).await;
+    let status = feed
+        .wait("9 events processed while the checkpoint waits", |s| {
+            events_of(s) == 9
+        })
+        .await;
+    assert_eq!(status.stats.unwrap().count("missing"), Some(0));
+    assert_eq!(
+        waiting.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one checkpoint write at a time"
+    );
+    assert_eq!(
+        inner.load_checkpoint("tail").await.unwrap(),
+        None,
+        "the checkpoint is still waiting"
+    );
+
+    gate.add_permits(1_000);
+    feed.stop().await;
+    let saved = inner.load_checkpoint("tail").await.unwrap().unwrap();
+    assert_eq!(
+        saved["position"],
+        json!(9),
+        "the stop saved the position of the last event"
+    );
+}

@@ -122,6 +122,11 @@ pub struct Feed {
     checkpointed_at: tokio::time::Instant,
     /// Events processed or read position moved since the last checkpoint.
     unsaved: bool,
+    /// Events processed since the last `stats` document.
+    unpublished: bool,
+    /// The writes of an earlier tick (checkpoint, `stats` document) while they are under way
+    /// (see `on_tick`); the task answers whether the checkpoint was saved (or none was due).
+    writing: Option<tokio::task::JoinHandle<bool>>,
     store: Arc<dyn Store>,
     gaps: Arc<dyn Keyed>,
     stats_docs: Arc<dyn Keyed>,
@@ -139,6 +144,58 @@ pub struct Feed {
     /// Notification latencies (µs) since the last `stats` document, which publishes their
     /// p50/p99 (`notify_us`): a window of its own, as the status line resets the handle's.
     notify_window: hdrhistogram::Histogram<u64>,
+}
+
+/// What one tick writes, and where: run as a task of its own (see `Feed::on_tick`).
+struct TickWrites {
+    feed: String,
+    store: Arc<dyn Store>,
+    stats_docs: Arc<dyn Keyed>,
+    checkpoints: metrics::Counter,
+}
+
+impl TickWrites {
+    /// Saves the checkpoint (position and state together), then the `stats` document; false
+    /// (and the failure reported) when a checkpoint was due and not saved.
+    async fn run(self, checkpoint: Option<Checkpoint>, stats_doc: Option<Value>) -> bool {
+        let mut saved = true;
+        if let Some(cp) = checkpoint {
+            let result = match serde_json::to_value(&cp) {
+                Ok(value) => {
+                    self.store
+                        .save_checkpoint(&self.feed, value, Durability::Journaled)
+                        .await
+                }
+                Err(e) => Err(StoreError::Json(e)),
+            };
+            match result {
+                Ok(()) => self.checkpoints.increment(1),
+                Err(e) => {
+                    saved = false;
+                    t::FeedWriteFailed {
+                        feed: &self.feed,
+                        what: "checkpoint",
+                        error: e.to_string(),
+                    }
+                    .emit();
+                }
+            }
+        }
+        if let Some(Value::Object(doc)) = stats_doc
+            && let Err(e) = self
+                .stats_docs
+                .set(&self.feed, doc, Durability::Acknowledged)
+                .await
+        {
+            t::FeedWriteFailed {
+                feed: &self.feed,
+                what: "stats document",
+                error: e.to_string(),
+            }
+            .emit();
+        }
+        saved
+    }
 }
 
 impl Feed {
@@ -221,6 +278,8 @@ impl Feed {
             publish_interval: Duration::from_millis(config.publish_interval_ms.max(1)),
             checkpointed_at: tokio::time::Instant::now(),
             unsaved: false,
+            unpublished: false,
+            writing: None,
             store,
             gaps,
             stats_docs,
@@ -426,35 +485,61 @@ impl Feed {
             self.meters.headroom.set(h);
         }
         self.unsaved |= moved || dirty;
-        if self.unsaved
-            && (stopping || self.checkpointed_at.elapsed() >= self.checkpoint_interval)
-            && self.save_checkpoint(now).await
-        {
-            self.unsaved = false;
-            self.checkpointed_at = tokio::time::Instant::now();
+        self.unpublished |= dirty;
+        // The checkpoint and the `stats` document are written by a task of their own, one
+        // tick's at a time, while the feed goes on with its events: each waits its turn at the
+        // store's writer, which may be committing a large batch, and a feed that waited with
+        // it held back every event committed meanwhile (`bench insert` batched, tailable
+        // feed: notification p99 16 ms with the writes not awaited, 109 ms awaited). A tick
+        // that finds the last one's writes still under way leaves its own to the next tick;
+        // a stop waits for them and writes its own.
+        if let Some(writing) = self.writing.take() {
+            if stopping || writing.is_finished() {
+                let saved = writing.await.unwrap_or(false);
+                self.written(saved);
+            } else {
+                self.writing = Some(writing);
+            }
         }
-        if dirty {
-            let doc = json!({
-                "feed": self.name,
-                "kind": self.source.kind().as_str(),
-                "stats": snap,
-                "lag": lag.entries(),
-                "position": self.position,
-                "notify_us": take_quantiles(&mut self.notify_window),
-                "updated_us": now,
+        if self.writing.is_none() {
+            let checkpoint = (self.unsaved
+                && (stopping || self.checkpointed_at.elapsed() >= self.checkpoint_interval))
+                .then(|| Checkpoint {
+                    kind: self.source.kind(),
+                    position: self.position.clone(),
+                    stats: self.stats.save(),
+                    saved_at_us: now,
+                });
+            let stats_doc = self.unpublished.then(|| {
+                json!({
+                    "feed": self.name,
+                    "kind": self.source.kind().as_str(),
+                    "stats": snap,
+                    "lag": lag.entries(),
+                    "position": self.position,
+                    "notify_us": take_quantiles(&mut self.notify_window),
+                    "updated_us": now,
+                })
             });
-            if let Value::Object(doc) = doc
-                && let Err(e) = self
-                    .stats_docs
-                    .set(&self.name, doc, Durability::Acknowledged)
-                    .await
-            {
-                t::FeedWriteFailed {
-                    feed: &self.name,
-                    what: "stats document",
-                    error: e.to_string(),
+            if checkpoint.is_some() || stats_doc.is_some() {
+                if checkpoint.is_some() {
+                    self.unsaved = false;
+                    self.checkpointed_at = tokio::time::Instant::now();
                 }
-                .emit();
+                self.unpublished = false;
+                let writes = TickWrites {
+                    feed: self.name.clone(),
+                    store: self.store.clone(),
+                    stats_docs: self.stats_docs.clone(),
+                    checkpoints: self.meters.checkpoints.clone(),
+                };
+                let writing = tokio::spawn(writes.run(checkpoint, stats_doc));
+                if stopping {
+                    let saved = writing.await.unwrap_or(false);
+                    self.written(saved);
+                } else {
+                    self.writing = Some(writing);
+                }
             }
         }
         let restarts = self.restarts;
@@ -480,36 +565,13 @@ impl Feed {
         Some(((now - oldest_us) - behind_us) as f64 / 1e6)
     }
 
-    /// Saves the position and state; false (and the failure reported) when it was not saved.
-    async fn save_checkpoint(&mut self, now: i64) -> bool {
-        let cp = Checkpoint {
-            kind: self.source.kind(),
-            position: self.position.clone(),
-            stats: self.stats.save(),
-            saved_at_us: now,
-        };
-        let saved = match serde_json::to_value(&cp) {
-            Ok(value) => {
-                self.store
-                    .save_checkpoint(&self.name, value, Durability::Journaled)
-                    .await
-            }
-            Err(e) => Err(StoreError::Json(e)),
-        };
-        match saved {
-            Ok(()) => {
-                self.meters.checkpoints.increment(1);
-                true
-            }
-            Err(e) => {
-                t::FeedWriteFailed {
-                    feed: &self.name,
-                    what: "checkpoint",
-                    error: e.to_string(),
-                }
-                .emit();
-                false
-            }
+    /// A tick's writes are done: a checkpoint that was not saved is due again at the next tick.
+    fn written(&mut self, saved: bool) {
+        if !saved {
+            self.unsaved = true;
+            self.checkpointed_at = tokio::time::Instant::now()
+                .checked_sub(self.checkpoint_interval)
+                .unwrap_or_else(tokio::time::Instant::now);
         }
     }
 
