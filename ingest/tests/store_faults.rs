@@ -36,6 +36,16 @@ async fn rig() -> Rig {
 
 /// Runs the ingester over `events` (every one from source `s`) and waits until it flushed.
 async fn ingest(r: &Rig, events: Vec<Value>) -> Arc<StoreHealth> {
+    ingest_in_bursts(r, vec![events], 64).await
+}
+
+/// Runs the ingester over `bursts` of events (every one from source `s`), handed over 10 ms
+/// apart, in batches of at most `batch_max_events`, and waits until it flushed.
+async fn ingest_in_bursts(
+    r: &Rig,
+    bursts: Vec<Vec<Value>>,
+    batch_max_events: usize,
+) -> Arc<StoreHealth> {
     let spec = CappedSpec {
         max_docs: 100_000,
         max_bytes: 1 << 26,
@@ -47,7 +57,7 @@ async fn ingest(r: &Rig, events: Vec<Value>) -> Arc<StoreHealth> {
         dead_letters: r.store.capped("dead_letters", &spec).await.unwrap(),
         rollups: r.store.keyed("rollups").await.unwrap(),
         options: IngestOptions {
-            batch_max_events: 64,
+            batch_max_events,
             batch_max_wait: Duration::from_millis(2),
             max_event_bytes: 1 << 16,
             rollup_fields: vec!["lang".into()],
@@ -59,16 +69,21 @@ async fn ingest(r: &Rig, events: Vec<Value>) -> Arc<StoreHealth> {
         stats: Arc::new(IngestStats::default()),
         health: health.clone(),
     };
-    let (tx, rx) = mpsc::channel::<Handed>(128);
+    let (tx, rx) = mpsc::channel::<Handed>(1024);
     let task = tokio::spawn(ingester.run(rx));
-    for (i, e) in events.into_iter().enumerate() {
-        let h = Handed {
-            source: Arc::from("s"),
-            raw: Raw::Json(e),
-            received_us: 1_700_000_000_000_000 + i as i64,
-            position: None,
-        };
-        tx.send(h).await.unwrap();
+    let mut i = 0;
+    for events in bursts {
+        for e in events {
+            let h = Handed {
+                source: Arc::from("s"),
+                raw: Raw::Json(e),
+                received_us: 1_700_000_000_000_000 + i,
+                position: None,
+            };
+            i += 1;
+            tx.send(h).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     drop(tx);
     tokio::time::timeout(Duration::from_secs(60), task)
@@ -233,4 +248,54 @@ async fn a_batch_commits_its_events_and_rollups_together() {
         "batches of at most 64 events: {} commits",
         event_commits.len()
     );
+}
+
+/// A large batch's rollups are written while the next batch's events already are (the
+/// ingester's third stage); a small batch after it commits its events and rollups together
+/// only once the large batch's rollups are in. So the `source:` summary's changes carry every
+/// sequence number once and in order, and the counters count every event.
+#[tokio::test]
+async fn rollups_stay_in_order_when_a_small_batch_follows_a_large_one() {
+    use futures::StreamExt;
+    let r = rig().await;
+    let mut next = 0;
+    let mut burst = |n: u64| {
+        let events: Vec<Value> = (next + 1..=next + n).map(|i| event(i, false)).collect();
+        next += n;
+        events
+    };
+    // 300 events make a batch of 256 (two commits) and one of 44 (one), then a batch of 3.
+    let bursts: Vec<Vec<Value>> = (0..8).flat_map(|_| [burst(300), burst(3)]).collect();
+    ingest_in_bursts(&r, bursts, 256).await;
+    let total = next;
+    assert_eq!(all(&r, "events").await.len() as u64, total);
+
+    let rollups = r.store.keyed("rollups").await.unwrap();
+    let mut changes = rollups.changes(
+        store::ChangeFilter {
+            key_prefix: Some("source:".into()),
+            ..store::ChangeFilter::default()
+        },
+        store::ChangeStart::Oldest,
+    );
+    let mut seqs = Vec::new();
+    while (seqs.len() as u64) < total {
+        let c = tokio::time::timeout(Duration::from_secs(10), changes.next())
+            .await
+            .expect("a change of the summary per event")
+            .unwrap()
+            .unwrap();
+        let after = c.after.expect("an update has its new document");
+        seqs.push(
+            Stamp::of(&after)
+                .expect("the summary carries the stamp")
+                .seq,
+        );
+    }
+    let expected: Vec<u64> = (1..=total).collect();
+    assert_eq!(seqs, expected, "every sequence number once, in order");
+    let ja = rollups.get("lang:ja").await.unwrap().unwrap();
+    let en = rollups.get("lang:en").await.unwrap().unwrap();
+    assert_eq!(ja["count"], json!(total / 3), "{ja:?}");
+    assert_eq!(en["count"], json!(total - total / 3), "{en:?}");
 }

@@ -100,6 +100,20 @@ struct Prepared {
     last_seq: HashMap<Arc<str>, u64>,
 }
 
+/// A batch whose events are written, on its way to the rollups ([`Ingester::write_rollups`]).
+struct Landed {
+    /// How many events the batch had.
+    n: usize,
+    /// What became of its events ...
+    events: Written<Document>,
+    /// ... and of its dead letters.
+    dead_letters: Written<Document>,
+    /// The rollup updates of its stored events, uncoalesced.
+    updates: Vec<KeyUpdate>,
+    /// The newest sequence number of each source among its events.
+    last_seq: HashMap<Arc<str>, u64>,
+}
+
 /// The ingester's collections.
 pub struct Ingester {
     /// The capped collection of events.
@@ -234,18 +248,39 @@ impl Ingester {
 
     /// Runs until every sender of `rx` is gone and the last batch is written.
     ///
-    /// Two stages: this task gathers a batch and prepares it (validation, stamps, rollup
-    /// updates) while a second task writes the batch before it, so the store's writer is not
-    /// idle while the next batch is prepared. Batches are written one after the other, in
-    /// order: sequence order is still commit order.
+    /// Three stages, each a task, so the store's writer is not idle while a batch is between
+    /// two of its commits: this task gathers a batch and prepares it (validation, stamps,
+    /// rollup updates); the second writes its events (and dead letters); the third writes its
+    /// rollups and accounts for it, while the second already writes the next batch's events.
+    /// Each stage takes the batches in order: sequence order is still commit order, and each
+    /// key's rollups are applied in order.
     pub async fn run(self, mut rx: mpsc::Receiver<Handed>) {
         let this = Arc::new(self);
         let (to_write, mut prepared) = mpsc::channel::<Prepared>(1);
+        let (to_roll, mut landed) = mpsc::channel::<Landed>(1);
+        // How many batches the third stage has finished: a joint commit waits for all before.
+        let (rolled, mut rolled_rx) = tokio::sync::watch::channel(0u64);
+        let roller = {
+            let this = this.clone();
+            tokio::spawn(async move {
+                while let Some(batch) = landed.recv().await {
+                    this.write_rollups(batch).await;
+                    rolled.send_modify(|n| *n += 1);
+                }
+            })
+        };
         let writer = {
             let this = this.clone();
             tokio::spawn(async move {
+                let mut sent = 0u64;
                 while let Some(batch) = prepared.recv().await {
-                    this.write_prepared(batch).await;
+                    let Some(rest) = this.write_events(batch, &mut rolled_rx, sent).await else {
+                        continue;
+                    };
+                    sent += 1;
+                    if to_roll.send(rest).await.is_err() {
+                        break;
+                    }
                 }
             })
         };
@@ -281,8 +316,10 @@ impl Ingester {
             }
         }
         drop(to_write);
-        if let Err(e) = writer.await {
-            tracing::error!(error = %e, "the ingester's writing task failed");
+        for (stage, task) in [("events", writer), ("rollups", roller)] {
+            if let Err(e) = task.await {
+                tracing::error!(error = %e, stage, "a writing task of the ingester failed");
+            }
         }
         tracing::info!("ingester flushed and stopped");
     }
@@ -362,10 +399,20 @@ impl Ingester {
         ready
     }
 
-    async fn write_prepared(&self, ready: Prepared) {
+    /// The second stage: writes a batch's events and dead letters, and returns what the third
+    /// stage needs to write its rollups ([`Ingester::write_rollups`]). A small batch commits
+    /// its events and rollups together where the engine can, once every earlier batch's
+    /// rollups are written (`rolled` has reached `sent`), so a key's rollups stay in order;
+    /// that batch is accounted for here and `None` returned.
+    async fn write_events(
+        &self,
+        ready: Prepared,
+        rolled: &mut tokio::sync::watch::Receiver<u64>,
+        sent: u64,
+    ) -> Option<Landed> {
         let Prepared {
             mut docs,
-            mut updates,
+            updates,
             owners,
             mut dead,
             letters_at,
@@ -378,7 +425,11 @@ impl Ingester {
         // neither does, so the rollups are never behind. The events' durability covers both.
         if n <= JOINT_MAX_EVENTS
             && dead.is_empty()
-            && let Some(latency) = write_together(
+            && self.events.commits_with(self.rollups.as_ref())
+        {
+            // Every earlier batch's rollups first (the third stage may still be on them).
+            let _ = rolled.wait_for(|done| *done >= sent).await;
+            if let Some(latency) = write_together(
                 &self.events,
                 &self.rollups,
                 &docs,
@@ -387,18 +438,20 @@ impl Ingester {
                 &self.health,
             )
             .await
-        {
-            let (events, rollups) = (Written::landed(latency), Written::landed(latency));
-            self.account(n, events, (rollups, d), Written::none(), last_seq)
-                .await;
-            return;
+            {
+                let (events, rollups) = (Written::landed(latency), Written::landed(latency));
+                self.account(n, events, (rollups, d), Written::none(), last_seq)
+                    .await;
+                return None;
+            }
         }
         // Events and dead letters in hand-over order, stage after stage ([`order`]): a crash
         // leaves each source a prefix of what it handed over, so a restart that resumes after
-        // its newest stored record loses no record. Then the rollups, after every event: a
-        // crash in between leaves the rollups behind the events, never ahead (recovery repairs
-        // behind; ahead would count events twice once their source re-reads them from the
-        // stored position). The last stage's dead letters go together with the rollups.
+        // its newest stored record loses no record. The last stage's dead letters too are
+        // written before the next batch's events, for the same reason. Then the rollups, in
+        // the third stage, after every event of the batch: a crash in between leaves the
+        // rollups behind the events, never ahead (recovery repairs behind; ahead would count
+        // events twice once their source re-reads them from the stored position).
         //
         // Stages before the last are committed without waiting for stable storage
         // (`acknowledged`): the last stage's events, committed after them with the configured
@@ -413,7 +466,6 @@ impl Ingester {
         let interim = interim_durability(d);
         let mut events = Written::none();
         let mut dead_letters = Written::none();
-        let mut trailing = (Vec::new(), 0);
         for (i, stage) in stages.iter().enumerate() {
             let last = i + 1 == stages.len();
             let durability = if last { d } else { interim };
@@ -425,34 +477,48 @@ impl Ingester {
             .await;
             events.absorb(written, stage.events.start);
             let letters = take_front(&mut dead, stage.letters.len());
-            if last {
-                trailing = (letters, stage.letters.start);
-                break;
-            }
-            let written = self.write_letters(letters, interim).await;
+            let written = self.write_letters(letters, durability).await;
             dead_letters.absorb(written, stage.letters.start);
         }
         // The rollups of the events that were stored (not of the ones the store refused).
-        if !events.refused.is_empty() {
+        let updates = if events.refused.is_empty() {
+            updates
+        } else {
             let refused: std::collections::HashSet<usize> =
                 events.refused.iter().map(|r| r.index).collect();
-            updates = updates
+            updates
                 .into_iter()
                 .zip(owners)
                 .filter(|(_, event)| !refused.contains(event))
                 .map(|(u, _)| u)
-                .collect();
-        }
+                .collect()
+        };
+        Some(Landed {
+            n,
+            events,
+            dead_letters,
+            updates,
+            last_seq,
+        })
+    }
+
+    /// The third stage: writes the rollups of a batch whose events are written, then accounts
+    /// for the batch.
+    async fn write_rollups(&self, batch: Landed) {
+        let Landed {
+            n,
+            events,
+            dead_letters,
+            mut updates,
+            last_seq,
+        } = batch;
         coalesce_counters(&mut updates);
-        let rollups_d = rollups_durability(d, self.engine);
-        let (rollups, written) = tokio::join!(
-            write_isolating("rollups", updates, &self.health, |updates| {
-                let rollups = self.rollups.clone();
-                async move { rollups.update(updates, rollups_d).await }
-            }),
-            self.write_letters(trailing.0, d),
-        );
-        dead_letters.absorb(written, trailing.1);
+        let rollups_d = rollups_durability(self.options.durability, self.engine);
+        let rollups = write_isolating("rollups", updates, &self.health, |updates| {
+            let rollups = self.rollups.clone();
+            async move { rollups.update(updates, rollups_d).await }
+        })
+        .await;
         self.account(n, events, (rollups, rollups_d), dead_letters, last_seq)
             .await;
     }
@@ -598,7 +664,7 @@ impl Ingester {
 /// batched runs tail notification p99 9 → 74 ms and gained nothing (-1 to -7 % events/s).
 const JOINT_MAX_EVENTS: usize = 64;
 
-/// The durability of a batch's stages before its last (see `write_prepared`): one log
+/// The durability of a batch's stages before its last (see `write_events`): one log
 /// flushed in order makes them durable with the last stage, except across a failover, which
 /// only `majority` survives.
 fn interim_durability(d: Durability) -> Durability {
@@ -611,10 +677,10 @@ fn interim_durability(d: Durability) -> Durability {
 /// The durability of a batch's rollups, written after its events. Rollups that fell behind
 /// the events are rebuilt from the stored events when tailrace starts (`recover_source`).
 /// The embedded engine loses a commit only together with the process (a power cut, an OS
-/// crash: tailrace restarts and rebuilds), and the next batch's synced events commit makes the
+/// crash: tailrace restarts and rebuilds), and a later batch's synced events commit makes the
 /// rollups before it durable too (one WAL, synced in order): the rollups need no sync of their
-/// own, and a crash leaves at most the last batch's to rebuild. That halves the syncs of a
-/// slow stream (one per event instead of two). A server (MongoDB) can lose writes it did not
+/// own, and a crash leaves at most the last three batches' to rebuild (the rollups stage runs
+/// up to two batches behind the events stage). That halves the syncs of a slow stream (one per event instead of two). A server (MongoDB) can lose writes it did not
 /// journal and restart while tailrace runs on, with nothing to rebuild them: there the rollups
 /// keep the configured durability.
 fn rollups_durability(d: Durability, engine: &str) -> Durability {
