@@ -2,8 +2,9 @@
 //! with the configured durability, keeps the per-key counters of the `rollups` collection, and
 //! keeps every rejected record as a dead letter with its reason.
 //!
-//! Order matters: one task assigns per-source sequence numbers and writes batches one after
-//! the other, so sequence order is commit order and a feed can prove completeness.
+//! Order matters: one task assigns per-source sequence numbers, and each later stage (the
+//! events, then the rollups: `Ingester::run`) takes the batches one after the other, so
+//! sequence order is commit order and a feed can prove completeness.
 //!
 //! Layout: this file runs the loop; [`validate`] decides what is an event and what a dead
 //! letter keeps; [`rollups`] derives the `rollups` updates of each event; [`write`] writes
