@@ -490,13 +490,12 @@ impl Feed {
         // tick's at a time, while the feed goes on with its events: each waits its turn at the
         // store's writer, which may be committing a large batch, and a feed that waited with
         // it held back every event committed meanwhile (`bench insert` batched, tailable
-        // feed: notification p99 16 ms with the writes not awaited, 109 ms awaited). A tick
+        // feed: notification p99 15.1 ms with the writes not awaited, 68.7 ms awaited). A tick
         // that finds the last one's writes still under way leaves its own to the next tick;
         // a stop waits for them and writes its own.
         if let Some(writing) = self.writing.take() {
             if stopping || writing.is_finished() {
-                let saved = writing.await.unwrap_or(false);
-                self.written(saved);
+                self.written(writing).await;
             } else {
                 self.writing = Some(writing);
             }
@@ -535,8 +534,7 @@ impl Feed {
                 };
                 let writing = tokio::spawn(writes.run(checkpoint, stats_doc));
                 if stopping {
-                    let saved = writing.await.unwrap_or(false);
-                    self.written(saved);
+                    self.written(writing).await;
                 } else {
                     self.writing = Some(writing);
                 }
@@ -565,9 +563,9 @@ impl Feed {
         Some(((now - oldest_us) - behind_us) as f64 / 1e6)
     }
 
-    /// A tick's writes are done: a checkpoint that was not saved is due again at the next tick.
-    fn written(&mut self, saved: bool) {
-        if !saved {
+    /// Waits for a tick's writes: a checkpoint that was not saved is due again at the next tick.
+    async fn written(&mut self, writing: tokio::task::JoinHandle<bool>) {
+        if !writing.await.unwrap_or(false) {
             self.unsaved = true;
             self.checkpointed_at = tokio::time::Instant::now()
                 .checked_sub(self.checkpoint_interval)
