@@ -216,11 +216,12 @@ where
     out
 }
 
-/// Writes a batch's events and their rollup updates in one commit, when the engine commits
-/// the two together ([`store::Capped::commits_with`]): one commit (one sync, one wake-up of
-/// each reader) instead of two. Returns the commit's latency. `None` when the engine cannot,
-/// or when the attempt failed: then nothing of it was written (all or nothing), and the caller
-/// writes both in turn, which retries transient failures and isolates refused items.
+/// Writes a batch's events and their rollup updates in one commit: one commit (one sync, one
+/// wake-up of each reader) instead of two. The caller checks first that the engine commits the
+/// two together ([`store::Capped::commits_with`]; it waits for earlier rollups before it calls
+/// this). Returns the commit's latency. `None` when the attempt failed: then nothing of it was
+/// written (all or nothing), and the caller writes both in turn, which retries transient
+/// failures and isolates refused items.
 pub(super) async fn write_together(
     events: &Arc<dyn Capped>,
     rollups: &Arc<dyn Keyed>,
@@ -229,7 +230,7 @@ pub(super) async fn write_together(
     durability: Durability,
     health: &StoreHealth,
 ) -> Option<Duration> {
-    if docs.is_empty() || !events.commits_with(rollups.as_ref()) {
+    if docs.is_empty() {
         return None;
     }
     // Copies: the caller keeps the batch for the writes in turn, should this one fail.
