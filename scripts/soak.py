@@ -10,7 +10,12 @@ Two shapes (issue 11):
   # an hour at the sample stream's rate, retention as configured by default (one day)
   python3 scripts/soak.py --seconds 3600 --rate 70 --out soak-hour
 
-Every --every seconds it samples, from outside the process: resident memory (VmRSS), CPU time,
+  # memory after a burst (issue 10): 150,000 long-tail events from a file as fast as they are
+  # taken, beside the 70/s stream, then the 70/s stream alone for five minutes
+  python3 scripts/soak.py --seconds 300 --rate 70 --burst 150000 --every 10 --out soak-burst
+
+Every --every seconds it samples, from outside the process: resident memory (VmRSS, and its
+anonymous part: what the process allocated, without the binary's mapped pages), CPU time,
 the data directory's allocated bytes (the database, its WAL and shared memory), the number of
 rollup keys and op-log entries (a second, read-only SQLite connection), events read and
 written, and each feed's lag (from /metrics). It writes samples.csv and summary.md into --out
@@ -22,7 +27,9 @@ Uses only the standard library. Build first: cargo build --release.
 
 import argparse
 import csv
+import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -70,12 +77,30 @@ def msum(m, name, **want):
     )
 
 
-def rss_bytes(pid):
+def rss_bytes(pid, field="VmRSS"):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def write_burst(path, n, seed):
+    """`n` tweet-shaped events of the long tail: hashtags over ~2,000,000 values and users over
+    5,000,000, both drawn log-uniformly (a few hot, most seen once), text in several scripts."""
+    rng = random.Random(seed)
+    langs = ["en", "ja", "ar", "es", "pt", "ko", "th", "ru", "und"]
+    words = ["東京", "🦀", "مرحبا", "ñandú", "Привет", "สวัสดี", "#", "@", "x" * 40]
+    with open(path, "w") as f:
+        for i in range(n):
+            user = int(5_000_000 ** rng.random())
+            tags = [f"tag{int(2_000_000 ** rng.random())}" for _ in range(rng.choice([0, 0, 1, 2, 3]))]
+            text = f"burst {i} " + " ".join(rng.choice(words) for _ in range(rng.randint(1, 12)))
+            f.write(json.dumps({
+                "id": 2_000_000_000_000_000 + i, "text": text, "lang": rng.choice(langs),
+                "user": {"id": user, "screen_name": f"u{user}"}, "hashtags": tags,
+                "retweet_count": int(1000 ** rng.random()),
+            }) + "\n")
 
 
 def cpu_seconds(pid):
@@ -126,6 +151,8 @@ def main():
     ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "tailrace"))
     ap.add_argument("--out", required=True, help="directory for samples.csv and summary.md")
     ap.add_argument("--keep-data", action="store_true", help="keep the data directory")
+    ap.add_argument("--burst", type=int, default=0,
+                    help="also replay this many long-tail events from a file at the start, as fast as they are taken")
     a = ap.parse_args()
     if not a.events and not a.seconds:
         ap.error("give --events, --seconds or both")
@@ -139,15 +166,20 @@ def main():
     shutil.copy2(a.binary, binary)
     data = os.path.join(work, "data")
     port = free_port()
+    sources = (
+        f'{{name="sample", kind="synthetic", rate_per_sec={a.rate}, seed={a.seed}, '
+        f'burst_probability=0.0, vocabulary="realistic"}}'
+    )
+    if a.burst:
+        burst = os.path.join(work, "burst.ndjson")
+        write_burst(burst, a.burst, a.seed)
+        sources += f', {{name="burst", kind="file", path="{burst}", pace="fast"}}'
     env = dict(os.environ)
     env.update({
         "TAILRACE_HTTP__LISTEN": f"127.0.0.1:{port}",
         "TAILRACE_STORE__PATH": data,
         "TAILRACE_LOG__STATUS_INTERVAL_SECS": "60",
-        "TAILRACE_SOURCES": (
-            f'[{{name="sample", kind="synthetic", rate_per_sec={a.rate}, seed={a.seed}, '
-            f'burst_probability=0.0, vocabulary="realistic"}}]'
-        ),
+        "TAILRACE_SOURCES": f"[{sources}]",
         "RUST_LOG": env.get("RUST_LOG", "info"),
     })
     if a.ttl is not None:
@@ -180,7 +212,9 @@ def main():
                 "acked_seq": int(msum(m, "tailrace_source_last_acked_seq", source="sample")),
                 "tail_events": int(msum(m, "tailrace_feed_events_total", feed="tail")),
                 "changes_events": int(msum(m, "tailrace_feed_events_total", feed="changes")),
+                "burst_read": int(msum(m, "tailrace_source_events_total", source="burst")),
                 "rss_bytes": rss_bytes(proc.pid),
+                "anon_bytes": rss_bytes(proc.pid, "RssAnon"),
                 "cpu_seconds": round(cpu_seconds(proc.pid) - cpu0, 2),
                 "disk_bytes": disk_bytes(data),
                 "rollup_keys": keys,
@@ -195,7 +229,8 @@ def main():
             }
             rows.append(row)
             print(
-                f"  {row['seconds']:>8.0f} s  read {row['read']:>10,}  rss {mib(row['rss_bytes']):>12}  "
+                f"  {row['seconds']:>8.0f} s  read {row['read']:>10,} (+{row['burst_read']:,})  "
+                f"rss {mib(row['rss_bytes']):>12} (anon {mib(row['anon_bytes'])})  "
                 f"disk {mib(row['disk_bytes']):>12}  rollup keys {keys if keys is not None else '?':>9}  "
                 f"lag {row['lag_tail']}/{row['lag_changes']}",
                 flush=True,
@@ -238,7 +273,9 @@ def main():
     for label, field, fmt in [
         ("seconds", "seconds", lambda v: f"{v:,.0f}"),
         ("events read", "read", lambda v: f"{v:,}"),
+        ("burst events read", "burst_read", lambda v: f"{v:,}"),
         ("RSS", "rss_bytes", mib),
+        ("RSS, anonymous", "anon_bytes", mib),
         ("disk (data directory)", "disk_bytes", mib),
         ("rollup keys", "rollup_keys", lambda v: "?" if v is None else f"{v:,}"),
         ("op-log entries", "oplog_entries", lambda v: "?" if v is None else f"{v:,}"),
@@ -253,7 +290,8 @@ def main():
             cells = [fmt(r[field]) for r in (first, q1, mid, last)]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("")
-    for label, field in [("RSS", "rss_bytes"), ("disk", "disk_bytes"), ("rollup keys", "rollup_keys")]:
+    for label, field in [("RSS", "rss_bytes"), ("RSS, anonymous", "anon_bytes"), ("disk", "disk_bytes"),
+                         ("rollup keys", "rollup_keys")]:
         second, first_half = growth(field)
         fmt = mib if field.endswith("bytes") else (lambda v: f"{v:,}")
         # A quantity that a sweep keeps cutting back (rollup keys) oscillates: compare its peaks
@@ -270,6 +308,19 @@ def main():
             f"- {label}: grew {fmt(first_half)} over the first half, {fmt(second)} over the second; "
             f"peak {fmt(peak1)} in the first half, {fmt(peak2)} in the second: {verdict}."
         )
+    if a.burst:
+        done_at = next((r["seconds"] for r in rows if r["burst_read"] >= a.burst), None)
+        after = [r for r in rows if done_at is not None and r["seconds"] >= done_at + 60]
+        if after:
+            def spread(field):
+                v = sorted(r[field] for r in after)
+                return f"{mib(v[0])} – {mib(v[-1])} (median {mib(v[len(v) // 2])})"
+            lines.append(
+                f"- After the burst ({a.burst:,} events read by {done_at:,.0f} s), from a minute later "
+                f"to the end ({len(after)} samples): RSS {spread('rss_bytes')}, anonymous {spread('anon_bytes')}."
+            )
+        else:
+            lines.append(f"- The burst ({a.burst:,} events) was not read a minute before the end: no after-burst figure.")
     lines.append(
         f"- CPU: {last['cpu_seconds'] / secs * 100:.1f}% of one core on average; "
         f"feeds missing {last['missing']}, duplicates {last['duplicates']}, rejected {last['rejected']}."
