@@ -359,3 +359,78 @@ async fn append_with_updates_commits_together_only_within_one_store() {
         assert_eq!(keyed.get("k").await.unwrap().unwrap()["n"], json!(1));
     }
 }
+
+/// The write connection's page cache grows while the writer commits large groups and, once
+/// they have stopped for a while, is emptied and goes back to SQLite's default size; small
+/// groups alone never grow it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_cache_grows_for_large_groups_and_is_emptied_after_them() {
+    use super::writer::{BUSY_CACHE_KIB, BUSY_CACHE_LINGER, IDLE_CACHE_KIB};
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let coll = store.capped("c", &spec()).await.unwrap();
+    // 4 KB each: a group of 300 fills about 300 pages.
+    let docs = |n: usize| {
+        (0..n)
+            .map(|i| doc(json!({"i": i, "text": format!("{i:04}-東京-🦀-").repeat(250)})))
+            .collect::<Vec<_>>()
+    };
+    let cache = || store.inner.cell.cache_size();
+    for _ in 0..20 {
+        coll.append(docs(100), Durability::Acknowledged)
+            .await
+            .unwrap();
+    }
+    assert_eq!(cache(), -IDLE_CACHE_KIB, "groups of 100 are small");
+    let idle_bytes = IDLE_CACHE_KIB * 1024;
+    assert!(store.inner.cell.cache_used() <= idle_bytes * 11 / 10);
+
+    coll.append(docs(300), Durability::Acknowledged)
+        .await
+        .unwrap();
+    assert_eq!(cache(), -BUSY_CACHE_KIB, "a group of 300 is large");
+    coll.append(docs(1), Durability::Acknowledged)
+        .await
+        .unwrap();
+    assert_eq!(cache(), -BUSY_CACHE_KIB, "kept for a while after it");
+
+    // Each large group extends the while.
+    tokio::time::sleep(BUSY_CACHE_LINGER / 2).await;
+    coll.append(docs(300), Durability::Acknowledged)
+        .await
+        .unwrap();
+    tokio::time::sleep(BUSY_CACHE_LINGER / 2 + BUSY_CACHE_LINGER / 4).await;
+    coll.append(docs(1), Durability::Acknowledged)
+        .await
+        .unwrap();
+    assert_eq!(
+        cache(),
+        -BUSY_CACHE_KIB,
+        "the second large group extended the while"
+    );
+    let busy_used = store.inner.cell.cache_used();
+    assert!(
+        busy_used > idle_bytes,
+        "two groups of 300 pages and more: {busy_used} bytes cached"
+    );
+
+    tokio::time::sleep(BUSY_CACHE_LINGER).await;
+    coll.append(docs(1), Durability::Acknowledged)
+        .await
+        .unwrap();
+    assert_eq!(
+        cache(),
+        -IDLE_CACHE_KIB,
+        "cut back at the first commit after the while"
+    );
+    let after = store.inner.cell.cache_used();
+    assert!(
+        after < idle_bytes / 4,
+        "emptied, then one commit's pages: {after} bytes cached (was {busy_used})"
+    );
+    assert_eq!(
+        coll.usage().await.unwrap().docs,
+        2_000 + 300 + 1 + 300 + 1 + 1
+    );
+    store.close().await.unwrap();
+}
