@@ -227,7 +227,7 @@ pub(crate) struct Writer {
 
 /// The write connection's page cache: larger while the writer commits large groups, emptied
 /// and back to SQLite's default [`BUSY_CACHE_LINGER`] after the last one. `bench replay`'s
-/// long tail (10^7 distinct hashtags) ran 11-13 % faster with it, `bench insert` random
+/// long tail (10^7 distinct hashtags) ran 15 % faster with it, `bench insert` random
 /// batched 4 % (docs/BENCHMARKS.md, "Memory after a burst"). Emptied, the cache's pages go
 /// back to the allocator, which returns them to the system: the binary gives SQLite mimalloc
 /// (`ingest::allocator::route_sqlite`); glibc kept them.
