@@ -233,7 +233,9 @@ pub(crate) struct Writer {
 /// (`ingest::allocator::route_sqlite`); glibc kept them.
 #[derive(Default)]
 struct PageCache {
-    /// When the last large group was committed, while the cache is large.
+    /// Until when the cache stays large: the last large group's commit and the linger.
+    /// `None` while it is at its default. Checked at each commit: a stream that stops
+    /// altogether leaves the large cache in place until the next write.
     busy_until: Option<Instant>,
 }
 
