@@ -144,6 +144,14 @@ impl EmbeddedStore {
                 context: "starting the writer thread".into(),
                 source,
             })?;
+        // Without a runtime (a tool opening the store from plain threads) a large cache
+        // waits for the next commit instead.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(writer::cut_idle_cache(
+                Arc::downgrade(&cell),
+                tx.downgrade(),
+            ));
+        }
         Ok(EmbeddedStore {
             inner: Arc::new(Inner {
                 db_path,

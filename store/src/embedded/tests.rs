@@ -361,8 +361,8 @@ async fn append_with_updates_commits_together_only_within_one_store() {
 }
 
 /// The write connection's page cache grows while the writer commits large groups and, once
-/// they have stopped for a while, is emptied and goes back to SQLite's default size; small
-/// groups alone never grow it.
+/// they have stopped for a while, is emptied and goes back to SQLite's default size, at the
+/// next commit or, when none comes, by itself; small groups alone never grow it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_cache_grows_for_large_groups_and_is_emptied_after_them() {
     use super::writer::{BUSY_CACHE_KIB, BUSY_CACHE_LINGER, IDLE_CACHE_KIB};
@@ -436,5 +436,19 @@ async fn the_page_cache_grows_for_large_groups_and_is_emptied_after_them() {
         coll.usage().await.unwrap().docs,
         2_000 + 300 + 1 + 300 + 1 + 1
     );
+
+    // A burst and then nothing at all: no commit comes to cut the cache, and it is cut.
+    coll.append(docs(300), Durability::Acknowledged)
+        .await
+        .unwrap();
+    assert_eq!(cache(), -BUSY_CACHE_KIB);
+    tokio::time::sleep(BUSY_CACHE_LINGER * 3).await;
+    assert_eq!(
+        cache(),
+        -IDLE_CACHE_KIB,
+        "cut with no write after the burst"
+    );
+    let idle = store.inner.cell.cache_used();
+    assert!(idle < idle_bytes / 4, "and emptied: {idle} bytes cached");
     store.close().await.unwrap();
 }

@@ -234,12 +234,17 @@ pub(crate) struct Writer {
 #[derive(Default)]
 struct PageCache {
     /// Until when the cache stays large: the last large group's commit and the linger.
-    /// `None` while it is at its default. Checked at each commit: a stream that stops
-    /// altogether leaves the large cache in place until the next write.
+    /// `None` while it is at its default. Checked at each commit, and by [`cut_idle_cache`]
+    /// when no commit comes.
     busy_until: Option<Instant>,
 }
 
 impl PageCache {
+    /// Whether the cache is large and its while is over.
+    fn due(&self, now: Instant) -> bool {
+        self.busy_until.is_some_and(|until| now >= until)
+    }
+
     /// The `cache_size` to set before committing a group of `items`, if it changes.
     fn resize(&mut self, items: usize, now: Instant) -> Option<i64> {
         if items >= BUSY_GROUP_ITEMS {
@@ -247,13 +252,11 @@ impl PageCache {
             self.busy_until = Some(now + BUSY_CACHE_LINGER);
             return grow.then_some(-BUSY_CACHE_KIB);
         }
-        match self.busy_until {
-            Some(until) if now >= until => {
-                self.busy_until = None;
-                Some(-IDLE_CACHE_KIB)
-            }
-            _ => None,
+        if self.due(now) {
+            self.busy_until = None;
+            return Some(-IDLE_CACHE_KIB);
         }
+        None
     }
 }
 
@@ -392,6 +395,37 @@ fn poisoned() -> StoreError {
     StoreError::Engine {
         engine: "embedded",
         message: "the writer panicked during a commit; reopen the store".into(),
+    }
+}
+
+/// Cuts a large page cache back when no commit comes to do it (a stream that stopped right
+/// after a burst): every [`BUSY_CACHE_LINGER`], if the cache's while is over, queues a
+/// [`Op::Barrier`], whose empty commit cuts it. Holds neither the writer nor the queue
+/// between checks, so a store dropped unclosed closes its connection as before; ends once
+/// they are gone.
+pub(crate) async fn cut_idle_cache(cell: std::sync::Weak<WriterCell>, jobs: mpsc::WeakSender<Job>) {
+    loop {
+        tokio::time::sleep(BUSY_CACHE_LINGER).await;
+        let (Some(cell), Some(sender)) = (cell.upgrade(), jobs.upgrade()) else {
+            return;
+        };
+        // Busy (the lock taken): the commit under way cuts it if due.
+        let due = match cell.writer.try_lock() {
+            Ok(guard) => guard.as_ref().is_some_and(|w| w.cache.due(Instant::now())),
+            Err(_) => false,
+        };
+        if due {
+            cell.queued();
+            let job = Job {
+                op: Op::Barrier,
+                durability: Durability::Acknowledged,
+                reply: None,
+            };
+            if sender.try_send(job).is_err() {
+                // Full: the writer thread is committing, and will cut it.
+                cell.not_queued();
+            }
+        }
     }
 }
 
