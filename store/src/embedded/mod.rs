@@ -198,17 +198,8 @@ impl Inner {
             match self.cell.try_inline(op, durability) {
                 Ok(inline) => {
                     if inline.wake_writer {
-                        self.cell.queued();
-                        let wake = Job {
-                            op: Op::Barrier,
-                            durability: Durability::Acknowledged,
-                            reply: None,
-                        };
-                        if sender.try_send(wake).is_err() {
-                            // Full: the writer thread is awake anyway and checks the WAL
-                            // after each group.
-                            self.cell.not_queued();
-                        }
+                        // The WAL is checked after each group.
+                        self.cell.wake(&sender);
                     }
                     return inline.result;
                 }

@@ -378,6 +378,21 @@ impl WriterCell {
         self.pending.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Queues an empty job ([`Op::Barrier`]) so the writer thread commits a group and does
+    /// what it does after one (copy a full WAL, cut a page cache whose while is over). A full
+    /// queue needs none: the writer thread is busy with it and will.
+    pub(crate) fn wake(&self, jobs: &mpsc::Sender<Job>) {
+        self.queued();
+        let wake = Job {
+            op: Op::Barrier,
+            durability: Durability::Acknowledged,
+            reply: None,
+        };
+        if jobs.try_send(wake).is_err() {
+            self.not_queued();
+        }
+    }
+
     /// Uncounts a job that could not be queued after all.
     pub(crate) fn not_queued(&self) {
         self.pending.fetch_sub(1, Ordering::AcqRel);
@@ -415,16 +430,7 @@ pub(crate) async fn cut_idle_cache(cell: std::sync::Weak<WriterCell>, jobs: mpsc
             Err(_) => false,
         };
         if due {
-            cell.queued();
-            let job = Job {
-                op: Op::Barrier,
-                durability: Durability::Acknowledged,
-                reply: None,
-            };
-            if sender.try_send(job).is_err() {
-                // Full: the writer thread is committing, and will cut it.
-                cell.not_queued();
-            }
+            cell.wake(&sender);
         }
     }
 }
