@@ -36,26 +36,43 @@ pub fn check_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The object holding the last segment of `path`, created on the way when absent.
+/// The object holding the last segment of `path`, created on the way when absent. A segment
+/// that exists is followed without allocating (an update of a hot key's nested field runs
+/// once per event in the writer).
 fn parent_mut<'a>(
     doc: &'a mut Document,
     path: &'a str,
 ) -> Result<(&'a mut Document, &'a str), StoreError> {
-    let mut parts: Vec<&str> = path.split('.').collect();
-    let last = parts
-        .pop()
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| StoreError::Invalid(format!("empty field path {path:?}")))?;
+    let (parents, last) = match path.rsplit_once('.') {
+        Some((parents, last)) => (Some(parents), last),
+        None => (None, path),
+    };
+    if last.is_empty() {
+        return Err(StoreError::Invalid(format!("empty field path {path:?}")));
+    }
     let mut cur = doc;
-    for part in parts {
-        let entry = cur
-            .entry(part.to_string())
-            .or_insert_with(|| Value::Object(Document::new()));
-        cur = entry.as_object_mut().ok_or_else(|| {
-            StoreError::Invalid(format!("cannot update {path:?}: {part:?} is not an object"))
-        })?;
+    for part in parents.into_iter().flat_map(|p| p.split('.')) {
+        if !cur.contains_key(part) {
+            cur.insert(part.to_string(), Value::Object(Document::new()));
+        }
+        cur = cur
+            .get_mut(part)
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| {
+                StoreError::Invalid(format!("cannot update {path:?}: {part:?} is not an object"))
+            })?;
     }
     Ok((cur, last))
+}
+
+/// Stores `value` under `field`, reusing the key's allocation when it is already there.
+fn put(parent: &mut Document, field: &str, value: Value) {
+    match parent.get_mut(field) {
+        Some(slot) => *slot = value,
+        None => {
+            parent.insert(field.to_string(), value);
+        }
+    }
 }
 
 /// Adds two JSON numbers the way MongoDB's `$inc` does.
@@ -69,26 +86,46 @@ fn add(a: &Number, b: &Number) -> Option<Number> {
 /// Applies `update` to `doc` in place.
 pub fn apply(doc: &mut Document, update: &Update) -> Result<(), StoreError> {
     for (path, delta) in &update.inc {
-        let delta = delta.as_number().ok_or_else(|| {
-            StoreError::Invalid(format!("$inc of {path:?} by a non-number {delta}"))
-        })?;
-        let (parent, field) = parent_mut(doc, path)?;
-        let next = match parent.get(field) {
-            None | Some(Value::Null) => delta.clone(),
-            Some(Value::Number(cur)) => add(cur, delta)
-                .ok_or_else(|| StoreError::Invalid(format!("$inc of {path:?} overflows")))?,
-            Some(other) => {
-                return Err(StoreError::Invalid(format!(
-                    "cannot $inc {path:?}: it holds a non-number {other}"
-                )));
-            }
-        };
-        parent.insert(field.to_string(), Value::Number(next));
+        inc(doc, path, delta)?;
     }
     for (path, value) in &update.set {
         let (parent, field) = parent_mut(doc, path)?;
-        parent.insert(field.to_string(), value.clone());
+        put(parent, field, value.clone());
     }
+    Ok(())
+}
+
+/// [`apply`], moving the `$set` values into `doc` instead of copying them (the embedded
+/// writer owns each update it applies, and a source's summary sets its stamp and fields on
+/// every event).
+pub fn apply_owned(doc: &mut Document, update: Update) -> Result<(), StoreError> {
+    for (path, delta) in &update.inc {
+        inc(doc, path, delta)?;
+    }
+    for (path, value) in update.set {
+        let (parent, field) = parent_mut(doc, &path)?;
+        put(parent, field, value);
+    }
+    Ok(())
+}
+
+/// `$inc` of one path.
+fn inc(doc: &mut Document, path: &str, delta: &Value) -> Result<(), StoreError> {
+    let delta = delta
+        .as_number()
+        .ok_or_else(|| StoreError::Invalid(format!("$inc of {path:?} by a non-number {delta}")))?;
+    let (parent, field) = parent_mut(doc, path)?;
+    let next = match parent.get(field) {
+        None | Some(Value::Null) => delta.clone(),
+        Some(Value::Number(cur)) => add(cur, delta)
+            .ok_or_else(|| StoreError::Invalid(format!("$inc of {path:?} overflows")))?,
+        Some(other) => {
+            return Err(StoreError::Invalid(format!(
+                "cannot $inc {path:?}: it holds a non-number {other}"
+            )));
+        }
+    };
+    put(parent, field, Value::Number(next));
     Ok(())
 }
 
@@ -138,5 +175,41 @@ mod tests {
         assert_eq!(get_path(&d, "user.name"), Some(&json!("b")));
         assert_eq!(get_path(&d, "user.missing"), None);
         assert_eq!(get_path(&d, "user.name.deeper"), None);
+    }
+
+    /// The owned variant the embedded writer uses does exactly what the borrowing one does:
+    /// nested sets and increments, intermediate objects created, existing keys overwritten
+    /// where they are, and the same errors.
+    #[test]
+    fn apply_owned_agrees_with_apply() {
+        let start = doc(json!({"count": 2, "s": {"a": 1, "b": [1]}, "n": "x", "z": 0}));
+        let updates = [
+            Update::inc("count", 3)
+                .and_set("s.b", json!(["#🦀", "تاريخ"]))
+                .and_set("s.c.d", json!({"$k": 1, "a.b": 2}))
+                .and_inc("m.x", 1),
+            Update::default().and_set("count", json!(null)),
+            Update::inc("n", 1),
+            Update::default().and_set("n.deeper", 1),
+            Update::default().and_set("a..b", 1),
+            Update::default().and_set("", 1),
+        ];
+        for u in updates {
+            let (mut borrowed, mut owned) = (start.clone(), start.clone());
+            let r1 = apply(&mut borrowed, &u).map_err(|e| e.to_string());
+            let r2 = apply_owned(&mut owned, u.clone()).map_err(|e| e.to_string());
+            assert_eq!(r1, r2, "{u:?}");
+            assert_eq!(borrowed, owned, "{u:?}");
+            assert_eq!(
+                borrowed.keys().collect::<Vec<_>>(),
+                owned.keys().collect::<Vec<_>>()
+            );
+        }
+        let mut d = start.clone();
+        apply_owned(&mut d, Update::inc("count", 3).and_set("s.a", "y")).unwrap();
+        assert_eq!(
+            Value::Object(d),
+            json!({"count": 5, "s": {"a": "y", "b": [1]}, "n": "x", "z": 0})
+        );
     }
 }

@@ -12,6 +12,7 @@
 use std::path::Path;
 
 use rusqlite::Connection;
+use rusqlite::types::ToSqlOutput;
 
 use crate::{Result, StoreError};
 
@@ -102,19 +103,20 @@ pub(crate) fn column_field(col: &str) -> Option<String> {
 }
 
 /// The value an index column holds for `value`: what SQLite's `json_extract` returns for it,
-/// so a column filled by the writer and one backfilled from the JSON text agree.
-pub(crate) fn index_value(value: Option<&serde_json::Value>) -> rusqlite::types::Value {
-    use rusqlite::types::Value as Sql;
+/// so a column filled by the writer and one backfilled from the JSON text agree. A string is
+/// borrowed from the document, not copied.
+pub(crate) fn index_value(value: Option<&serde_json::Value>) -> ToSqlOutput<'_> {
+    use rusqlite::types::{Value as Sql, ValueRef};
     use serde_json::Value;
     match value {
-        None | Some(Value::Null) => Sql::Null,
-        Some(Value::Bool(b)) => Sql::Integer(*b as i64),
-        Some(Value::Number(n)) => match n.as_i64() {
+        None | Some(Value::Null) => ToSqlOutput::Owned(Sql::Null),
+        Some(Value::Bool(b)) => ToSqlOutput::Owned(Sql::Integer(*b as i64)),
+        Some(Value::Number(n)) => ToSqlOutput::Owned(match n.as_i64() {
             Some(i) => Sql::Integer(i),
             None => Sql::Real(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        Some(Value::String(s)) => Sql::Text(s.clone()),
-        Some(other) => Sql::Text(other.to_string()),
+        }),
+        Some(Value::String(s)) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
+        Some(other) => ToSqlOutput::Owned(Sql::Text(other.to_string())),
     }
 }
 

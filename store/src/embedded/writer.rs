@@ -747,12 +747,16 @@ impl Writer {
                 // A key updated again later in the job (a source's summary: once per event of
                 // a batch) has its row written once, with its last state; each state before
                 // that is logged, as change feeds read every one, and held here meanwhile.
+                //
+                // The updates are the job's: their `$set` values move into the documents.
                 let rewritten = rewritten_later(updates);
-                let mut held: HashMap<&str, (Document, String)> = HashMap::new();
-                for (KeyUpdate { key, update: u }, again) in updates.iter().zip(rewritten) {
+                let mut held: HashMap<String, (Document, String)> = HashMap::new();
+                for (KeyUpdate { key, update: u }, again) in
+                    std::mem::take(updates).into_iter().zip(rewritten)
+                {
                     let before = match held.remove(key.as_str()) {
                         Some(entry) => Some(entry),
-                        None => self.take_kv(coll, key)?,
+                        None => self.take_kv(coll, &key)?,
                     };
                     let mut after = match &before {
                         Some((doc, _)) => doc.clone(),
@@ -762,7 +766,7 @@ impl Writer {
                             d
                         }
                     };
-                    update::apply(&mut after, u)?;
+                    update::apply_owned(&mut after, u)?;
                     let op = if before.is_some() {
                         ChangeOp::Update
                     } else {
@@ -774,7 +778,7 @@ impl Writer {
                         let change = self.log_texts(
                             coll,
                             op,
-                            key,
+                            &key,
                             (before_doc, before_body.as_deref()),
                             (Some(after.clone()), Some(&body)),
                             now,
@@ -782,7 +786,7 @@ impl Writer {
                         held.insert(key, (after, body));
                         change
                     } else {
-                        self.write_kv(coll, key, op, before, after, now)?
+                        self.write_kv(coll, &key, op, before, after, now)?
                     };
                     commit.changes.push(change);
                 }
@@ -977,18 +981,17 @@ impl Writer {
         let mut records = Vec::with_capacity(docs.len());
         {
             let mut insert = self.conn.prepare_cached(&meta.insert)?;
-            let mut values: Vec<rusqlite::types::Value> =
-                Vec::with_capacity(3 + meta.indexed.len());
             for (doc, body) in docs.into_iter().zip(bodies) {
                 let size = body.len() as u64;
-                values.clear();
-                values.push(rusqlite::types::Value::Text(body));
-                values.push(rusqlite::types::Value::Integer(size as i64));
-                values.push(rusqlite::types::Value::Integer(now));
-                for (_, field) in &meta.indexed {
-                    values.push(schema::index_value(update::get_path(&doc, field)));
+                // Bound in place: the index values are borrowed from the document.
+                insert.raw_bind_parameter(1, &body)?;
+                insert.raw_bind_parameter(2, size as i64)?;
+                insert.raw_bind_parameter(3, now)?;
+                for (i, (_, field)) in meta.indexed.iter().enumerate() {
+                    let value = schema::index_value(update::get_path(&doc, field));
+                    insert.raw_bind_parameter(4 + i, value)?;
                 }
-                insert.execute(rusqlite::params_from_iter(values.drain(..)))?;
+                insert.raw_execute()?;
                 let pos = self.conn.last_insert_rowid() as u64;
                 meta.count += 1;
                 meta.bytes += size;
@@ -1030,7 +1033,11 @@ impl Writer {
     ) -> Result<Change> {
         let body = serde_json::to_string(&after)?;
         self.put_kv(coll, key, &body, now)?;
-        self.kv.put(coll, key, after.clone(), body.clone());
+        if before.is_some() {
+            // A key written before is likely written again (a hot counter, a summary); a new
+            // one, on a long tail, mostly is not, and caching it would cost a copy of it.
+            self.kv.put(coll, key, after.clone(), body.clone());
+        }
         let (before_doc, before_body) = before.unzip();
         self.log_texts(
             coll,
