@@ -129,6 +129,7 @@ impl EmbeddedStore {
         let (tx, rx) = mpsc::channel(options.queue_capacity.max(1));
         let writer = Writer::new(
             conn,
+            &db_path,
             options.oplog_max_entries,
             hub.clone(),
             newest_op.clone(),
