@@ -215,7 +215,7 @@ impl KvCache {
 pub(crate) struct Writer {
     /// Declared first, so it stops (and closes its connection) before the writer's own
     /// connection closes, which then is the last and removes the WAL.
-    copier: Option<WalCopier>,
+    copier: WalCopier,
     conn: Connection,
     capped: HashMap<String, CappedMeta>,
     kv: KvCache,
@@ -264,7 +264,6 @@ impl PageCache {
     }
 }
 
-/// The writer behind its lock, shared by the writer thread and the callers that commit inline.
 /// No copy of the WAL is under way.
 const COPY_IDLE: u8 = 0;
 /// The copy thread is copying the WAL.
@@ -319,7 +318,7 @@ impl WalCopier {
         self.shared.state.load(Ordering::Acquire)
     }
 
-    /// Starts a copy unless one is under way or done and not yet finished by the writer.
+    /// Starts a copy unless one is under way, or done and not yet followed up by the writer.
     fn ask(&self) {
         if self
             .shared
@@ -389,6 +388,7 @@ fn copy_wal_when_asked(conn: Connection, shared: &CopyState) {
     }
 }
 
+/// The writer behind its lock, shared by the writer thread and the callers that commit inline.
 pub(crate) struct WriterCell {
     /// `None` once the store is closed.
     writer: Mutex<Option<Writer>>,
@@ -461,8 +461,7 @@ impl WriterCell {
     pub(crate) fn background_copies(&self) -> u64 {
         self.hold()
             .as_ref()
-            .and_then(|w| w.copier.as_ref())
-            .map_or(0, |c| c.shared.copies.load(Ordering::Relaxed))
+            .map_or(0, |w| w.copier.shared.copies.load(Ordering::Relaxed))
     }
 
     /// Jobs queued and not yet answered.
@@ -674,7 +673,7 @@ impl Writer {
         }))?;
         conn.pragma_update(None, "journal_size_limit", WAL_CHECKPOINT_PAGES * 4096)?;
         Ok(Writer {
-            copier: Some(WalCopier::start(db)?),
+            copier: WalCopier::start(db)?,
             conn,
             kv: KvCache::default(),
             capped: HashMap::new(),
@@ -697,34 +696,25 @@ impl Writer {
     /// WAL started over) is closed here.
     fn wal_due(&self) -> bool {
         let full = self.wal_full();
-        match &self.copier {
-            None => full,
-            Some(c) => match c.state() {
-                COPY_RUNNING => false,
-                COPY_DONE if !full => {
-                    c.finished();
-                    false
-                }
-                _ => full,
-            },
+        match self.copier.state() {
+            COPY_RUNNING => false,
+            COPY_DONE if !full => {
+                self.copier.finished();
+                false
+            }
+            _ => full,
         }
     }
 
     /// Keeps the WAL bounded once it is full: has the copy thread copy it and, once that is
     /// done, copies the frames committed meanwhile, so the WAL starts over at the next commit.
     fn maintain_wal(&mut self) {
-        match self.copier.as_ref().map(WalCopier::state) {
-            Some(COPY_IDLE) => {
-                if let Some(c) = &self.copier {
-                    c.ask();
-                }
-            }
-            Some(COPY_RUNNING) => {}
+        match self.copier.state() {
+            COPY_IDLE => self.copier.ask(),
+            COPY_RUNNING => {}
             _ => {
                 self.checkpoint_wal();
-                if let Some(c) = &self.copier {
-                    c.finished();
-                }
+                self.copier.finished();
             }
         }
     }
