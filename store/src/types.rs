@@ -316,14 +316,21 @@ impl ChangeFilter {
         self.filter.as_ref().filter(|f| !f.is_match_all())
     }
 
-    /// Whether a change passes the filter.
-    pub fn matches(&self, c: &Change) -> bool {
-        (self.collections.is_empty() || self.collections.contains(&c.collection))
-            && (self.ops.is_empty() || self.ops.contains(&c.op))
+    /// Whether a change of this collection, operation and key can pass the filter: every
+    /// part of it but the document filter, so an engine reading its history can skip an
+    /// entry before decoding its images.
+    pub fn admits(&self, collection: &str, op: ChangeOp, key: &str) -> bool {
+        (self.collections.is_empty() || self.collections.iter().any(|c| c == collection))
+            && (self.ops.is_empty() || self.ops.contains(&op))
             && self
                 .key_prefix
                 .as_deref()
-                .is_none_or(|p| c.key.starts_with(p))
+                .is_none_or(|p| key.starts_with(p))
+    }
+
+    /// Whether a change passes the filter.
+    pub fn matches(&self, c: &Change) -> bool {
+        self.admits(&c.collection, c.op, &c.key)
             && self.document_filter().is_none_or(|f| {
                 let image = match c.op {
                     ChangeOp::Delete => c.before.as_ref(),

@@ -458,3 +458,72 @@ async fn the_page_cache_grows_for_large_groups_and_is_emptied_after_them() {
     assert!(idle < idle_bytes / 4, "and emptied: {idle} bytes cached");
     store.close().await.unwrap();
 }
+
+/// A change stream reading history decodes the images of the entries its filter admits
+/// (collection, operation, key) and only those: entries of other keys are read past by their
+/// key alone, its resume token still moves past them, and the admitted ones arrive whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_is_read_past_entries_the_filter_does_not_admit_without_decoding_them() {
+    use crate::{ChangeFilter, ChangeStart};
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let rollups = store.keyed("rollups").await.unwrap();
+    let mut updates = Vec::new();
+    for i in 0..6_i64 {
+        updates.push(KeyUpdate::new(
+            format!("hashtags:t{i}"),
+            Update::inc("count", 1),
+        ));
+        updates.push(KeyUpdate::new(
+            "source:s",
+            Update::inc("count", 1).and_set("i", json!(i)),
+        ));
+    }
+    rollups
+        .update(updates, Durability::Acknowledged)
+        .await
+        .unwrap();
+    // What no engine writes: images that are not JSON, on every entry of the other keys. A
+    // reader that decoded them would fail.
+    let conn = rusqlite::Connection::open(store.db_path()).unwrap();
+    let spoiled = conn
+        .execute(
+            "UPDATE oplog SET before = 'not json', after = 'not json' WHERE key LIKE 'hashtags:%'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(spoiled, 6, "one op-log entry per hashtag key");
+    drop(conn);
+
+    let filter = ChangeFilter {
+        key_prefix: Some("source:".into()),
+        ..ChangeFilter::collections(["rollups"])
+    };
+    let mut stream = store.changes(filter, ChangeStart::Oldest);
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        let change = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("a change within 10 s")
+            .expect("the stream goes on")
+            .expect("no entry of another key is decoded");
+        assert_eq!(change.key, "source:s");
+        seen.push(change.after.unwrap()["i"].clone());
+    }
+    assert_eq!(seen, (0..6).map(|i| json!(i)).collect::<Vec<_>>());
+    // The last entry (seq 12) is the sixth summary; the token is past it.
+    assert_eq!(stream.resume_token().map(|t| t.0), Some("12".to_string()));
+
+    // Every entry is admitted without the prefix: the spoiled images are then decoded and
+    // refused, which is what the filter spared the first reader.
+    let mut all = store.changes(ChangeFilter::collections(["rollups"]), ChangeStart::Oldest);
+    let first = tokio::time::timeout(Duration::from_secs(10), all.next())
+        .await
+        .expect("an answer within 10 s")
+        .expect("the stream yields");
+    assert!(
+        first.is_err(),
+        "a spoiled image is decoded and refused: {first:?}"
+    );
+    store.close().await.unwrap();
+}
