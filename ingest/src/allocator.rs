@@ -32,8 +32,14 @@ use libmimalloc_sys::mi_option_set;
 /// does not move between versions; a test checks it against the documented default.
 const PURGE_DELAY: c_int = 15;
 
-/// Sets the options; call first thing in `main`.
+/// Sets the options; call first thing in `main`. A purge delay the operator chose
+/// (`MIMALLOC_PURGE_DELAY`, which mimalloc reads itself) is left as it is: holding freed
+/// pages for a while costs memory after a burst and saves the page faults of taking them
+/// back (docs/BENCHMARKS.md, "Tenth pass").
 pub fn tune() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+        return;
+    }
     // SAFETY: `mi_option_set` stores a value in mimalloc's option table (an array indexed by
     // the option, bounds-checked by mimalloc itself). The purge delay is read each time freed
     // pages are considered for purging, so setting it at run time takes effect.
