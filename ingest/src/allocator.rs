@@ -37,7 +37,11 @@ const PURGE_DELAY: c_int = 15;
 /// pages for a while costs memory after a burst and saves the page faults of taking them
 /// back (docs/BENCHMARKS.md, "Tenth pass").
 pub fn tune() {
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+    tune_unless_chosen(std::env::var_os("MIMALLOC_PURGE_DELAY").is_some());
+}
+
+fn tune_unless_chosen(operator_chose: bool) {
+    if operator_chose {
         return;
     }
     // SAFETY: `mi_option_set` stores a value in mimalloc's option table (an array indexed by
@@ -127,11 +131,18 @@ mod tests {
 
     /// The constant names the option it means to: before `tune` it holds the default
     /// mimalloc.h documents for the purge delay (1,000 ms), which no neighbouring option has;
-    /// then `tune` sets it to 0.
+    /// an operator's `MIMALLOC_PURGE_DELAY` keeps what mimalloc read; otherwise `tune` sets it
+    /// to 0.
     #[test]
     fn the_option_number_is_mimallocs_and_tune_sets_it() {
         let env = "(a MIMALLOC_PURGE_DELAY variable in the environment changes the default)";
         assert_eq!(option(PURGE_DELAY), 1000, "purge_delay default {env}");
+        tune_unless_chosen(true);
+        assert_eq!(
+            option(PURGE_DELAY),
+            1000,
+            "an operator's choice is left alone"
+        );
         tune();
         assert_eq!(option(PURGE_DELAY), 0);
     }
