@@ -295,6 +295,10 @@ pub struct ChangeFilter {
     /// or for a delete the pre-image. A change without the image it needs (a delete on an
     /// engine that kept no pre-image) does not match, unless the filter matches everything.
     pub filter: Option<Filter>,
+    /// Leave out the pre-image (`before`) of inserts, updates and replaces; a delete keeps its
+    /// own, its only image. For a consumer that reads post-images only (the feeds' statistics):
+    /// it then pays neither for decoding nor for copying an image it never reads.
+    pub post_images_only: bool,
 }
 
 impl ChangeFilter {
@@ -326,6 +330,36 @@ impl ChangeFilter {
                 .key_prefix
                 .as_deref()
                 .is_none_or(|p| key.starts_with(p))
+    }
+
+    /// Whether a change of this operation comes with its pre-image ([`Self::post_images_only`]).
+    pub fn wants_before(&self, op: ChangeOp) -> bool {
+        !self.post_images_only || op == ChangeOp::Delete
+    }
+
+    /// `c` as this filter delivers it: without the pre-image it does not want.
+    pub fn shape(&self, mut c: Change) -> Change {
+        if !self.wants_before(c.op) {
+            c.before = None;
+        }
+        c
+    }
+
+    /// A copy of `c` as this filter delivers it; a pre-image it does not want is not copied.
+    pub fn shaped_copy(&self, c: &Change) -> Change {
+        Change {
+            op: c.op,
+            collection: c.collection.clone(),
+            key: c.key.clone(),
+            before: if self.wants_before(c.op) {
+                c.before.clone()
+            } else {
+                None
+            },
+            after: c.after.clone(),
+            token: c.token.clone(),
+            committed_at_us: c.committed_at_us,
+        }
     }
 
     /// Whether a change passes the filter.

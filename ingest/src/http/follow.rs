@@ -484,6 +484,8 @@ async fn run(req: Request, store: Arc<dyn store::Store>, sink: &Sink) -> Result<
                     ops: req.ops.clone(),
                     key_prefix: None,
                     filter: Some(req.filter.clone()),
+                    // A client gets each change's old value too (`old_val`).
+                    post_images_only: false,
                 },
                 start,
                 read_up_to: None,

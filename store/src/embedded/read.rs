@@ -444,7 +444,11 @@ fn changes_after(
             op,
             collection: coll.to_string(),
             key: key.to_string(),
-            before: image(4)?,
+            before: if filter.wants_before(op) {
+                image(4)?
+            } else {
+                None
+            },
             after: image(5)?,
             token: ResumeToken(seq.to_string()),
             committed_at_us: r.get(6)?,
@@ -588,7 +592,7 @@ pub(super) fn change_stream(
                             last = Some(seq);
                             advance(seq);
                             if filter.matches(change) {
-                                yield change.clone();
+                                yield filter.shaped_copy(change);
                             }
                         }
                     }

@@ -392,7 +392,7 @@ pub(crate) fn change_stream(
                     // its batch lasts): set before the hand-over, read by the consumer after.
                     publish(&tokens, encode_driver(events.resume_token()));
                     if let Some(change) = change.filter(|c| filter.matches(c)) {
-                        yield change;
+                        yield filter.shape(change);
                     }
                 }
                 Ok(None) => {
@@ -496,6 +496,7 @@ mod tests {
             ops: vec![ChangeOp::Update],
             key_prefix: Some("source:".into()),
             filter: Some(Filter::parse(&json!({"kind": "keep", "a.n": {"$gt": 3}})).unwrap()),
+            post_images_only: false,
         };
         assert_eq!(
             match_stage(&filter).unwrap(),

@@ -35,6 +35,7 @@ macro_rules! every_check {
             position_lost,
             latest_by_indexed_field,
             change_ops_with_images,
+            post_images_only,
             one_update_of_a_key_several_times,
             append_with_updates_all_or_nothing,
             resume_from_token,
@@ -321,6 +322,64 @@ pub async fn change_ops_with_images(store: &dyn Store) {
     assert!(k.get("a").await.unwrap().is_none());
 }
 
+/// `post_images_only` leaves out the pre-image of inserts, updates and replaces, and only
+/// that: a delete keeps the pre-image it has without the flag, and everything else is the
+/// same, live and read back from the history.
+pub async fn post_images_only(store: &dyn Store) {
+    let k = store.keyed("k_post").await.unwrap();
+    let only_post = ChangeFilter {
+        post_images_only: true,
+        ..ChangeFilter::default()
+    };
+    let mut live = k.changes(only_post.clone(), ChangeStart::Now);
+    let mut full = k.changes(ChangeFilter::default(), ChangeStart::Now);
+    k.update(
+        vec![store::KeyUpdate::new("a", Update::inc("count", 1))],
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    k.update(
+        vec![store::KeyUpdate::new("a", Update::inc("count", 2))],
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    k.set("a", doc(json!({"fresh": true})), Durability::Acknowledged)
+        .await
+        .unwrap();
+    assert!(k.delete("a", Durability::Acknowledged).await.unwrap());
+    let mut with_images = Vec::new();
+    for _ in 0..4 {
+        with_images.push(next_change(&mut full).await);
+    }
+    assert_eq!(
+        with_images[1].before.as_ref().map(|d| d["count"].clone()),
+        Some(json!(1)),
+        "without the flag an update has its pre-image"
+    );
+    let same_but_before = |got: &Change, full: &Change| {
+        assert_eq!(
+            (got.op, &got.key, &got.after, &got.token),
+            (full.op, &full.key, &full.after, &full.token),
+            "the same change"
+        );
+        if got.op == ChangeOp::Delete {
+            assert_eq!(got.before, full.before, "a delete keeps its pre-image");
+        } else {
+            assert!(got.before.is_none(), "no pre-image on a {:?}", got.op);
+        }
+    };
+    for full in &with_images {
+        same_but_before(&next_change(&mut live).await, full);
+    }
+    // Read back from the history: after the insert, the other three.
+    let mut replay = k.changes(only_post, ChangeStart::After(with_images[0].token.clone()));
+    for full in &with_images[1..] {
+        same_but_before(&next_change(&mut replay).await, full);
+    }
+}
+
 /// One `update` naming a key several times (a source's summary, once per event of a batch):
 /// each update is a change of its own, with the images before and after it, and the document
 /// ends in the last state, as read afterwards, as updated again and as the log replays it.
@@ -530,6 +589,7 @@ pub async fn change_filters(store: &dyn Store) {
         ops: vec![ChangeOp::Update],
         key_prefix: Some("source:".into()),
         filter: Some(filter(json!({"kind": "keep"}))),
+        post_images_only: false,
     };
     let mut s = k.changes(f, ChangeStart::Now);
     let up = |key: &str, kind: &str| {
