@@ -143,9 +143,7 @@ pub(crate) fn feed_source(
         collections: c.collections.clone(),
         ops: c.filter.as_ref().map(|f| f.ops.clone()).unwrap_or_default(),
         key_prefix: c.filter.as_ref().and_then(|f| f.key_prefix.clone()),
-        filter: None,
-        // A feed's statistics read the post-image (a delete's pre-image): see `feeds::feed`.
-        post_images_only: true,
+        ..ChangeFilter::default()
     };
     match &f.kind {
         FeedKindConfig::Tailable(t) if t.collection == "dead_letters" => {

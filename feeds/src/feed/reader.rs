@@ -93,8 +93,17 @@ pub(super) fn open(source: &FeedSource, store: &dyn Store, after: Option<&FeedPo
                 read_up_to: None,
             }
         }
-        FeedSource::Changes(filter) => changes(store.changes(filter.clone(), token(after))),
-        FeedSource::Oplog(filter) => changes(store.oplog(filter.clone(), token(after))),
+        FeedSource::Changes(filter) => changes(store.changes(post_images(filter), token(after))),
+        FeedSource::Oplog(filter) => changes(store.oplog(post_images(filter), token(after))),
+    }
+}
+
+/// `filter` without the pre-images [`Item::doc`] never reads (it takes a change's post-image,
+/// a delete's pre-image), so the store neither decodes nor copies them.
+fn post_images(filter: &ChangeFilter) -> ChangeFilter {
+    ChangeFilter {
+        post_images_only: true,
+        ..filter.clone()
     }
 }
 
