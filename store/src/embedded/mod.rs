@@ -10,6 +10,7 @@
 //!   streams; a reader that fell behind (or starts in the past) reads the tables until it has
 //!   caught up, then listens again.
 
+pub mod next;
 pub mod probe;
 mod read;
 pub mod schema;

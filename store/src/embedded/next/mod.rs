@@ -1,0 +1,847 @@
+//! The embedded engine: a segmented journal with an LSM tree for keyed state. No server.
+//!
+//! - **Writes** go through one writer ([`writer`]) that stages whatever is queued and writes
+//!   it as one record at the journal's tail (group commit): a commit is one sequential write
+//!   and, for `journaled`, one `fdatasync`, whatever the number of indexes and counters.
+//! - **Capped collections live in the journal**: a document is written once, in the record
+//!   of its commit; the writer keeps each collection's positions, sizes and seek points, and
+//!   per segment an index of the indexed fields' values (then the segment's `.idx` file).
+//!   Eviction moves the collection's oldest position; a segment is released once nothing
+//!   needs it ([`maint`]).
+//! - **Keyed collections, checkpoints** live in an LSM tree ([`tree`]) whose memtable is
+//!   flushed off the commit's path; the journal is its log.
+//! - **Durability**: `journaled`/`majority` sync the record before they answer;
+//!   `acknowledged` answers once it is written (it survives a process crash, not a power
+//!   loss); `unacknowledged` returns once the write is queued.
+//! - **Tailing** never polls: each commit is broadcast in memory to live tails and change
+//!   streams; a reader that fell behind (or starts in the past) reads the journal until it
+//!   has caught up, then listens again.
+
+mod catalog;
+mod format;
+mod journal;
+mod maint;
+mod read;
+mod recover;
+mod state;
+mod tree;
+mod writer;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+pub use journal::{IoCounts, TailState};
+
+use super::EmbeddedOptions;
+use crate::{
+    Bounds, Capped, CappedSpec, ChangeFilter, ChangeStart, ChangeStream, Document, Durability,
+    Filter, KeyUpdate, Keyed, KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record,
+    RecordStream, Result, ResumeToken, Start, Store, StoreError, Usage,
+};
+use writer::{Commit, Job, Op, Reply, WriterCell};
+
+/// How many commits a live reader may fall behind before it switches to reading the journal.
+/// A commit is released once every live reader has it, so this bounds only a lagging reader.
+const HUB_CAPACITY: usize = 1024;
+
+/// Sizes of the engine's files and buffers. The defaults suit tailrace; tests use small
+/// segments to see them finished and released.
+#[derive(Clone, Debug)]
+pub struct Tuning {
+    /// Bytes allocated per journal segment (a record larger than this gets a segment of its
+    /// own size).
+    pub segment_bytes: u64,
+    /// The tree's memtable is sealed and flushed once it holds this many bytes.
+    pub memtable_bytes: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            segment_bytes: 8 << 20,
+            memtable_bytes: 4 << 20,
+        }
+    }
+}
+
+/// The embedded store. Cheap to clone; all clones share one writer.
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    dir: PathBuf,
+    /// `None` once closed: sends then fail with `Closed`.
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    /// The writer, committed to by the writer thread and by callers that find it idle.
+    cell: Arc<WriterCell>,
+    /// `None` once closed: live readers then end with `Closed`.
+    hub: Mutex<Option<broadcast::Sender<Arc<Commit>>>>,
+    newest_op: Arc<AtomicU64>,
+    shared: Arc<RwLock<state::Shared>>,
+    tree: Arc<tree::Tree>,
+    snapshots: Arc<maint::Snapshots>,
+    oplog_max: u64,
+    stats: Arc<journal::IoStats>,
+    capped: Mutex<HashMap<String, Arc<CappedShared>>>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    maint: Mutex<Option<std::sync::mpsc::Sender<maint::Task>>>,
+    /// Held for the store's lifetime (and its threads'): one process per data directory.
+    _lock: Arc<File>,
+}
+
+struct CappedShared {
+    spec: CappedSpec,
+    newest: Arc<AtomicU64>,
+}
+
+pub(crate) fn lock_err<T>(_: T) -> StoreError {
+    StoreError::Engine {
+        engine: "embedded",
+        message: "internal lock poisoned".into(),
+    }
+}
+
+impl EmbeddedStore {
+    /// Opens (creating when absent) the store in directory `dir`.
+    pub fn open(dir: impl AsRef<Path>, options: EmbeddedOptions) -> Result<Self> {
+        Self::open_tuned(dir, options, Tuning::default())
+    }
+
+    /// [`EmbeddedStore::open`] with other file and buffer sizes.
+    pub fn open_tuned(
+        dir: impl AsRef<Path>,
+        options: EmbeddedOptions,
+        tuning: Tuning,
+    ) -> Result<Self> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
+            context: format!("creating data directory {}", dir.display()),
+            source,
+        })?;
+        let lock_path = dir.join("LOCK");
+        let lock = File::create(&lock_path).map_err(|source| StoreError::Io {
+            context: format!("creating {}", lock_path.display()),
+            source,
+        })?;
+        if lock.try_lock().is_err() {
+            return Err(StoreError::Locked(format!(
+                "data directory {} is in use by another tailrace process; stop it or set store.path to another directory",
+                dir.display()
+            )));
+        }
+        let lock = Arc::new(lock);
+        let stats = Arc::new(journal::IoStats::default());
+        let recovered = recover::open(dir, tuning.segment_bytes, stats.clone())?;
+        let tree = recovered.tree.clone();
+        let shared = recovered.shared.clone();
+        let catalog = recovered.catalog.clone();
+        let newest_op = Arc::new(AtomicU64::new(recovered.change_next.saturating_sub(1)));
+        {
+            let mut s = shared.write().map_err(lock_err)?;
+            s.point = (tree.visible(), recovered.change_next.saturating_sub(1));
+        }
+        let (hub, _) = broadcast::channel(HUB_CAPACITY);
+        let (tx, rx) = mpsc::channel(options.queue_capacity.max(1));
+        let (maint_tx, maint_rx) = std::sync::mpsc::channel();
+        let rotate_asked = Arc::new(AtomicBool::new(false));
+        let writer = writer::Writer::new(
+            recovered,
+            hub.clone(),
+            newest_op.clone(),
+            maint_tx.clone(),
+            tuning.memtable_bytes,
+            rotate_asked.clone(),
+        )?;
+        let cell = Arc::new(WriterCell::new(writer));
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(f)
+                .map_err(|source| StoreError::Io {
+                    context: format!("starting the {name} thread"),
+                    source,
+                })
+        };
+        let writer_thread = spawn("tailrace-writer", {
+            let cell = cell.clone();
+            let lock = lock.clone();
+            Box::new(move || {
+                writer::run(cell, rx);
+                drop(lock);
+            })
+        })?;
+        let snapshots = Arc::new(maint::Snapshots::default());
+        let m = maint::Maint {
+            dir: dir.to_path_buf(),
+            tree: tree.clone(),
+            shared: shared.clone(),
+            catalog,
+            snapshots: snapshots.clone(),
+            rotate_asked,
+            oplog_max: options.oplog_max_entries,
+            submit: submitter(tx.downgrade(), cell.clone()),
+            spilled: None,
+        };
+        let maint_thread = spawn("tailrace-maint", {
+            let lock = lock.clone();
+            Box::new(move || {
+                maint::run(m, maint_rx);
+                drop(lock);
+            })
+        })?;
+        Ok(EmbeddedStore {
+            inner: Arc::new(Inner {
+                dir: dir.to_path_buf(),
+                jobs: Mutex::new(Some(tx)),
+                cell,
+                hub: Mutex::new(Some(hub)),
+                newest_op,
+                shared,
+                tree,
+                snapshots,
+                oplog_max: options.oplog_max_entries,
+                stats,
+                capped: Mutex::new(HashMap::new()),
+                threads: Mutex::new(vec![writer_thread, maint_thread]),
+                maint: Mutex::new(Some(maint_tx)),
+                _lock: lock,
+            }),
+        })
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// What the journal has written so far (records, bytes, syncs).
+    pub fn io_counts(&self) -> IoCounts {
+        self.inner.stats.counts()
+    }
+
+    /// Sets (or with `None` removes) a collection's validation rule: from then on a document
+    /// that does not match `rule` (a capped collection's document, a keyed collection's
+    /// document after an update) is refused, its write failing with an error that names the
+    /// rule — MongoDB's query validators (`validationAction: "error"`). Kept in the catalog.
+    pub async fn set_validator(&self, collection: &str, rule: Option<Filter>) -> Result<()> {
+        self.inner
+            .submit(
+                Op::Validate {
+                    coll: collection.to_owned(),
+                    rule,
+                },
+                Durability::Journaled,
+            )
+            .await
+            .map(|_| ())
+    }
+
+    /// Seals the tree's memtable and waits until the maintenance thread had a chance to flush
+    /// it (for tests of recovery and release).
+    #[doc(hidden)]
+    pub async fn flush_keyed_state(&self) -> Result<()> {
+        self.inner.cell.with(|w| w.request_rotation())?;
+        self.inner
+            .submit(Op::Barrier, Durability::Journaled)
+            .await?;
+        if let Ok(m) = self.inner.maint.lock()
+            && let Some(m) = m.as_ref()
+        {
+            let _ = m.send(maint::Task::Check);
+        }
+        Ok(())
+    }
+
+    /// Journal segments currently retained.
+    pub fn segments(&self) -> usize {
+        self.inner
+            .shared
+            .read()
+            .map(|s| s.segments.len())
+            .unwrap_or(0)
+    }
+}
+
+/// The maintenance thread's way to hand the writer an operation and wait for it.
+fn submitter(jobs: mpsc::WeakSender<Job>, cell: Arc<WriterCell>) -> Box<dyn Fn(Op) -> bool + Send> {
+    Box::new(move |op| {
+        let Some(sender) = jobs.upgrade() else {
+            return false;
+        };
+        let (tx, rx) = oneshot::channel();
+        cell.queued();
+        let job = Job {
+            op,
+            durability: Durability::Acknowledged,
+            reply: Some(tx),
+        };
+        if sender.blocking_send(job).is_err() {
+            cell.not_queued();
+            return false;
+        }
+        drop(sender);
+        matches!(rx.blocking_recv(), Ok(Ok(_)))
+    })
+}
+
+/// What a data directory's journal holds, read without opening the store (and without
+/// changing anything): for the torture test, which looks at it right after a kill.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JournalReport {
+    /// Segments and whole records with good checksums.
+    pub segments: usize,
+    pub records: u64,
+    /// The last record's number.
+    pub last_lsn: u64,
+    /// Where the last segment's records end, and whether something other than zeros lies
+    /// there (a write the kill interrupted).
+    pub tail: TailState,
+    /// Bytes of the journal's files.
+    pub bytes: u64,
+}
+
+/// Reads the journal of the data directory `dir` (see [`JournalReport`]). A finished segment
+/// that does not hold only whole records, or records out of sequence, is an error.
+pub fn inspect(dir: impl AsRef<Path>) -> Result<JournalReport> {
+    let jdir = dir.as_ref().join(journal::DIR);
+    let first = catalog::Catalog::load(dir.as_ref())?.map_or(1, |c| c.first_segment);
+    let segs: Vec<u64> = journal::list_segments(&jdir)?
+        .into_iter()
+        .filter(|s| *s >= first)
+        .collect();
+    let mut report = JournalReport {
+        segments: segs.len(),
+        ..JournalReport::default()
+    };
+    let mut next: Option<u64> = None;
+    for (i, seq) in segs.iter().enumerate() {
+        let seg = journal::Segment::open(&jdir, *seq)?;
+        report.bytes += seg.file.metadata().map(|m| m.len()).unwrap_or(0);
+        let mut records = 0;
+        let tail = recover::scan_records(&seg, next, |_, h, _| {
+            records += 1;
+            next = Some(h.lsn + 1);
+            report.last_lsn = h.lsn;
+            Ok(())
+        })?;
+        report.records += records;
+        if i + 1 < segs.len() && tail.torn {
+            return Err(StoreError::Engine {
+                engine: "embedded",
+                message: format!(
+                    "journal segment {seq:x} is damaged at offset {}: a finished segment holds only whole records",
+                    tail.end
+                ),
+            });
+        }
+        report.tail = tail;
+    }
+    Ok(report)
+}
+
+impl Inner {
+    /// Commits a job in this thread when the writer is idle; queues it for the writer thread
+    /// otherwise. Waits for the answer unless the durability is `unacknowledged` (always
+    /// queued: it returns before the commit).
+    async fn submit(&self, op: Op, durability: Durability) -> Result<Reply> {
+        let sender = self
+            .jobs
+            .lock()
+            .map_err(lock_err)?
+            .clone()
+            .ok_or(StoreError::Closed)?;
+        let op = if durability.waits() {
+            match self.cell.try_inline(op, durability) {
+                Ok(result) => return result,
+                Err(op) => op,
+            }
+        } else {
+            op
+        };
+        let (tx, rx) = if durability.waits() {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        self.cell.queued();
+        let job = Job {
+            op,
+            durability,
+            reply: tx,
+        };
+        if sender.send(job).await.is_err() {
+            self.cell.not_queued();
+            return Err(StoreError::Closed);
+        }
+        match rx {
+            Some(rx) => rx.await.map_err(|_| StoreError::Closed)?,
+            None => Ok(Reply::Done),
+        }
+    }
+
+    fn subscribe(&self) -> Result<broadcast::Receiver<Arc<Commit>>> {
+        Ok(self
+            .hub
+            .lock()
+            .map_err(lock_err)?
+            .as_ref()
+            .ok_or(StoreError::Closed)?
+            .subscribe())
+    }
+
+    /// Runs a read off the async threads.
+    async fn read<T, F>(self: &Arc<Self>, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Inner) -> Result<T> + Send + 'static,
+    {
+        let inner = self.clone();
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .map_err(|e| StoreError::Engine {
+                engine: "embedded",
+                message: format!("reader task: {e}"),
+            })?
+    }
+
+    /// A consistent read point: the tree's sequence number, the last change then, and a hold
+    /// that keeps the tree's versions as of it.
+    fn snapshot_point(&self) -> Result<(u64, u64, maint::Hold)> {
+        let shared = self.shared.read().map_err(lock_err)?;
+        let (seqno, token) = shared.point;
+        Ok((seqno, token, self.snapshots.hold(seqno)))
+    }
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    fn engine(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn capped(&self, name: &str, spec: &CappedSpec) -> Result<Arc<dyn Capped>> {
+        super::schema::check_name(name)?;
+        if spec.max_docs == 0 || spec.max_bytes == 0 {
+            return Err(StoreError::Invalid(format!(
+                "capped collection {name}: max_docs and max_bytes must be at least 1"
+            )));
+        }
+        let reply = self
+            .inner
+            .submit(
+                Op::CreateCapped {
+                    name: name.to_string(),
+                    spec: spec.clone(),
+                },
+                Durability::Journaled,
+            )
+            .await?;
+        let Reply::Newest(newest) = reply else {
+            return Err(StoreError::Engine {
+                engine: "embedded",
+                message: "the writer did not answer the collection's creation".into(),
+            });
+        };
+        let shared = Arc::new(CappedShared {
+            spec: spec.clone(),
+            newest,
+        });
+        self.inner
+            .capped
+            .lock()
+            .map_err(lock_err)?
+            .insert(name.to_string(), shared.clone());
+        Ok(Arc::new(EmbeddedCapped {
+            name: name.to_string(),
+            inner: self.inner.clone(),
+            shared,
+        }))
+    }
+
+    async fn keyed(&self, name: &str) -> Result<Arc<dyn Keyed>> {
+        super::schema::check_name(name)?;
+        self.inner
+            .submit(
+                Op::CreateKeyed {
+                    name: name.to_string(),
+                },
+                Durability::Journaled,
+            )
+            .await?;
+        Ok(Arc::new(EmbeddedKeyed {
+            name: name.to_string(),
+            inner: self.inner.clone(),
+        }))
+    }
+
+    fn changes(&self, filter: ChangeFilter, start: ChangeStart) -> ChangeStream {
+        read::change_stream(self.inner.clone(), filter, start)
+    }
+
+    async fn newest_change(&self) -> Result<Option<ResumeToken>> {
+        let n = self.inner.newest_op.load(Ordering::Acquire);
+        Ok((n > 0).then(|| ResumeToken(n.to_string())))
+    }
+
+    async fn changes_after(&self, token: &ResumeToken) -> Result<Option<u64>> {
+        let after = read::parse_token(token)?;
+        let newest = self.inner.newest_op.load(Ordering::Acquire);
+        Ok(Some(newest.saturating_sub(after)))
+    }
+
+    async fn oldest_change_at(&self) -> Result<Option<i64>> {
+        self.inner
+            .read(|i| {
+                let (changes, _) = read::changes_after(i, None, &ChangeFilter::default(), 1)?;
+                Ok(changes.first().map(|c| c.committed_at_us))
+            })
+            .await
+    }
+
+    async fn load_checkpoint(&self, feed: &str) -> Result<Option<Value>> {
+        let key = tree::checkpoint_key(feed);
+        let body = self.inner.read(move |i| i.tree.get(&key)).await?;
+        Ok(body.map(|b| serde_json::from_slice(&b)).transpose()?)
+    }
+
+    async fn save_checkpoint(
+        &self,
+        feed: &str,
+        checkpoint: Value,
+        durability: Durability,
+    ) -> Result<()> {
+        let body = serde_json::to_string(&checkpoint)?;
+        self.inner
+            .submit(
+                Op::Checkpoint {
+                    feed: feed.to_string(),
+                    body,
+                },
+                durability,
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn close(&self) -> Result<()> {
+        // Flush: the barrier is answered once everything queued before it is committed.
+        match self.inner.submit(Op::Barrier, Durability::Journaled).await {
+            Ok(_) | Err(StoreError::Closed) => {}
+            Err(e) => return Err(e),
+        }
+        self.inner.jobs.lock().map_err(lock_err)?.take();
+        self.inner.hub.lock().map_err(lock_err)?.take();
+        let threads = std::mem::take(&mut *self.inner.threads.lock().map_err(lock_err)?);
+        let mut threads = threads.into_iter();
+        // The writer thread first; then, the writer (which holds the maintenance thread's
+        // queue) closed, the maintenance thread.
+        if let Some(w) = threads.next() {
+            join(w).await?;
+        }
+        self.inner.cell.close()?;
+        self.inner.maint.lock().map_err(lock_err)?.take();
+        for t in threads {
+            join(t).await?;
+        }
+        Ok(())
+    }
+}
+
+async fn join(handle: std::thread::JoinHandle<()>) -> Result<()> {
+    tokio::task::spawn_blocking(move || handle.join())
+        .await
+        .map_err(|e| StoreError::Engine {
+            engine: "embedded",
+            message: e.to_string(),
+        })?
+        .map_err(|_| StoreError::Engine {
+            engine: "embedded",
+            message: "a storage thread panicked".into(),
+        })
+}
+
+/// A capped collection of the embedded engine.
+struct EmbeddedCapped {
+    name: String,
+    inner: Arc<Inner>,
+    shared: Arc<CappedShared>,
+}
+
+impl EmbeddedCapped {
+    /// The append of `docs`, their JSON encoded here (on the caller's thread, not the
+    /// writer's).
+    fn append_op(&self, docs: Vec<Document>) -> Result<Op> {
+        Ok(Op::Append {
+            coll: self.name.clone(),
+            bodies: docs
+                .iter()
+                .map(serde_json::to_string)
+                .collect::<std::result::Result<_, _>>()?,
+            docs,
+        })
+    }
+
+    /// Whether `keyed` is a collection of this very store (one writer, one journal).
+    fn same_store(&self, keyed: &dyn Keyed) -> bool {
+        keyed
+            .as_any()
+            .downcast_ref::<EmbeddedKeyed>()
+            .is_some_and(|k| Arc::ptr_eq(&k.inner, &self.inner))
+    }
+}
+
+#[async_trait]
+impl Capped for EmbeddedCapped {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn append(&self, docs: Vec<Document>, durability: Durability) -> Result<Vec<Position>> {
+        if docs.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self.inner.submit(self.append_op(docs)?, durability).await? {
+            Reply::Positions(p) => Ok(p),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    fn commits_with(&self, keyed: &dyn Keyed) -> bool {
+        self.same_store(keyed)
+    }
+
+    async fn append_with_updates(
+        &self,
+        docs: Vec<Document>,
+        keyed: &dyn Keyed,
+        updates: Vec<KeyUpdate>,
+        durability: Durability,
+    ) -> Result<Vec<Position>> {
+        if !self.same_store(keyed) {
+            return crate::contract::append_then_update(self, docs, keyed, updates, durability)
+                .await;
+        }
+        let mut ops = Vec::with_capacity(2);
+        if !docs.is_empty() {
+            ops.push(self.append_op(docs)?);
+        }
+        if !updates.is_empty() {
+            ops.push(Op::Update {
+                coll: keyed.name().to_owned(),
+                updates,
+            });
+        }
+        match self.inner.submit(Op::Together(ops), durability).await? {
+            Reply::Positions(p) => Ok(p),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    fn tail(&self, start: Start) -> RecordStream {
+        read::tail_stream(
+            self.inner.clone(),
+            self.name.clone(),
+            self.shared.newest.clone(),
+            start,
+        )
+    }
+
+    async fn newest_matching(&self, filter: &Filter, limit: usize) -> Result<NewestMatching> {
+        let (coll, filter) = (self.name.clone(), filter.clone());
+        self.inner
+            .read(move |i| read::newest_matching(i, &coll, &filter, limit))
+            .await
+    }
+
+    async fn get(&self, position: Position) -> Result<Option<Record>> {
+        let coll = self.name.clone();
+        self.inner
+            .read(move |i| Ok(read::read_docs(i, &coll, position.0, position.0, 1)?.pop()))
+            .await
+    }
+
+    async fn latest(&self, field: &str, value: &Value, limit: usize) -> Result<Vec<Record>> {
+        if !self.shared.spec.indexes.iter().any(|f| f == field) {
+            return Err(StoreError::NotIndexed {
+                collection: self.name.clone(),
+                field: field.to_string(),
+            });
+        }
+        if !matches!(value, Value::String(_) | Value::Number(_) | Value::Bool(_)) {
+            return Err(StoreError::Invalid(format!(
+                "latest() compares scalars only, not {value}"
+            )));
+        }
+        let (coll, field, value) = (self.name.clone(), field.to_string(), value.clone());
+        self.inner
+            .read(move |i| read::latest(i, &coll, &field, &value, limit))
+            .await
+    }
+
+    async fn bounds(&self) -> Result<Option<Bounds>> {
+        let shared = self.inner.shared.read().map_err(lock_err)?;
+        Ok(shared.capped.get(&self.name).and_then(|v| {
+            (v.next > v.oldest && v.count > 0).then(|| Bounds {
+                oldest: Position(v.oldest),
+                newest: Position(v.next - 1),
+            })
+        }))
+    }
+
+    async fn usage(&self) -> Result<Usage> {
+        let shared = self.inner.shared.read().map_err(lock_err)?;
+        Ok(shared
+            .capped
+            .get(&self.name)
+            .map_or(Usage::default(), |v| Usage {
+                docs: v.count,
+                bytes: v.bytes,
+            }))
+    }
+}
+
+/// A changefeed-backed collection of the embedded engine.
+struct EmbeddedKeyed {
+    name: String,
+    inner: Arc<Inner>,
+}
+
+#[async_trait]
+impl Keyed for EmbeddedKeyed {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    async fn update(&self, updates: Vec<KeyUpdate>, durability: Durability) -> Result<()> {
+        if updates.is_empty() {
+            return Ok(());
+        }
+        self.inner
+            .submit(
+                Op::Update {
+                    coll: self.name.clone(),
+                    updates,
+                },
+                durability,
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn set(&self, key: &str, doc: Document, durability: Durability) -> Result<()> {
+        self.inner
+            .submit(
+                Op::Set {
+                    coll: self.name.clone(),
+                    key: key.to_string(),
+                    doc,
+                },
+                durability,
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn delete(&self, key: &str, durability: Durability) -> Result<bool> {
+        match self
+            .inner
+            .submit(
+                Op::Delete {
+                    coll: self.name.clone(),
+                    key: key.to_string(),
+                },
+                durability,
+            )
+            .await?
+        {
+            Reply::Deleted(d) => Ok(d),
+            _ => Ok(false),
+        }
+    }
+
+    async fn expire(
+        &self,
+        prefix: &str,
+        written_before_us: i64,
+        limit: usize,
+        durability: Durability,
+    ) -> Result<u64> {
+        match self
+            .inner
+            .submit(
+                Op::Expire {
+                    coll: self.name.clone(),
+                    prefix: prefix.to_string(),
+                    before: written_before_us,
+                    limit,
+                },
+                durability,
+            )
+            .await?
+        {
+            Reply::Expired(n) => Ok(n),
+            _ => Ok(0),
+        }
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Document>> {
+        let k = tree::doc_key(&self.name, key);
+        self.inner
+            .read(move |i| {
+                let Some(v) = i.tree.get(&k)? else {
+                    return Ok(None);
+                };
+                let (_, json) = tree::split_value(&v)?;
+                Ok(Some(serde_json::from_slice(json)?))
+            })
+            .await
+    }
+
+    async fn scan(&self, prefix: &str) -> Result<Vec<KeyedDoc>> {
+        let (coll, prefix) = (self.name.clone(), prefix.to_string());
+        self.inner
+            .read(move |i| read::scan_page(i, &coll, &prefix, None, usize::MAX, i.tree.visible()))
+            .await
+    }
+
+    async fn scan_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<KeyedDoc>> {
+        let (coll, prefix, after) = (
+            self.name.clone(),
+            prefix.to_string(),
+            after.map(str::to_string),
+        );
+        self.inner
+            .read(move |i| {
+                read::scan_page(i, &coll, &prefix, after.as_deref(), limit, i.tree.visible())
+            })
+            .await
+    }
+
+    async fn snapshot(&self, filter: Option<Filter>) -> Result<KeyedSnapshot> {
+        read::snapshot(self.inner.clone(), self.name.clone(), filter).await
+    }
+
+    fn changes(&self, mut filter: ChangeFilter, start: ChangeStart) -> ChangeStream {
+        filter.collections = vec![self.name.clone()];
+        read::change_stream(self.inner.clone(), filter, start)
+    }
+}

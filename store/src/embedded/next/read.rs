@@ -1,0 +1,672 @@
+//! Reads of the engine: documents by position (from the journal, or the tree for documents
+//! of released segments), changes by sequence number, index lookups, and the tail and change
+//! streams that catch up from the journal and then follow the writer's in-memory broadcast.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::broadcast::error::RecvError;
+
+use super::Inner;
+use super::format::{Entry, Header};
+use super::journal::{Segment, SegmentScan};
+use super::state::{self, SegIndex};
+use super::tree;
+use crate::{
+    Change, ChangeFilter, ChangeStart, ChangeStream, Document, Filter, KeyedDoc, KeyedSnapshot,
+    NewestMatching, Position, Record, RecordStream, Result, ResumeToken, Start, StoreError,
+};
+
+/// Documents or changes read per catch-up step: bounds memory while a reader is far behind.
+pub(super) const CATCH_UP_BATCH: usize = 512;
+/// Documents read per step while walking back for `newest_matching`, and per page of a
+/// snapshot: bounds memory whatever the collection's size.
+const PAGE_ROWS: usize = 256;
+
+fn parse_doc(json: &[u8]) -> Result<Document> {
+    Ok(serde_json::from_slice(json)?)
+}
+
+pub(super) fn parse_token(token: &ResumeToken) -> Result<u64> {
+    token.0.parse().map_err(|_| {
+        StoreError::Invalid(format!(
+            "resume token {token:?} was not made by the embedded engine"
+        ))
+    })
+}
+
+/// The segments to read from `seq` on, each with where its records end.
+fn segments_from(inner: &Inner, seq: u64) -> Result<Vec<(Arc<Segment>, u64)>> {
+    let shared = inner.shared.read().map_err(super::lock_err)?;
+    Ok(shared
+        .segments
+        .range(seq..)
+        .map(|(_, i)| (i.seg.clone(), i.end))
+        .collect())
+}
+
+/// The documents of `coll` at positions `[from, to]` (fewer past `limit`), in order. Positions
+/// no longer retained, or holding no document, are skipped.
+pub(super) fn read_docs(
+    inner: &Inner,
+    coll: &str,
+    from: u64,
+    to: u64,
+    limit: usize,
+) -> Result<Vec<Record>> {
+    let (oldest, next, journal_from, seek) = {
+        let shared = inner.shared.read().map_err(super::lock_err)?;
+        let Some(v) = shared.capped.get(coll) else {
+            return Ok(Vec::new());
+        };
+        let from = from.max(v.oldest).max(1);
+        (
+            v.oldest,
+            v.next,
+            v.journal_from,
+            v.seek(from.max(v.journal_from)),
+        )
+    };
+    let from = from.max(oldest).max(1);
+    let to = to.min(next.saturating_sub(1));
+    let mut out = Vec::new();
+    if from > to || limit == 0 {
+        return Ok(out);
+    }
+    if from < journal_from {
+        let prefix = tree::spill_prefix(coll);
+        let start = tree::spill_key(coll, from);
+        let mut after: Option<Vec<u8>> = None;
+        let first = inner.tree.get(&start)?.map(|v| (start.clone(), v));
+        if let Some((k, v)) = first {
+            push_spilled(&prefix, &k, &v, &mut out)?;
+            after = Some(k);
+        } else {
+            after.get_or_insert_with(|| {
+                let mut k = prefix.clone();
+                k.extend_from_slice(&from.saturating_sub(1).to_be_bytes());
+                k
+            });
+        }
+        while out.len() < limit {
+            let page =
+                inner
+                    .tree
+                    .page(&prefix, after.as_deref(), PAGE_ROWS, inner.tree.visible())?;
+            let Some((last, _)) = page.last() else { break };
+            after = Some(last.to_vec());
+            let mut done = false;
+            for (k, v) in &page {
+                let pos = spilled_pos(&prefix, k);
+                if pos >= journal_from || pos > to || out.len() >= limit {
+                    done = true;
+                    break;
+                }
+                push_spilled(&prefix, k, v, &mut out)?;
+            }
+            if done || page.len() < PAGE_ROWS {
+                break;
+            }
+        }
+        out.retain(|r| r.position.0 >= from && r.position.0 <= to);
+        if out.len() >= limit || to < journal_from {
+            out.truncate(limit);
+            return Ok(out);
+        }
+    }
+    let from = from.max(journal_from);
+    let Some(seek) = seek else { return Ok(out) };
+    let mut first = true;
+    for (seg, end) in segments_from(inner, seek.seq)? {
+        let start = if first { seek.off } else { 0 };
+        first = false;
+        let mut scan = SegmentScan::new(&seg, start, end);
+        while let Some((_, bytes)) = scan.next_raw()? {
+            let h = Header::parse(bytes)?;
+            for (si, s) in h.sections.iter().enumerate() {
+                if s.coll != coll {
+                    continue;
+                }
+                let (lo, hi) = (s.first, s.first + s.count as u64);
+                if hi <= from {
+                    continue;
+                }
+                if lo > to {
+                    return Ok(out);
+                }
+                let base = h.section_entry(si);
+                let want_lo = from.max(lo);
+                let want_hi = (to + 1).min(hi);
+                let (e_lo, e_hi) = (base + (want_lo - lo) as u32, base + (want_hi - lo) as u32);
+                for (bi, _) in h.blocks_for(e_lo, e_hi) {
+                    let data = h.block(bytes, bi)?;
+                    for e in h.entries(bi, &data) {
+                        let (index, entry) = e?;
+                        if index < e_lo {
+                            continue;
+                        }
+                        if index >= e_hi {
+                            break;
+                        }
+                        if let Entry::Doc(json) = entry {
+                            out.push(Record {
+                                position: Position(lo + (index - base) as u64),
+                                doc: parse_doc(json)?,
+                                committed_at_us: Some(h.ts),
+                            });
+                            if out.len() >= limit {
+                                return Ok(out);
+                            }
+                        }
+                    }
+                }
+                if want_hi > to {
+                    return Ok(out);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn spilled_pos(prefix: &[u8], k: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    if let Some(s) = k.get(prefix.len()..prefix.len() + 8) {
+        b.copy_from_slice(s);
+    }
+    u64::from_be_bytes(b)
+}
+
+fn push_spilled(prefix: &[u8], k: &[u8], v: &[u8], out: &mut Vec<Record>) -> Result<()> {
+    let (ts, json) = tree::split_value(v)?;
+    out.push(Record {
+        position: Position(spilled_pos(prefix, k)),
+        doc: parse_doc(json)?,
+        committed_at_us: Some(ts),
+    });
+    Ok(())
+}
+
+/// The next documents after `after` (from the oldest when `None`), or `PositionLost` when the
+/// one right after `after` was evicted.
+fn capped_after(inner: &Inner, coll: &str, after: Option<u64>) -> Result<Vec<Record>> {
+    let (oldest, next) = {
+        let shared = inner.shared.read().map_err(super::lock_err)?;
+        shared
+            .capped
+            .get(coll)
+            .map_or((1, 1), |v| (v.oldest, v.next))
+    };
+    if let Some(after) = after
+        && oldest > after + 1
+        && next > oldest
+    {
+        return Err(StoreError::PositionLost {
+            collection: coll.to_string(),
+            after: Position(after),
+            oldest: Position(oldest),
+        });
+    }
+    let from = after.map_or(oldest, |a| a + 1);
+    let batch = read_docs(inner, coll, from, u64::MAX, CATCH_UP_BATCH)?;
+    // Evicted while being read: the reader is overtaken after all.
+    if let (Some(after), Some(first)) = (after, batch.first())
+        && first.position.0 > after + 1
+    {
+        let oldest = inner
+            .shared
+            .read()
+            .map_err(super::lock_err)?
+            .capped
+            .get(coll)
+            .map_or(1, |v| v.oldest);
+        if oldest > after + 1 {
+            return Err(StoreError::PositionLost {
+                collection: coll.to_string(),
+                after: Position(after),
+                oldest: Position(oldest),
+            });
+        }
+    }
+    Ok(batch)
+}
+
+/// The `limit` newest documents of `coll` matching `filter`, walking back from the newest in
+/// chunks of [`PAGE_ROWS`].
+pub(super) fn newest_matching(
+    inner: &Inner,
+    coll: &str,
+    filter: &Filter,
+    limit: usize,
+) -> Result<NewestMatching> {
+    let (oldest, next) = {
+        let shared = inner.shared.read().map_err(super::lock_err)?;
+        shared
+            .capped
+            .get(coll)
+            .map_or((1, 1), |v| (v.oldest, v.next))
+    };
+    if next <= oldest {
+        return Ok(NewestMatching {
+            records: Vec::new(),
+            as_of: None,
+        });
+    }
+    let newest = next - 1;
+    let mut records = Vec::new();
+    let mut hi = newest;
+    while records.len() < limit {
+        let lo = hi.saturating_sub(PAGE_ROWS as u64 - 1).max(oldest);
+        let chunk = read_docs(inner, coll, lo, hi, usize::MAX)?;
+        for r in chunk.into_iter().rev() {
+            if filter.matches(&r.doc) {
+                records.push(r);
+                if records.len() == limit {
+                    break;
+                }
+            }
+        }
+        if lo <= oldest {
+            break;
+        }
+        hi = lo - 1;
+    }
+    Ok(NewestMatching {
+        records,
+        as_of: Some(Position(newest)),
+    })
+}
+
+/// The `limit` newest documents of `coll` whose `field` equals `value`, from the index.
+pub(super) fn latest(
+    inner: &Inner,
+    coll: &str,
+    field: &str,
+    value: &serde_json::Value,
+    limit: usize,
+) -> Result<Vec<Record>> {
+    let Some(canonical) = state::canonical(Some(value)) else {
+        return Ok(Vec::new());
+    };
+    let hash = state::index_hash(coll, field, &canonical);
+    // Segments newest first, each with the positions of `coll` it holds: stop once `limit`
+    // matches are found above every position an older segment holds.
+    let (segs, oldest, journal_from) = {
+        let shared = inner.shared.read().map_err(super::lock_err)?;
+        let Some(v) = shared.capped.get(coll) else {
+            return Ok(Vec::new());
+        };
+        let segs: Vec<(u64, u64)> = shared
+            .segments
+            .iter()
+            .rev()
+            .filter_map(|(seq, i)| i.colls.get(coll).map(|c| (*seq, c.end)))
+            .collect();
+        (segs, v.oldest, v.journal_from)
+    };
+    let mut found: Vec<Record> = Vec::new();
+    let mut candidates: Vec<u64> = Vec::new();
+    for (i, (seq, _)) in segs.iter().enumerate() {
+        candidates.clear();
+        {
+            let shared = inner.shared.read().map_err(super::lock_err)?;
+            let Some(info) = shared.segments.get(seq) else {
+                continue;
+            };
+            match &info.index {
+                SegIndex::File { path, entries } => {
+                    let (path, entries) = (path.clone(), *entries);
+                    drop(shared);
+                    SegIndex::File { path, entries }.lookup(hash, &mut candidates)?;
+                }
+                other => other.lookup(hash, &mut candidates)?,
+            }
+        }
+        candidates.sort_unstable_by(|a, b| b.cmp(a));
+        candidates.dedup();
+        for &pos in &candidates {
+            if pos < oldest {
+                break;
+            }
+            if found.iter().any(|r| r.position.0 == pos) {
+                continue;
+            }
+            if let Some(r) = read_docs(inner, coll, pos, pos, 1)?.pop()
+                && state::canonical(crate::update::get_path(&r.doc, field)).as_deref()
+                    == Some(canonical.as_slice())
+            {
+                found.push(r);
+            }
+        }
+        found.sort_unstable_by_key(|r| std::cmp::Reverse(r.position));
+        let older_max = segs.get(i + 1).map_or(0, |s| s.1);
+        if found.len() >= limit && found[limit - 1].position.0 >= older_max {
+            found.truncate(limit);
+            return Ok(found);
+        }
+    }
+    // Documents of released segments, kept in the tree: few, read whole.
+    if oldest < journal_from {
+        for r in read_docs(inner, coll, oldest, journal_from - 1, usize::MAX)? {
+            if state::canonical(crate::update::get_path(&r.doc, field)).as_deref()
+                == Some(canonical.as_slice())
+            {
+                found.push(r);
+            }
+        }
+        found.sort_unstable_by_key(|r| std::cmp::Reverse(r.position));
+    }
+    found.truncate(limit);
+    Ok(found)
+}
+
+/// The change log's logical bounds: the oldest retained sequence number (the history keeps
+/// `oplog_max_entries`) and the next one.
+fn change_bounds(inner: &Inner) -> Result<(u64, u64)> {
+    let shared = inner.shared.read().map_err(super::lock_err)?;
+    let next = shared.change_next;
+    let oldest = shared
+        .change_first
+        .max(next.saturating_sub(inner.oplog_max))
+        .max(1);
+    Ok((oldest, next))
+}
+
+/// The next changes after `after` that `filter` admits, and the sequence number of the last
+/// one read, admitted or not; or `HistoryLost` when the one right after `after` is gone.
+/// The images of an entry the filter does not admit are never parsed.
+pub(super) fn changes_after(
+    inner: &Inner,
+    after: Option<u64>,
+    filter: &ChangeFilter,
+    max: usize,
+) -> Result<(Vec<Change>, Option<u64>)> {
+    let (oldest, next) = change_bounds(inner)?;
+    if let Some(after) = after
+        && oldest > after + 1
+        && next > oldest
+    {
+        return Err(StoreError::HistoryLost {
+            token: ResumeToken(after.to_string()),
+            oldest: ResumeToken(oldest.to_string()),
+        });
+    }
+    let from = after.map_or(oldest, |a| (a + 1).max(oldest));
+    let mut changes = Vec::new();
+    let mut last = None;
+    if from >= next {
+        return Ok((changes, last));
+    }
+    let seek = {
+        let shared = inner.shared.read().map_err(super::lock_err)?;
+        shared.change_seek(from)
+    };
+    let Some(seek) = seek else {
+        return Ok((changes, last));
+    };
+    let mut read = 0usize;
+    let mut first = true;
+    'segments: for (seg, end) in segments_from(inner, seek.seq)? {
+        let start = if first { seek.off } else { 0 };
+        first = false;
+        let mut scan = SegmentScan::new(&seg, start, end);
+        while let Some((_, bytes)) = scan.next_raw()? {
+            let h = Header::parse(bytes)?;
+            if h.change_count == 0 || h.change_first + (h.change_count as u64) <= from {
+                continue;
+            }
+            let docs = h.docs();
+            let (c_lo, c_hi) = (docs, docs + h.change_count);
+            for (bi, _) in h.blocks_for(c_lo, c_hi) {
+                let data = h.block(bytes, bi)?;
+                for e in h.entries(bi, &data) {
+                    let (index, entry) = e?;
+                    if index < c_lo {
+                        continue;
+                    }
+                    if index >= c_hi {
+                        break;
+                    }
+                    let Entry::Change(c) = entry else { continue };
+                    let seq = h.change_first + (index - c_lo) as u64;
+                    if seq < from {
+                        continue;
+                    }
+                    last = Some(seq);
+                    read += 1;
+                    if filter.admits(c.coll, c.op, c.key) {
+                        let before = match c.before {
+                            Some(b) if filter.wants_before(c.op) => Some(parse_doc(b)?),
+                            _ => None,
+                        };
+                        let change = Change {
+                            op: c.op,
+                            collection: c.coll.to_owned(),
+                            key: c.key.to_owned(),
+                            before,
+                            after: c.after.map(parse_doc).transpose()?,
+                            token: ResumeToken(seq.to_string()),
+                            committed_at_us: h.ts,
+                        };
+                        changes.push(change);
+                    }
+                }
+            }
+            if read >= max {
+                break 'segments;
+            }
+        }
+    }
+    Ok((changes, last))
+}
+
+pub(super) fn tail_stream(
+    inner: Arc<Inner>,
+    coll: String,
+    newest: Arc<AtomicU64>,
+    start: Start,
+) -> RecordStream {
+    // Subscribe before reading the journal: every commit after this point is either read or
+    // in the broadcast, so nothing falls in between. Done here, not in the stream, so that
+    // `Start::Now` means when `tail` was called, not its first poll.
+    let subscribed = inner.subscribe();
+    let mut last: Option<u64> = match start {
+        Start::Oldest => None,
+        Start::After(p) => Some(p.0),
+        Start::Now => Some(newest.load(Ordering::Acquire)),
+    };
+    Box::pin(async_stream::try_stream! {
+        let mut live = subscribed?;
+        loop {
+            loop {
+                let c = coll.clone();
+                let batch = inner.read(move |i| capped_after(i, &c, last)).await?;
+                if batch.is_empty() {
+                    break;
+                }
+                for record in batch {
+                    last = Some(record.position.0);
+                    yield record;
+                }
+            }
+            'live: loop {
+                match live.recv().await {
+                    Ok(commit) => {
+                        for (name, records) in &commit.appended {
+                            if *name != coll {
+                                continue;
+                            }
+                            for record in records {
+                                let p = record.position.0;
+                                match last {
+                                    Some(l) if p <= l => continue,
+                                    // Not the next one: read the journal to fill the hole.
+                                    Some(l) if p != l + 1 => break 'live,
+                                    None => break 'live,
+                                    _ => {}
+                                }
+                                last = Some(p);
+                                yield record.clone();
+                            }
+                        }
+                    }
+                    // Fell behind the broadcast: read the journal until caught up again.
+                    Err(RecvError::Lagged(_)) => break 'live,
+                    Err(RecvError::Closed) => Err(StoreError::Closed)?,
+                }
+            }
+        }
+    })
+}
+
+pub(super) fn change_stream(
+    inner: Arc<Inner>,
+    filter: ChangeFilter,
+    start: ChangeStart,
+) -> ChangeStream {
+    let filter = Arc::new(filter);
+    // Eager for the same reason as `tail_stream`.
+    let subscribed = match inner.subscribe() {
+        Ok(s) => s,
+        Err(e) => return ChangeStream::failed(e),
+    };
+    let resolved = match &start {
+        ChangeStart::Oldest => None,
+        ChangeStart::After(t) => match parse_token(t) {
+            Ok(seq) => Some(seq),
+            Err(e) => return ChangeStream::failed(e),
+        },
+        ChangeStart::Now => Some(inner.newest_op.load(Ordering::Acquire)),
+    };
+    let read_up_to: Arc<Mutex<Option<ResumeToken>>> = Arc::new(Mutex::new(
+        resolved
+            .filter(|s| *s > 0)
+            .map(|s| ResumeToken(s.to_string())),
+    ));
+    let cell = read_up_to.clone();
+    // Set just before a change is handed over (or when the filter skips it): the consumer
+    // reads the cell between polls, when every change it received is processed, so a
+    // checkpoint taken then may resume after it.
+    let advance = move |seq: u64| {
+        if let Ok(mut t) = cell.lock() {
+            *t = Some(ResumeToken(seq.to_string()));
+        }
+    };
+    let inner_stream = async_stream::try_stream! {
+        let mut live = subscribed;
+        let mut last: Option<u64> = resolved;
+        loop {
+            loop {
+                let admitted = filter.clone();
+                let (batch, read_to) = inner
+                    .read(move |i| changes_after(i, last, &admitted, CATCH_UP_BATCH))
+                    .await?;
+                let Some(read_to) = read_to else {
+                    break;
+                };
+                for change in batch {
+                    let seq = parse_token(&change.token)?;
+                    advance(seq);
+                    if filter.matches(&change) {
+                        yield change;
+                    }
+                }
+                // The entries after the last one handed over were not admitted.
+                last = Some(read_to);
+                advance(read_to);
+            }
+            'live: loop {
+                match live.recv().await {
+                    Ok(commit) => {
+                        for change in &commit.changes {
+                            let seq = parse_token(&change.token)?;
+                            match last {
+                                Some(l) if seq <= l => continue,
+                                Some(l) if seq != l + 1 => break 'live,
+                                None => break 'live,
+                                _ => {}
+                            }
+                            last = Some(seq);
+                            advance(seq);
+                            if filter.matches(change) {
+                                yield filter.shaped_copy(change);
+                            }
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => break 'live,
+                    Err(RecvError::Closed) => Err(StoreError::Closed)?,
+                }
+            }
+        }
+    };
+    ChangeStream::new(Box::pin(inner_stream), read_up_to)
+}
+
+/// At most `limit` documents of keyed collection `coll` whose key starts with `prefix` and
+/// sorts after `after`, at `seqno`.
+pub(super) fn scan_page(
+    inner: &Inner,
+    coll: &str,
+    prefix: &str,
+    after: Option<&str>,
+    limit: usize,
+    seqno: u64,
+) -> Result<Vec<KeyedDoc>> {
+    let mut p = tree::doc_prefix(coll);
+    let base = p.len();
+    p.extend_from_slice(prefix.as_bytes());
+    let after_key = after
+        .filter(|a| *a >= prefix)
+        .map(|a| tree::doc_key(coll, a));
+    let page = inner.tree.page(&p, after_key.as_deref(), limit, seqno)?;
+    page.into_iter()
+        .map(|(k, v)| {
+            let key = std::str::from_utf8(&k[base..])
+                .map_err(|_| StoreError::Engine {
+                    engine: "embedded",
+                    message: "keyed state: a key that is not UTF-8".into(),
+                })?
+                .to_owned();
+            let (_, json) = tree::split_value(&v)?;
+            Ok(KeyedDoc {
+                key,
+                doc: parse_doc(json)?,
+            })
+        })
+        .collect()
+}
+
+/// A snapshot of a keyed collection: the tree read at one sequence number (held, so the tree
+/// keeps the versions it sees), and the change token of that moment.
+pub(super) async fn snapshot(
+    inner: Arc<Inner>,
+    coll: String,
+    filter: Option<Filter>,
+) -> Result<KeyedSnapshot> {
+    let filter = filter.filter(|f| !f.is_match_all());
+    let (seqno, token, hold) = inner.snapshot_point()?;
+    let docs = async_stream::try_stream! {
+        let _hold = hold;
+        let mut after: Option<String> = None;
+        loop {
+            let (c, a, i) = (coll.clone(), after.clone(), inner.clone());
+            let page = inner
+                .read(move |_| scan_page(&i, &c, "", a.as_deref(), PAGE_ROWS, seqno))
+                .await?;
+            let full = page.len() == PAGE_ROWS;
+            after = page.last().map(|d| d.key.clone());
+            for doc in page {
+                if filter.as_ref().is_none_or(|f| f.matches(&doc.doc)) {
+                    yield doc;
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+    };
+    Ok(KeyedSnapshot {
+        token: ResumeToken(token.to_string()),
+        docs: Box::pin(docs),
+    })
+}

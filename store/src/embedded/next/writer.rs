@@ -1,0 +1,1444 @@
+//! The single writer: stages whatever is queued, writes it as one journal record (group
+//! commit), syncs it when any write of the group asked for `journaled`, then applies it (the
+//! capped collections' positions and indexes, the keyed state in the tree), publishes it to
+//! the live readers and answers every caller.
+//!
+//! The [`Writer`] sits behind a lock ([`WriterCell`]). A caller that finds it idle, with
+//! nothing queued, commits its own small job in its own thread ([`WriterCell::try_inline`]): a
+//! single write then pays no hand-off to another thread and back (two cross-thread wake-ups,
+//! tens of microseconds each on a small VM, a good part of a journaled commit). Otherwise the
+//! job is queued, and the writer thread ([`run`]) commits everything queued together. A
+//! caller never overtakes a queued job: it commits inline only while no job is queued or
+//! being committed ([`WriterCell::pending`]), so one caller's writes still commit in the
+//! order it made them, whichever way each went.
+//!
+//! Each job is staged on its own ([`JobOut`]) against what the group staged before it, and
+//! joins the group only if it succeeds: one bad job (a refused document, an `$inc` of a
+//! string) fails alone. A failed write fails the whole group, and nothing of it is applied.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, TryLockError};
+
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use super::catalog::{self, Catalog};
+use super::format::Builder;
+use super::journal::{self, Segment};
+use super::maint::Task;
+use super::state::{self, MemIndex, SEEK_EVERY, Seek, SegColl, SegIndex, SegInfo, Shared};
+use lsm_tree::AbstractTree;
+
+use super::tree::{self, Tree};
+use crate::clock::now_us;
+use crate::{
+    CappedSpec, Change, ChangeOp, Document, Durability, Filter, KeyUpdate, Position, Record,
+    Result, ResumeToken, StoreError, update,
+};
+
+/// A job of more documents or updates than this is always queued for the writer thread, never
+/// committed in its caller's thread: a large commit would hold an async thread for as long as
+/// it takes. A single event, a feed's checkpoint, the rollups of a slow stream's event stay
+/// inline.
+pub(crate) const INLINE_MAX_ITEMS: usize = 16;
+/// At most this many jobs share one record, so one commit's latency stays bounded.
+const MAX_GROUP: usize = 1024;
+/// A group stops taking jobs once its entries pass this many bytes (one job may pass it alone).
+const MAX_GROUP_BYTES: usize = 8 << 20;
+
+/// What a caller asks the writer to do.
+pub(crate) enum Op {
+    CreateCapped {
+        name: String,
+        spec: CappedSpec,
+    },
+    CreateKeyed {
+        name: String,
+    },
+    /// Sets (or with `None` removes) a collection's validation rule.
+    Validate {
+        coll: String,
+        rule: Option<Filter>,
+    },
+    Append {
+        coll: String,
+        docs: Vec<Document>,
+        /// Each document's JSON text, encoded by the caller: the encoding then runs on the
+        /// caller's thread, beside the writer's, not on it.
+        bodies: Vec<String>,
+    },
+    Update {
+        coll: String,
+        updates: Vec<KeyUpdate>,
+    },
+    Set {
+        coll: String,
+        key: String,
+        doc: Document,
+    },
+    Delete {
+        coll: String,
+        key: String,
+    },
+    Expire {
+        coll: String,
+        prefix: String,
+        before: i64,
+        limit: usize,
+    },
+    Checkpoint {
+        feed: String,
+        body: String,
+    },
+    /// Capped documents of a segment about to be released, still retained: kept in the tree.
+    Spill {
+        coll: String,
+        docs: Vec<(u64, i64, Vec<u8>)>,
+    },
+    /// Commits everything queued before it; used by `close` to flush, and by the maintenance
+    /// thread to have the writer thread seal the memtable.
+    Barrier,
+    /// Several operations as one job: all of them or none (an append and the updates derived
+    /// from it). Answered with the first append's positions.
+    Together(Vec<Op>),
+}
+
+impl Op {
+    /// Documents or updates carried (1 for the others).
+    fn items(&self) -> usize {
+        match self {
+            Op::Append { docs, .. } => docs.len(),
+            Op::Update { updates, .. } => updates.len(),
+            Op::Together(ops) => ops.iter().map(Op::items).sum(),
+            _ => 1,
+        }
+    }
+
+    /// Bytes of JSON it carries, roughly.
+    fn bytes(&self) -> usize {
+        match self {
+            Op::Append { bodies, .. } => bodies.iter().map(String::len).sum(),
+            Op::Checkpoint { body, .. } => body.len(),
+            Op::Together(ops) => ops.iter().map(Op::bytes).sum(),
+            _ => 64,
+        }
+    }
+}
+
+/// The writer's answer.
+pub(crate) enum Reply {
+    Positions(Vec<Position>),
+    /// A capped collection's newest position, shared with its handles.
+    Newest(Arc<AtomicU64>),
+    Deleted(bool),
+    Expired(u64),
+    Done,
+}
+
+/// One queued request.
+pub(crate) struct Job {
+    pub op: Op,
+    pub durability: Durability,
+    /// `None` for unacknowledged writes: nobody waits.
+    pub reply: Option<oneshot::Sender<Result<Reply>>>,
+}
+
+/// What one commit made visible; sent to every live tail and change stream.
+#[derive(Default)]
+pub(crate) struct Commit {
+    /// Appended records per capped collection, in position order.
+    pub appended: Vec<(String, Vec<Record>)>,
+    /// Published changes in sequence order.
+    pub changes: Vec<Change>,
+}
+
+/// A keyed document as the writer last knows it: the document, its JSON and its write time.
+#[derive(Clone)]
+pub(crate) struct Kv {
+    pub doc: Document,
+    pub json: Arc<str>,
+    pub ts: i64,
+}
+
+/// Documents of keyed collections as last written: an update of a hot key (a source's
+/// summary, updated on every event) then needs no read and no parse. The writer is the only
+/// writer, so the cache is exact.
+#[derive(Default)]
+struct KvCache {
+    docs: HashMap<String, HashMap<String, Kv>>,
+    len: usize,
+}
+
+impl KvCache {
+    /// Entries kept at most; beyond, the cache starts over (cold keys of a long tail are read
+    /// from the tree anyway).
+    const CAPACITY: usize = 4096;
+
+    fn get(&self, coll: &str, key: &str) -> Option<&Kv> {
+        self.docs.get(coll)?.get(key)
+    }
+
+    fn put(&mut self, coll: &str, key: &str, kv: Kv) {
+        if self.len >= Self::CAPACITY {
+            self.docs.clear();
+            self.len = 0;
+        }
+        let keys = match self.docs.get_mut(coll) {
+            Some(keys) => keys,
+            None => self.docs.entry(coll.to_owned()).or_default(),
+        };
+        if keys.insert(key.to_owned(), kv).is_none() {
+            self.len += 1;
+        }
+    }
+
+    fn remove(&mut self, coll: &str, key: &str) {
+        if let Some(keys) = self.docs.get_mut(coll)
+            && keys.remove(key).is_some()
+        {
+            self.len -= 1;
+        }
+    }
+}
+
+/// The writer's own view of a capped collection.
+struct WCapped {
+    max_docs: u64,
+    max_bytes: u64,
+    indexes: Vec<String>,
+    validator: Option<Filter>,
+    oldest: u64,
+    next: u64,
+    /// Sizes of positions `[oldest, next)`; `u32::MAX` where there is no document.
+    sizes: VecDeque<u32>,
+    count: u64,
+    bytes: u64,
+    newest: Arc<AtomicU64>,
+    /// The last seek point added: (segment, offset).
+    last_seek: Option<(u64, u64)>,
+}
+
+/// A capped collection's documents staged by a job or a group: the collection, the
+/// documents, their JSON and each one's index hashes.
+type Appended = (String, Vec<Document>, Vec<String>, Vec<Vec<u64>>);
+/// Documents of a released segment moved into the tree: collection, (position, commit
+/// time, JSON).
+type Spilled = (String, Vec<(u64, i64, Vec<u8>)>);
+/// What recovery found of a capped collection: oldest and next positions, the sizes of
+/// `[oldest, next)`, the last seek point.
+pub(crate) type RecoveredCapped = (u64, u64, VecDeque<u32>, Option<(u64, u64)>);
+
+/// A keyed key's state as staged: `None` once deleted.
+#[derive(Clone)]
+struct Slot {
+    now: Option<Kv>,
+    /// Its write time in the tree before the group (for the write-time index).
+    orig_ts: Option<i64>,
+}
+
+/// A staged change.
+struct StagedChange {
+    op: ChangeOp,
+    coll: String,
+    key: String,
+    before: Option<Kv>,
+    after: Option<Kv>,
+}
+
+/// What one job stages; joins the group if the job succeeds.
+#[derive(Default)]
+struct JobOut {
+    appends: Vec<Appended>,
+    changes: Vec<StagedChange>,
+    kv: HashMap<(String, String), Slot>,
+    checkpoints: Vec<(String, String)>,
+    spills: Vec<Spilled>,
+    /// Which appends (index into `appends`) answer the job.
+    answer_append: Option<usize>,
+}
+
+/// What the group staged.
+#[derive(Default)]
+struct Group {
+    /// Per capped collection, in order of first append: its documents, bodies and index
+    /// hashes.
+    appends: Vec<Appended>,
+    changes: Vec<StagedChange>,
+    kv: HashMap<(String, String), Slot>,
+    checkpoints: Vec<(String, String)>,
+    spills: Vec<Spilled>,
+    bytes: usize,
+}
+
+impl Group {
+    fn next_pos(&self, w: &Writer, coll: &str) -> u64 {
+        let base = w.capped.get(coll).map_or(1, |c| c.next);
+        base + self
+            .appends
+            .iter()
+            .find(|(c, ..)| c == coll)
+            .map_or(0, |a| a.1.len() as u64)
+    }
+}
+
+pub(crate) struct Writer {
+    dir: PathBuf,
+    jdir: PathBuf,
+    journal: journal::Writer,
+    /// The next record number.
+    lsn: u64,
+    change_next: u64,
+    tree: Arc<Tree>,
+    shared: Arc<RwLock<Shared>>,
+    catalog: Arc<Mutex<Catalog>>,
+    capped: HashMap<String, WCapped>,
+    keyed_validators: HashMap<String, Filter>,
+    cache: KvCache,
+    hub: broadcast::Sender<Arc<Commit>>,
+    newest_op: Arc<AtomicU64>,
+    record: Vec<u8>,
+    maint: std::sync::mpsc::Sender<Task>,
+    memtable_bytes: u64,
+    rotate_asked: Arc<AtomicBool>,
+    last_change_seek: Option<(u64, u64)>,
+    /// After a failed sync nothing more is written: what the disk holds is unknown.
+    poisoned: Option<String>,
+}
+
+/// What recovery hands the writer.
+pub(crate) struct Recovered {
+    pub dir: PathBuf,
+    pub journal: journal::Writer,
+    pub lsn: u64,
+    pub change_next: u64,
+    pub tree: Arc<Tree>,
+    pub shared: Arc<RwLock<Shared>>,
+    pub catalog: Arc<Mutex<Catalog>>,
+    /// Per capped collection: oldest, next, sizes of `[oldest, next)`, last seek.
+    pub capped: HashMap<String, RecoveredCapped>,
+    pub last_change_seek: Option<(u64, u64)>,
+}
+
+fn lock_err<T>(_: T) -> StoreError {
+    StoreError::Engine {
+        engine: "embedded",
+        message: "internal lock poisoned".into(),
+    }
+}
+
+fn refused(coll: &str, rule: &Filter) -> StoreError {
+    StoreError::Engine {
+        engine: "embedded",
+        message: format!(
+            "document failed validation: collection {coll} accepts only documents matching {}",
+            rule.as_json()
+        ),
+    }
+}
+
+impl Writer {
+    pub(crate) fn new(
+        r: Recovered,
+        hub: broadcast::Sender<Arc<Commit>>,
+        newest_op: Arc<AtomicU64>,
+        maint: std::sync::mpsc::Sender<Task>,
+        memtable_bytes: u64,
+        rotate_asked: Arc<AtomicBool>,
+    ) -> Result<Writer> {
+        let catalog = r.catalog.lock().map_err(lock_err)?.clone();
+        let mut capped = HashMap::new();
+        for (name, (oldest, next, sizes, last_seek)) in r.capped {
+            let entry = catalog.collections.get(&name);
+            let validator = entry
+                .and_then(|c| c.validator.as_ref())
+                .map(Filter::parse)
+                .transpose()
+                .map_err(|e| StoreError::Invalid(e.to_string()))?;
+            let count = sizes.iter().filter(|s| **s != u32::MAX).count() as u64;
+            let bytes = sizes
+                .iter()
+                .filter(|s| **s != u32::MAX)
+                .map(|s| *s as u64)
+                .sum();
+            capped.insert(
+                name,
+                WCapped {
+                    max_docs: entry.map_or(u64::MAX, |c| c.max_docs),
+                    max_bytes: entry.map_or(u64::MAX, |c| c.max_bytes),
+                    indexes: entry.map(|c| c.indexes.clone()).unwrap_or_default(),
+                    validator,
+                    oldest,
+                    next,
+                    sizes,
+                    count,
+                    bytes,
+                    newest: Arc::new(AtomicU64::new(next.saturating_sub(1))),
+                    last_seek,
+                },
+            );
+        }
+        let mut keyed_validators = HashMap::new();
+        for (name, c) in &catalog.collections {
+            if c.kind == catalog::Kind::Keyed
+                && let Some(v) = &c.validator
+            {
+                keyed_validators.insert(
+                    name.clone(),
+                    Filter::parse(v).map_err(|e| StoreError::Invalid(e.to_string()))?,
+                );
+            }
+        }
+        Ok(Writer {
+            jdir: r.dir.join(journal::DIR),
+            dir: r.dir,
+            journal: r.journal,
+            lsn: r.lsn,
+            change_next: r.change_next,
+            tree: r.tree,
+            shared: r.shared,
+            catalog: r.catalog,
+            capped,
+            keyed_validators,
+            cache: KvCache::default(),
+            hub,
+            newest_op,
+            record: Vec::new(),
+            maint,
+            memtable_bytes,
+            rotate_asked,
+            last_change_seek: r.last_change_seek,
+            poisoned: None,
+        })
+    }
+
+    /// The shared `newest` position of a capped collection (for its handles).
+    pub(crate) fn newest_of(&self, coll: &str) -> Option<Arc<AtomicU64>> {
+        self.capped.get(coll).map(|c| c.newest.clone())
+    }
+
+    /// Commits `jobs` (one record); returns each job's result, in order.
+    pub(crate) fn commit_group(&mut self, jobs: &mut [Job]) -> Vec<Result<Reply>> {
+        if let Some(why) = &self.poisoned {
+            let e = StoreError::Engine {
+                engine: "embedded",
+                message: why.clone(),
+            };
+            return jobs.iter().map(|_| Err(e.duplicate("embedded"))).collect();
+        }
+        let now = now_us();
+        let mut group = Group::default();
+        let mut results: Vec<Result<Reply>> = Vec::with_capacity(jobs.len());
+        let mut sync = false;
+        for job in jobs.iter_mut() {
+            let op = std::mem::replace(&mut job.op, Op::Barrier);
+            let mut out = JobOut::default();
+            match self.stage(op, now, &group, &mut out) {
+                Ok(reply) => {
+                    sync |= job.durability.syncs();
+                    results.push(Ok(self.merge(&mut group, out, reply)));
+                }
+                Err(e) => results.push(Err(e)),
+            }
+        }
+        if let Err(e) = self.write_and_apply(group, now, sync) {
+            let engine_err = |r: Result<Reply>| match r {
+                Ok(_) => Err(e.duplicate("embedded")),
+                Err(own) => Err(own),
+            };
+            return results.into_iter().map(engine_err).collect();
+        }
+        if self.rotate_asked.swap(false, Ordering::AcqRel)
+            || self.tree.tree.active_memtable().size() >= self.memtable_bytes
+        {
+            self.rotate();
+        }
+        results
+    }
+
+    /// Seals the tree's memtable (after marking it complete up to the last record) and has the
+    /// maintenance thread flush it.
+    fn rotate(&mut self) {
+        let last = self.lsn.saturating_sub(1);
+        self.tree
+            .tree
+            .insert(tree::APPLIED, last.to_le_bytes().to_vec(), last);
+        if self.tree.tree.rotate_memtable().is_some() {
+            let _ = self.maint.send(Task::Flush);
+        }
+    }
+
+    /// Joins a staged job to the group; fills in its positions.
+    fn merge(&mut self, group: &mut Group, out: JobOut, reply: Reply) -> Reply {
+        let mut positions = None;
+        for (i, (coll, docs, bodies, hashes)) in out.appends.into_iter().enumerate() {
+            let first = group.next_pos(self, &coll);
+            if out.answer_append == Some(i) {
+                positions = Some((first..first + docs.len() as u64).map(Position).collect());
+            }
+            group.bytes += bodies.iter().map(String::len).sum::<usize>();
+            match group.appends.iter_mut().find(|a| a.0 == coll) {
+                Some(a) => {
+                    a.1.extend(docs);
+                    a.2.extend(bodies);
+                    a.3.extend(hashes);
+                }
+                None => group.appends.push((coll, docs, bodies, hashes)),
+            }
+        }
+        for c in &out.changes {
+            group.bytes += c.after.as_ref().map_or(0, |a| a.json.len())
+                + c.before.as_ref().map_or(0, |b| b.json.len());
+        }
+        group.changes.extend(out.changes);
+        for (k, slot) in out.kv {
+            match group.kv.get_mut(&k) {
+                Some(existing) => existing.now = slot.now,
+                None => {
+                    group.kv.insert(k, slot);
+                }
+            }
+        }
+        group.checkpoints.extend(out.checkpoints);
+        group.spills.extend(out.spills);
+        match (reply, positions) {
+            (Reply::Positions(_), Some(p)) | (Reply::Done, Some(p)) => Reply::Positions(p),
+            (r, _) => r,
+        }
+    }
+
+    /// Stages one operation into `out`.
+    fn stage(&mut self, op: Op, now: i64, group: &Group, out: &mut JobOut) -> Result<Reply> {
+        match op {
+            Op::CreateCapped { name, spec } => {
+                self.create_capped(&name, &spec)?;
+                let newest = self.newest_of(&name).ok_or_else(|| StoreError::Engine {
+                    engine: "embedded",
+                    message: format!("capped collection {name} was not created"),
+                })?;
+                Ok(Reply::Newest(newest))
+            }
+            Op::CreateKeyed { name } => {
+                self.create_keyed(&name)?;
+                Ok(Reply::Done)
+            }
+            Op::Validate { coll, rule } => {
+                self.set_validator(&coll, rule)?;
+                Ok(Reply::Done)
+            }
+            Op::Append { coll, docs, bodies } => {
+                let meta = self.capped.get(&coll).ok_or_else(|| {
+                    StoreError::Invalid(format!("capped collection {coll} was not opened"))
+                })?;
+                if bodies.len() != docs.len() {
+                    return Err(StoreError::Invalid(format!(
+                        "append to {coll}: {} documents and {} encodings",
+                        docs.len(),
+                        bodies.len()
+                    )));
+                }
+                if let Some(rule) = &meta.validator
+                    && docs.iter().any(|d| !rule.matches(d))
+                {
+                    return Err(refused(&coll, rule));
+                }
+                let hashes = docs
+                    .iter()
+                    .map(|d| {
+                        meta.indexes
+                            .iter()
+                            .filter_map(|f| {
+                                state::canonical(update::get_path(d, f))
+                                    .map(|c| state::index_hash(&coll, f, &c))
+                            })
+                            .collect()
+                    })
+                    .collect();
+                if out.answer_append.is_none() {
+                    out.answer_append = Some(out.appends.len());
+                }
+                out.appends.push((coll, docs, bodies, hashes));
+                Ok(Reply::Positions(Vec::new()))
+            }
+            Op::Update { coll, updates } => {
+                self.check_keyed(&coll)?;
+                for u in updates {
+                    let current = self.read_kv(&coll, &u.key, group, out)?;
+                    let mut doc = match &current {
+                        Some(c) => c.doc.clone(),
+                        None => {
+                            let mut d = Document::new();
+                            d.insert("_id".into(), u.key.clone().into());
+                            d
+                        }
+                    };
+                    update::apply_owned(&mut doc, u.update)?;
+                    let op = if current.is_some() {
+                        ChangeOp::Update
+                    } else {
+                        ChangeOp::Insert
+                    };
+                    self.write_kv(&coll, u.key, op, current, doc, now, group, out)?;
+                }
+                Ok(Reply::Done)
+            }
+            Op::Set { coll, key, mut doc } => {
+                self.check_keyed(&coll)?;
+                let current = self.read_kv(&coll, &key, group, out)?;
+                doc.insert("_id".into(), key.clone().into());
+                let op = if current.is_some() {
+                    ChangeOp::Replace
+                } else {
+                    ChangeOp::Insert
+                };
+                self.write_kv(&coll, key, op, current, doc, now, group, out)?;
+                Ok(Reply::Done)
+            }
+            Op::Delete { coll, key } => {
+                self.check_keyed(&coll)?;
+                let Some(before) = self.read_kv(&coll, &key, group, out)? else {
+                    return Ok(Reply::Deleted(false));
+                };
+                self.delete_kv(&coll, key, before, group, out)?;
+                Ok(Reply::Deleted(true))
+            }
+            Op::Expire {
+                coll,
+                prefix,
+                before,
+                limit,
+            } => {
+                self.check_keyed(&coll)?;
+                let n = self.expire(&coll, &prefix, before, limit, group, out)?;
+                Ok(Reply::Expired(n))
+            }
+            Op::Checkpoint { feed, body } => {
+                out.checkpoints.push((feed, body));
+                Ok(Reply::Done)
+            }
+            Op::Spill { coll, docs } => {
+                out.spills.push((coll, docs));
+                Ok(Reply::Done)
+            }
+            Op::Barrier => Ok(Reply::Done),
+            Op::Together(ops) => {
+                let mut reply = None;
+                for op in ops {
+                    let r = self.stage(op, now, group, out)?;
+                    if reply.is_none() && matches!(r, Reply::Positions(_)) {
+                        reply = Some(r);
+                    }
+                }
+                Ok(reply.unwrap_or(Reply::Done))
+            }
+        }
+    }
+
+    fn check_keyed(&self, coll: &str) -> Result<()> {
+        let catalog = self.catalog.lock().map_err(lock_err)?;
+        match catalog.collections.get(coll) {
+            Some(c) if c.kind == catalog::Kind::Keyed => Ok(()),
+            _ => Err(StoreError::Invalid(format!(
+                "keyed collection {coll} was not opened"
+            ))),
+        }
+    }
+
+    /// The current state of a key: staged by this job, by the group, cached, or in the tree.
+    fn read_kv(&self, coll: &str, key: &str, group: &Group, out: &JobOut) -> Result<Option<Kv>> {
+        let k = (coll.to_owned(), key.to_owned());
+        if let Some(slot) = out.kv.get(&k).or_else(|| group.kv.get(&k)) {
+            return Ok(slot.now.clone());
+        }
+        if let Some(kv) = self.cache.get(coll, key) {
+            return Ok(Some(kv.clone()));
+        }
+        self.read_tree(coll, key)
+    }
+
+    fn read_tree(&self, coll: &str, key: &str) -> Result<Option<Kv>> {
+        let Some(v) = self.tree.get(&tree::doc_key(coll, key))? else {
+            return Ok(None);
+        };
+        let (ts, json) = tree::split_value(&v)?;
+        let json = std::str::from_utf8(json).map_err(|_| StoreError::Engine {
+            engine: "embedded",
+            message: format!("keyed state: {coll}/{key} is not UTF-8"),
+        })?;
+        Ok(Some(Kv {
+            doc: serde_json::from_str(json)?,
+            json: Arc::from(json),
+            ts,
+        }))
+    }
+
+    /// The write time the tree held for a key before this group (for its write-time index
+    /// entry): as staged by the job or the group when they touched it, else `current`'s.
+    fn orig_ts(
+        k: &(String, String),
+        group: &Group,
+        out: &JobOut,
+        current: Option<&Kv>,
+    ) -> Option<i64> {
+        match out.kv.get(k).or_else(|| group.kv.get(k)) {
+            Some(slot) => slot.orig_ts,
+            None => current.map(|c| c.ts),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write_kv(
+        &self,
+        coll: &str,
+        key: String,
+        op: ChangeOp,
+        before: Option<Kv>,
+        doc: Document,
+        now: i64,
+        group: &Group,
+        out: &mut JobOut,
+    ) -> Result<()> {
+        if let Some(rule) = self.keyed_validators.get(coll)
+            && !rule.matches(&doc)
+        {
+            return Err(refused(coll, rule));
+        }
+        let json: Arc<str> = Arc::from(serde_json::to_string(&doc)?);
+        let after = Kv { doc, json, ts: now };
+        let k = (coll.to_owned(), key.clone());
+        let orig_ts = Self::orig_ts(&k, group, out, before.as_ref());
+        out.changes.push(StagedChange {
+            op,
+            coll: coll.to_owned(),
+            key,
+            before,
+            after: Some(after.clone()),
+        });
+        out.kv.insert(
+            k,
+            Slot {
+                now: Some(after),
+                orig_ts,
+            },
+        );
+        Ok(())
+    }
+
+    fn delete_kv(
+        &self,
+        coll: &str,
+        key: String,
+        before: Kv,
+        group: &Group,
+        out: &mut JobOut,
+    ) -> Result<()> {
+        let k = (coll.to_owned(), key.clone());
+        let orig_ts = Self::orig_ts(&k, group, out, Some(&before));
+        out.changes.push(StagedChange {
+            op: ChangeOp::Delete,
+            coll: coll.to_owned(),
+            key,
+            before: Some(before),
+            after: None,
+        });
+        out.kv.insert(k, Slot { now: None, orig_ts });
+        Ok(())
+    }
+
+    /// Stages the deletes of up to `limit` keys of `coll` starting with `prefix` whose last
+    /// write is older than `before`, oldest first.
+    fn expire(
+        &self,
+        coll: &str,
+        prefix: &str,
+        before: i64,
+        limit: usize,
+        group: &Group,
+        out: &mut JobOut,
+    ) -> Result<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let tprefix = tree::time_prefix(coll);
+        let last_bucket = tree::bucket(before);
+        let seqno = self.tree.visible();
+        let mut candidates: Vec<(i64, String, Kv)> = Vec::new();
+        let mut after: Option<Vec<u8>> = None;
+        'scan: loop {
+            let page = self.tree.page(&tprefix, after.as_deref(), 1024, seqno)?;
+            let Some((last, _)) = page.last() else { break };
+            after = Some(last.to_vec());
+            let full = page.len() == 1024;
+            let mut bucket_of_page = 0;
+            for (k, _) in page {
+                let rest = &k[tprefix.len()..];
+                if rest.len() < 8 {
+                    continue;
+                }
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&rest[..8]);
+                let bucket = u64::from_be_bytes(b);
+                if bucket > last_bucket {
+                    break 'scan;
+                }
+                // Once enough keys are found in older buckets, the rest are newer.
+                if candidates.len() >= limit && bucket > bucket_of_page {
+                    break 'scan;
+                }
+                bucket_of_page = bucket;
+                let Ok(key) = std::str::from_utf8(&rest[8..]) else {
+                    continue;
+                };
+                if !key.starts_with(prefix) {
+                    continue;
+                }
+                let k = (coll.to_owned(), key.to_owned());
+                if out.kv.contains_key(&k) || group.kv.contains_key(&k) {
+                    // Written (or deleted) by this group: not idle.
+                    continue;
+                }
+                let Some(kv) = self.read_tree(coll, key)? else {
+                    continue;
+                };
+                if kv.ts < before && tree::bucket(kv.ts) == bucket {
+                    candidates.push((kv.ts, key.to_owned(), kv));
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        candidates.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        candidates.truncate(limit);
+        let n = candidates.len() as u64;
+        for (_, key, kv) in candidates {
+            self.delete_kv(coll, key, kv, group, out)?;
+        }
+        Ok(n)
+    }
+
+    fn create_capped(&mut self, name: &str, spec: &CappedSpec) -> Result<()> {
+        let mut new_fields = Vec::new();
+        {
+            let mut catalog = self.catalog.lock().map_err(lock_err)?;
+            let entry = catalog
+                .collections
+                .entry(name.to_owned())
+                .or_insert_with(|| catalog::Collection::new(catalog::Kind::Capped));
+            if entry.kind != catalog::Kind::Capped {
+                return Err(StoreError::Incompatible {
+                    collection: name.to_string(),
+                    problem: "exists as a keyed collection, not a capped one".into(),
+                });
+            }
+            for field in &spec.indexes {
+                crate::embedded::schema::check_field(field)?;
+                if !entry.indexes.contains(field) {
+                    entry.indexes.push(field.clone());
+                    new_fields.push(field.clone());
+                }
+            }
+            // Limits may change between runs: the new ones apply from the next append.
+            entry.max_docs = spec.max_docs;
+            entry.max_bytes = spec.max_bytes;
+            let indexes = entry.indexes.clone();
+            let validator = entry
+                .validator
+                .as_ref()
+                .map(Filter::parse)
+                .transpose()
+                .map_err(|e| StoreError::Invalid(e.to_string()))?;
+            catalog.save(&self.dir)?;
+            let c = self
+                .capped
+                .entry(name.to_owned())
+                .or_insert_with(|| WCapped {
+                    max_docs: spec.max_docs,
+                    max_bytes: spec.max_bytes,
+                    indexes: Vec::new(),
+                    validator: None,
+                    oldest: 1,
+                    next: 1,
+                    sizes: VecDeque::new(),
+                    count: 0,
+                    bytes: 0,
+                    newest: Arc::new(AtomicU64::new(0)),
+                    last_seek: None,
+                });
+            c.max_docs = spec.max_docs;
+            c.max_bytes = spec.max_bytes;
+            c.indexes = indexes;
+            c.validator = validator;
+        }
+        {
+            let mut shared = self.shared.write().map_err(lock_err)?;
+            shared
+                .capped
+                .entry(name.to_owned())
+                .or_insert_with(|| state::CappedView {
+                    oldest: 1,
+                    next: 1,
+                    journal_from: 1,
+                    ..Default::default()
+                });
+        }
+        if !new_fields.is_empty() {
+            super::recover::backfill_index(
+                &self.jdir,
+                &self.shared,
+                &self.tree,
+                name,
+                &new_fields,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn create_keyed(&mut self, name: &str) -> Result<()> {
+        let mut catalog = self.catalog.lock().map_err(lock_err)?;
+        match catalog.collections.get(name) {
+            Some(c) if c.kind == catalog::Kind::Keyed => Ok(()),
+            Some(_) => Err(StoreError::Incompatible {
+                collection: name.to_string(),
+                problem: "exists as a capped collection, not a keyed one".into(),
+            }),
+            None => {
+                catalog.collections.insert(
+                    name.to_owned(),
+                    catalog::Collection::new(catalog::Kind::Keyed),
+                );
+                catalog.save(&self.dir)
+            }
+        }
+    }
+
+    fn set_validator(&mut self, coll: &str, rule: Option<Filter>) -> Result<()> {
+        let mut catalog = self.catalog.lock().map_err(lock_err)?;
+        let entry = catalog
+            .collections
+            .get_mut(coll)
+            .ok_or_else(|| StoreError::Invalid(format!("collection {coll} does not exist")))?;
+        entry.validator = rule.as_ref().map(|r| r.as_json().clone());
+        let kind = entry.kind;
+        catalog.save(&self.dir)?;
+        match kind {
+            catalog::Kind::Capped => {
+                if let Some(c) = self.capped.get_mut(coll) {
+                    c.validator = rule;
+                }
+            }
+            catalog::Kind::Keyed => match rule {
+                Some(r) => {
+                    self.keyed_validators.insert(coll.to_owned(), r);
+                }
+                None => {
+                    self.keyed_validators.remove(coll);
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// Writes the group's record, syncs it if asked, applies and publishes it.
+    fn write_and_apply(&mut self, group: Group, now: i64, sync: bool) -> Result<()> {
+        // Evictions: each appended collection keeps its newest documents within its limits.
+        let mut oldest_after: HashMap<String, (u64, usize, u64, u64)> = HashMap::new();
+        for (coll, docs, bodies, _) in &group.appends {
+            let Some(c) = self.capped.get(coll.as_str()) else {
+                continue;
+            };
+            let (mut count, mut bytes) = (c.count, c.bytes);
+            for b in bodies {
+                count += 1;
+                bytes += b.len() as u64;
+            }
+            // Walk from the oldest, over the existing sizes and then the new documents.
+            let (mut oldest, mut i) = (c.oldest, 0usize);
+            let total = c.sizes.len() + docs.len();
+            while i + 1 < total && (count > c.max_docs || bytes > c.max_bytes) {
+                let size = if i < c.sizes.len() {
+                    c.sizes[i]
+                } else {
+                    bodies[i - c.sizes.len()].len() as u32
+                };
+                if size != u32::MAX {
+                    count -= 1;
+                    bytes -= size as u64;
+                }
+                i += 1;
+                oldest += 1;
+            }
+            // Past holes too, so the oldest position holds a document.
+            while i + 1 < total {
+                let size = if i < c.sizes.len() { c.sizes[i] } else { 0 };
+                if size != u32::MAX {
+                    break;
+                }
+                i += 1;
+                oldest += 1;
+            }
+            oldest_after.insert(coll.clone(), (oldest, i, count, bytes));
+        }
+
+        let has_entries =
+            !group.appends.is_empty() || !group.changes.is_empty() || !group.checkpoints.is_empty();
+        let lsn = self.lsn;
+        let change_first = self.change_next;
+        let mut written = None;
+        if has_entries {
+            let mut b = Builder::new();
+            for (coll, docs, bodies, _) in &group.appends {
+                let first = self.capped.get(coll.as_str()).map_or(1, |c| c.next);
+                let oldest = oldest_after.get(coll.as_str()).map_or(first, |o| o.0);
+                b.section(coll, first, oldest);
+                for body in bodies {
+                    b.doc(body.as_bytes());
+                }
+                let _ = docs;
+            }
+            for (i, c) in group.changes.iter().enumerate() {
+                b.change(
+                    change_first + i as u64,
+                    c.op,
+                    &c.coll,
+                    &c.key,
+                    c.before.as_ref().map(|k| k.json.as_bytes()),
+                    c.after.as_ref().map(|k| k.json.as_bytes()),
+                );
+            }
+            for (feed, body) in &group.checkpoints {
+                b.checkpoint(feed, body.as_bytes());
+            }
+            let mut record = std::mem::take(&mut self.record);
+            b.finish(lsn, now, &mut record);
+            let w = self.journal.append(&record);
+            self.record = record;
+            let w = w?;
+            if sync && let Err(e) = self.journal.sync() {
+                self.poisoned = Some(format!(
+                    "a journal sync failed ({e}); nothing more is written until tailrace restarts"
+                ));
+                return Err(e);
+            }
+            written = Some(w);
+        }
+        // Applied from here on: nothing below may fail the group.
+        let mut commit = Commit::default();
+        if let Some(w) = written {
+            self.lsn += 1;
+            self.apply_journal_meta(&group, w, lsn, &oldest_after);
+        }
+        // Capped collections.
+        for (coll, docs, bodies, _) in group.appends {
+            let Some(c) = self.capped.get_mut(&coll) else {
+                continue;
+            };
+            let first = c.next;
+            for b in &bodies {
+                c.sizes.push_back(b.len() as u32);
+            }
+            c.next += docs.len() as u64;
+            if let Some(&(oldest, drop_n, count, bytes)) = oldest_after.get(coll.as_str()) {
+                for _ in 0..drop_n {
+                    c.sizes.pop_front();
+                }
+                c.oldest = oldest;
+                c.count = count;
+                c.bytes = bytes;
+            }
+            c.newest.store(c.next - 1, Ordering::Release);
+            let records = docs
+                .into_iter()
+                .enumerate()
+                .map(|(i, doc)| Record {
+                    position: Position(first + i as u64),
+                    doc,
+                    committed_at_us: Some(now),
+                })
+                .collect();
+            commit.appended.push((coll, records));
+        }
+        // Keyed state, checkpoints, spills: into the tree, as of this record.
+        let seqno = if written.is_some() {
+            lsn
+        } else {
+            lsn.saturating_sub(1)
+        };
+        for ((coll, key), slot) in group.kv {
+            let dk = tree::doc_key(&coll, &key);
+            if let Some(orig) = slot.orig_ts {
+                let moved = slot
+                    .now
+                    .as_ref()
+                    .is_none_or(|n| tree::bucket(n.ts) != tree::bucket(orig));
+                if moved {
+                    self.tree
+                        .tree
+                        .remove(tree::time_key(&coll, tree::bucket(orig), &key), seqno);
+                }
+            }
+            match slot.now {
+                Some(kv) => {
+                    if slot
+                        .orig_ts
+                        .is_none_or(|o| tree::bucket(o) != tree::bucket(kv.ts))
+                    {
+                        self.tree.tree.insert(
+                            tree::time_key(&coll, tree::bucket(kv.ts), &key),
+                            Vec::new(),
+                            seqno,
+                        );
+                    }
+                    self.tree
+                        .tree
+                        .insert(dk, tree::value(kv.ts, kv.json.as_bytes()), seqno);
+                    if slot.orig_ts.is_some() {
+                        // A key written before is likely written again (a hot counter, a
+                        // summary); a new one, on a long tail, mostly is not.
+                        self.cache.put(&coll, &key, kv);
+                    } else {
+                        self.cache.remove(&coll, &key);
+                    }
+                }
+                None => {
+                    self.tree.tree.remove(dk, seqno);
+                    self.cache.remove(&coll, &key);
+                }
+            }
+        }
+        for (feed, body) in group.checkpoints {
+            self.tree
+                .tree
+                .insert(tree::checkpoint_key(&feed), body.into_bytes(), seqno);
+        }
+        for (coll, docs) in group.spills {
+            for (pos, ts, json) in docs {
+                self.tree
+                    .tree
+                    .insert(tree::spill_key(&coll, pos), tree::value(ts, &json), seqno);
+            }
+        }
+        self.tree.publish(seqno);
+        // Changes.
+        if !group.changes.is_empty() {
+            for (i, c) in group.changes.into_iter().enumerate() {
+                let seq = change_first + i as u64;
+                commit.changes.push(Change {
+                    op: c.op,
+                    collection: c.coll,
+                    key: c.key,
+                    before: c.before.map(|k| k.doc),
+                    after: c.after.map(|k| k.doc),
+                    token: ResumeToken(seq.to_string()),
+                    committed_at_us: now,
+                });
+            }
+            self.change_next = change_first + commit.changes.len() as u64;
+            self.newest_op
+                .store(self.change_next - 1, Ordering::Release);
+            if let Ok(mut shared) = self.shared.write() {
+                shared.change_next = self.change_next;
+                if shared.change_first == 0 {
+                    shared.change_first = change_first;
+                }
+            }
+        }
+        if let Ok(mut shared) = self.shared.write() {
+            shared.point = (self.tree.visible(), self.change_next.saturating_sub(1));
+        }
+        if !commit.appended.is_empty() || !commit.changes.is_empty() {
+            let _ = self.hub.send(Arc::new(commit));
+        }
+        Ok(())
+    }
+
+    /// After a record was written: the segment table, seek points, index entries and the
+    /// capped views readers use.
+    fn apply_journal_meta(
+        &mut self,
+        group: &Group,
+        w: journal::Written,
+        lsn: u64,
+        oldest_after: &HashMap<String, (u64, usize, u64, u64)>,
+    ) {
+        let Ok(mut shared) = self.shared.write() else {
+            return;
+        };
+        if w.rolled || !shared.segments.contains_key(&w.seq) {
+            // The previous segment is finished: its index goes to a file (maintenance).
+            if let Some((&prev, _)) = shared.segments.iter().next_back()
+                && prev < w.seq
+            {
+                self.seal(&mut shared, prev);
+            }
+            match Segment::open(&self.jdir, w.seq) {
+                Ok(seg) => {
+                    shared.segments.insert(
+                        w.seq,
+                        SegInfo {
+                            seg,
+                            first_lsn: lsn,
+                            last_lsn: 0,
+                            end: 0,
+                            changes: (self.change_next, self.change_next),
+                            colls: Default::default(),
+                            index: SegIndex::Memory(MemIndex::default()),
+                        },
+                    );
+                }
+                Err(e) => {
+                    self.poisoned = Some(format!("the journal's new segment cannot be read: {e}"));
+                    return;
+                }
+            }
+        }
+        let end = self.journal.tail();
+        let change_end = self.change_next + group.changes.len() as u64;
+        let mut seeks: Vec<(String, Seek)> = Vec::new();
+        let mut change_seek = None;
+        {
+            let Some(info) = shared.segments.get_mut(&w.seq) else {
+                return;
+            };
+            info.last_lsn = lsn;
+            info.end = end;
+            if info.changes.0 == info.changes.1 {
+                info.changes = (self.change_next, self.change_next);
+            }
+            info.changes.1 = change_end;
+            for (coll, docs, _, hashes) in &group.appends {
+                let Some(c) = self.capped.get_mut(coll.as_str()) else {
+                    continue;
+                };
+                let first = c.next;
+                let end_pos = first + docs.len() as u64;
+                let oldest = oldest_after.get(coll.as_str()).map_or(c.oldest, |o| o.0);
+                let sc = info.colls.entry(coll.clone()).or_insert(SegColl {
+                    first,
+                    end: first,
+                    oldest_after: oldest,
+                });
+                sc.end = end_pos;
+                sc.oldest_after = oldest;
+                if let SegIndex::Memory(m) = &mut info.index {
+                    for (i, hs) in hashes.iter().enumerate() {
+                        for h in hs {
+                            m.push(*h, first + i as u64);
+                        }
+                    }
+                }
+                let due = match c.last_seek {
+                    Some((seq, off)) => seq != w.seq || w.offset >= off + SEEK_EVERY,
+                    None => true,
+                };
+                if due {
+                    c.last_seek = Some((w.seq, w.offset));
+                    seeks.push((
+                        coll.clone(),
+                        Seek {
+                            pos: first,
+                            seq: w.seq,
+                            off: w.offset,
+                        },
+                    ));
+                }
+            }
+            if !group.changes.is_empty() {
+                let due = match self.last_change_seek {
+                    Some((seq, off)) => seq != w.seq || w.offset >= off + SEEK_EVERY,
+                    None => true,
+                };
+                if due {
+                    self.last_change_seek = Some((w.seq, w.offset));
+                    change_seek = Some(Seek {
+                        pos: self.change_next,
+                        seq: w.seq,
+                        off: w.offset,
+                    });
+                }
+            }
+        }
+        for (coll, seek) in seeks {
+            if let Some(v) = shared.capped.get_mut(&coll) {
+                v.seeks.push_back(seek);
+            }
+        }
+        if let Some(s) = change_seek {
+            shared.change_seeks.push_back(s);
+        }
+        for (coll, docs, bodies, _) in &group.appends {
+            let Some(v) = shared.capped.get_mut(coll.as_str()) else {
+                continue;
+            };
+            let next = self.capped.get(coll.as_str()).map_or(1, |c| c.next) + docs.len() as u64;
+            v.next = next;
+            if let Some(&(oldest, _, count, bytes)) = oldest_after.get(coll.as_str()) {
+                v.oldest = oldest;
+                v.count = count;
+                v.bytes = bytes;
+            } else {
+                v.count += bodies.len() as u64;
+            }
+        }
+    }
+
+    /// Freezes segment `seq`'s index and asks for its file.
+    fn seal(&self, shared: &mut Shared, seq: u64) {
+        let Some(info) = shared.segments.get_mut(&seq) else {
+            return;
+        };
+        let SegIndex::Memory(m) =
+            std::mem::replace(&mut info.index, SegIndex::Sealed(Arc::default()))
+        else {
+            return;
+        };
+        let entries = Arc::new(m.into_sorted());
+        info.index = SegIndex::Sealed(entries.clone());
+        let summary = super::recover::summarize(shared, seq, &self.capped_sizes());
+        if let Some(summary) = summary {
+            let _ = self.maint.send(Task::WriteIndex {
+                path: journal::index_path(&self.jdir, seq),
+                summary,
+                entries,
+            });
+        }
+    }
+
+    /// Each capped collection's oldest position and sizes from it.
+    fn capped_sizes(&self) -> HashMap<String, (u64, Vec<u32>)> {
+        self.capped
+            .iter()
+            .map(|(k, c)| (k.clone(), (c.oldest, c.sizes.iter().copied().collect())))
+            .collect()
+    }
+
+    /// Has the memtable sealed after the next commit.
+    pub(crate) fn request_rotation(&self) {
+        self.rotate_asked.store(true, Ordering::Release);
+    }
+}
+
+/// The writer behind its lock, shared by the writer thread and the callers that commit inline.
+pub(crate) struct WriterCell {
+    /// `None` once the store is closed.
+    writer: Mutex<Option<Writer>>,
+    /// Jobs queued for the writer thread and not yet answered. A caller commits inline only
+    /// while this is 0: it is counted before a job is queued and uncounted once its group is
+    /// committed, so a queued job is never overtaken.
+    pending: AtomicUsize,
+}
+
+impl WriterCell {
+    pub(crate) fn new(writer: Writer) -> Self {
+        WriterCell {
+            writer: Mutex::new(Some(writer)),
+            pending: AtomicUsize::new(0),
+        }
+    }
+
+    /// Commits `op` in the calling thread when the writer is idle, nothing is queued and `op`
+    /// is small ([`INLINE_MAX_ITEMS`]); gives `op` back otherwise (the caller then queues it).
+    pub(crate) fn try_inline(
+        &self,
+        op: Op,
+        durability: Durability,
+    ) -> std::result::Result<Result<Reply>, Op> {
+        if op.items() > INLINE_MAX_ITEMS || self.pending.load(Ordering::Acquire) != 0 {
+            return Err(op);
+        }
+        let mut guard = match self.writer.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::WouldBlock) => return Err(op),
+            Err(TryLockError::Poisoned(_)) => return Ok(Err(poisoned())),
+        };
+        // Counted before the lock is released by whoever held it: checked again under it.
+        if self.pending.load(Ordering::Acquire) != 0 {
+            return Err(op);
+        }
+        let Some(writer) = guard.as_mut() else {
+            return Ok(Err(StoreError::Closed));
+        };
+        let mut jobs = [Job {
+            op,
+            durability,
+            reply: None,
+        }];
+        let result = writer.commit_group(&mut jobs).pop();
+        Ok(result.unwrap_or(Err(StoreError::Closed)))
+    }
+
+    /// Runs `f` on the writer (for setup that needs it, and tests).
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Writer) -> T) -> Result<T> {
+        let mut guard = self.writer.lock().map_err(|_| poisoned())?;
+        let writer = guard.as_mut().ok_or(StoreError::Closed)?;
+        Ok(f(writer))
+    }
+
+    /// Counts a job about to be queued (see [`WriterCell::pending`]).
+    pub(crate) fn queued(&self) {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Uncounts a job that could not be queued after all.
+    pub(crate) fn not_queued(&self) {
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Takes the writer out (after the writer thread has stopped).
+    pub(crate) fn close(&self) -> Result<Option<Writer>> {
+        Ok(self.writer.lock().map_err(|_| poisoned())?.take())
+    }
+}
+
+fn poisoned() -> StoreError {
+    StoreError::Engine {
+        engine: "embedded",
+        message: "the writer panicked during a commit; reopen the store".into(),
+    }
+}
+
+/// The writer thread: commits what callers queued, everything queued at once (up to
+/// [`MAX_GROUP`] jobs or [`MAX_GROUP_BYTES`]) in one record, until every sender is gone.
+pub(crate) fn run(cell: Arc<WriterCell>, mut rx: mpsc::Receiver<Job>) {
+    while let Some(first) = rx.blocking_recv() {
+        let mut bytes = first.op.bytes();
+        let mut jobs = vec![first];
+        let mut guard = match cell.writer.lock() {
+            Ok(guard) => guard,
+            Err(_) => {
+                cell.pending.fetch_sub(jobs.len(), Ordering::AcqRel);
+                answer(jobs, || Err(poisoned()));
+                continue;
+            }
+        };
+        while jobs.len() < MAX_GROUP && bytes < MAX_GROUP_BYTES {
+            match rx.try_recv() {
+                Ok(job) => {
+                    bytes += job.op.bytes();
+                    jobs.push(job);
+                }
+                Err(_) => break,
+            }
+        }
+        let results = match guard.as_mut() {
+            Some(writer) => writer.commit_group(&mut jobs),
+            None => jobs.iter().map(|_| Err(StoreError::Closed)).collect(),
+        };
+        // Uncounted before the lock is released, so the callers answered here may commit
+        // their next write inline.
+        cell.pending.fetch_sub(jobs.len(), Ordering::AcqRel);
+        drop(guard);
+        let mut results = results.into_iter();
+        answer(jobs, || results.next().unwrap_or(Err(StoreError::Closed)));
+    }
+}
+
+/// Sends each job its answer (unacknowledged jobs have nobody waiting).
+fn answer(jobs: Vec<Job>, mut result: impl FnMut() -> Result<Reply>) {
+    for job in jobs {
+        let r = result();
+        if let Some(tx) = job.reply {
+            let _ = tx.send(r);
+        }
+    }
+}
