@@ -94,8 +94,9 @@ pub(crate) struct Inner {
     capped: Mutex<HashMap<String, Arc<CappedShared>>>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     maint: Mutex<Option<std::sync::mpsc::Sender<maint::Task>>>,
-    /// Held for the store's lifetime (and its threads'): one process per data directory.
-    _lock: Arc<File>,
+    /// Held while the store is open (and its threads run): one process per data directory.
+    /// Let go of at `close`.
+    lock: Mutex<Option<Arc<File>>>,
 }
 
 struct CappedShared {
@@ -188,7 +189,7 @@ impl EmbeddedStore {
             snapshots: snapshots.clone(),
             rotate_asked,
             oplog_max: options.oplog_max_entries,
-            submit: submitter(tx.downgrade(), cell.clone()),
+            submit: submitter(tx.downgrade(), Arc::downgrade(&cell)),
             spilled: None,
         };
         let maint_thread = spawn("tailrace-maint", {
@@ -213,7 +214,7 @@ impl EmbeddedStore {
                 capped: Mutex::new(HashMap::new()),
                 threads: Mutex::new(vec![writer_thread, maint_thread]),
                 maint: Mutex::new(Some(maint_tx)),
-                _lock: lock,
+                lock: Mutex::new(Some(lock)),
             }),
         })
     }
@@ -272,9 +273,14 @@ impl EmbeddedStore {
 }
 
 /// The maintenance thread's way to hand the writer an operation and wait for it.
-fn submitter(jobs: mpsc::WeakSender<Job>, cell: Arc<WriterCell>) -> Box<dyn Fn(Op) -> bool + Send> {
+fn submitter(
+    jobs: mpsc::WeakSender<Job>,
+    cell: std::sync::Weak<WriterCell>,
+) -> Box<dyn Fn(Op) -> bool + Send> {
+    // Weak: the maintenance thread must not keep the writer (and with it the maintenance
+    // thread's own queue) alive once the store is gone.
     Box::new(move |op| {
-        let Some(sender) = jobs.upgrade() else {
+        let (Some(sender), Some(cell)) = (jobs.upgrade(), cell.upgrade()) else {
             return false;
         };
         let (tx, rx) = oneshot::channel();
@@ -288,7 +294,7 @@ fn submitter(jobs: mpsc::WeakSender<Job>, cell: Arc<WriterCell>) -> Box<dyn Fn(O
             cell.not_queued();
             return false;
         }
-        drop(sender);
+        drop((sender, cell));
         matches!(rx.blocking_recv(), Ok(Ok(_)))
     })
 }
@@ -553,6 +559,8 @@ impl Store for EmbeddedStore {
         for t in threads {
             join(t).await?;
         }
+        // Both threads are done: the directory is free for the next open.
+        self.inner.lock.lock().map_err(lock_err)?.take();
         Ok(())
     }
 }
