@@ -116,13 +116,6 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    // Before anything opens a database (see `ingest::allocator`).
-    if let Err(code) = ingest::allocator::route_sqlite() {
-        tracing::warn!(
-            code,
-            "SQLite refused mimalloc as its allocator and keeps the C library's; memory it frees may stay resident"
-        );
-    }
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

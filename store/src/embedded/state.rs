@@ -82,64 +82,87 @@ pub(crate) fn canonical(v: Option<&Value>) -> Option<Vec<u8>> {
     })
 }
 
-/// A segment's index while it lives in memory.
+/// A segment's index while it lives in memory: sorted runs, each at least twice the size of
+/// the next (merged when not), and a short unsorted tail. An entry is copied O(log n) times
+/// in all, and a lookup is a binary search per run.
 #[derive(Debug, Default)]
 pub(crate) struct MemIndex {
-    sorted: Vec<(u64, u64)>,
+    runs: Vec<Vec<(u64, u64)>>,
     tail: Vec<(u64, u64)>,
 }
 
 impl MemIndex {
-    /// Entries kept unsorted before they are merged into the sorted part.
-    const TAIL: usize = 4096;
+    /// Entries kept unsorted before they become a run.
+    const TAIL: usize = 1024;
 
     pub fn push(&mut self, hash: u64, pos: u64) {
         self.tail.push((hash, pos));
         if self.tail.len() >= Self::TAIL {
-            self.merge();
+            self.seal_tail();
         }
     }
 
-    fn merge(&mut self) {
-        self.tail.sort_unstable();
-        let tail = std::mem::take(&mut self.tail);
-        let sorted = std::mem::take(&mut self.sorted);
-        let mut out = Vec::with_capacity(sorted.len() + tail.len());
-        let (mut a, mut b) = (sorted.into_iter().peekable(), tail.into_iter().peekable());
-        loop {
-            let next = match (a.peek(), b.peek()) {
-                (Some(x), Some(y)) => {
-                    if x <= y {
-                        a.next()
-                    } else {
-                        b.next()
-                    }
-                }
-                (Some(_), None) => a.next(),
-                (None, Some(_)) => b.next(),
-                (None, None) => break,
-            };
-            out.extend(next);
+    fn seal_tail(&mut self) {
+        if self.tail.is_empty() {
+            return;
         }
-        self.sorted = out;
+        let mut run = std::mem::take(&mut self.tail);
+        run.sort_unstable();
+        self.runs.push(run);
+        while self.runs.len() >= 2 {
+            let n = self.runs.len();
+            if self.runs[n - 2].len() > 2 * self.runs[n - 1].len() {
+                break;
+            }
+            let (b, a) = (self.runs.pop(), self.runs.pop());
+            if let (Some(a), Some(b)) = (a, b) {
+                self.runs.push(merge(a, b));
+            }
+        }
     }
 
     pub fn lookup(&self, hash: u64, out: &mut Vec<u64>) {
-        let start = self.sorted.partition_point(|e| e.0 < hash);
-        out.extend(
-            self.sorted[start..]
-                .iter()
-                .take_while(|e| e.0 == hash)
-                .map(|e| e.1),
-        );
+        for run in &self.runs {
+            let start = run.partition_point(|e| e.0 < hash);
+            out.extend(run[start..].iter().take_while(|e| e.0 == hash).map(|e| e.1));
+        }
         out.extend(self.tail.iter().filter(|e| e.0 == hash).map(|e| e.1));
     }
 
     /// All entries, sorted.
     pub fn into_sorted(mut self) -> Vec<(u64, u64)> {
-        self.merge();
-        self.sorted
+        self.seal_tail();
+        let mut all = Vec::new();
+        for run in self.runs {
+            all = merge(all, run);
+        }
+        all
     }
+}
+
+/// Two sorted runs as one.
+fn merge(a: Vec<(u64, u64)>, b: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    if a.is_empty() {
+        return b;
+    }
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) => {
+                if x <= y {
+                    a.next()
+                } else {
+                    b.next()
+                }
+            }
+            (Some(_), None) => a.next(),
+            (None, Some(_)) => b.next(),
+            (None, None) => break,
+        };
+        out.extend(next);
+    }
+    out
 }
 
 /// Where a segment's index is.

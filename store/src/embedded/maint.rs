@@ -133,7 +133,7 @@ pub(crate) fn run(mut m: Maint, rx: Receiver<Task>) {
 }
 
 impl Maint {
-    fn flush(&self) -> Result<()> {
+    pub(crate) fn flush(&self) -> Result<()> {
         let gc = self.snapshots.gc_below(self.tree.visible());
         {
             let lock = self.tree.tree.get_flush_lock();
@@ -145,7 +145,7 @@ impl Maint {
             .map_err(tree_err)
     }
 
-    fn write_index(
+    pub(crate) fn write_index(
         &self,
         path: PathBuf,
         summary: &SegSummary,

@@ -1,7 +1,9 @@
 //! The journal: numbered segment files of records (`format`), written at the tail only.
 //!
-//! Each segment is allocated in full when it is created (`fallocate`), so a commit never
-//! grows a file: it writes its record into space the file already has and syncs it. Where the
+//! A segment's space is allocated ahead of its tail, [`ALLOC_STEP`] at a time (`fallocate`),
+//! so a commit rarely grows a file: it writes its record into space the file already has and
+//! syncs it. A full disk shows when that space runs out (a transient error: the write is
+//! tried again), never halfway through a record. Where the
 //! filesystem allows it (not tmpfs), the journal is written with `O_DIRECT`: a commit then
 //! writes exactly its padded record, where a buffered write would dirty, and have written
 //! back, at least a whole 4 KiB page of the page cache (the kernel counts it so in
@@ -25,6 +27,8 @@ use crate::{Result, StoreError};
 
 /// The journal's directory inside the data directory.
 pub(crate) const DIR: &str = "journal";
+/// Space allocated to a segment at a time.
+pub(crate) const ALLOC_STEP: u64 = 1 << 20;
 /// What reads of a journal at recovery take at once.
 const SCAN_CHUNK: usize = 1 << 20;
 
@@ -116,19 +120,20 @@ pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| io_error(format!("syncing directory {}", dir.display()), e))
 }
 
-/// Allocates `len` bytes for `file` without writing them.
-fn allocate(file: &File, len: u64) -> io::Result<()> {
+/// Allocates `[from, to)` for `file` without writing it (the file grows to `to`).
+fn allocate(file: &File, from: u64, to: u64) -> io::Result<()> {
     #[cfg(target_os = "linux")]
     {
-        match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, len) {
+        match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), from, to - from) {
             Ok(()) => Ok(()),
-            Err(e) if e == rustix::io::Errno::OPNOTSUPP => file.set_len(len),
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP => file.set_len(to),
             Err(e) => Err(e.into()),
         }
     }
     #[cfg(not(target_os = "linux"))]
     {
-        file.set_len(len)
+        let _ = from;
+        file.set_len(to)
     }
 }
 
@@ -297,7 +302,10 @@ pub(crate) struct Writer {
     seq: u64,
     file: File,
     direct: bool,
+    /// The most this segment grows to (a record larger than that gets a segment of its own).
     capacity: u64,
+    /// The bytes the file has allocated so far.
+    allocated: u64,
     tail: u64,
     /// Whether the segment has writes not yet synced.
     dirty: bool,
@@ -325,11 +333,11 @@ impl Writer {
         stats: Arc<IoStats>,
     ) -> Result<Writer> {
         let path = segment_path(dir, seq);
-        let capacity = match std::fs::metadata(&path) {
+        let allocated = match std::fs::metadata(&path) {
             Ok(m) => m.len(),
             Err(e) if e.kind() == ErrorKind::NotFound => {
-                create_segment(dir, seq, segment_bytes)?;
-                segment_bytes
+                create_segment(dir, seq, ALLOC_STEP.min(segment_bytes))?;
+                ALLOC_STEP.min(segment_bytes)
             }
             Err(e) => return Err(io_error(format!("reading {}", path.display()), e)),
         };
@@ -341,7 +349,8 @@ impl Writer {
             seq,
             file,
             direct,
-            capacity,
+            capacity: segment_bytes.max(allocated),
+            allocated,
             tail,
             dirty: false,
             segment_bytes,
@@ -362,6 +371,14 @@ impl Writer {
         if self.tail + len as u64 > self.capacity {
             self.roll(len as u64)?;
             rolled = true;
+        }
+        if self.tail + len as u64 > self.allocated {
+            let to = (self.tail + len as u64)
+                .max(self.allocated + ALLOC_STEP)
+                .min(self.capacity.max(self.tail + len as u64));
+            allocate(&self.file, self.allocated, to)
+                .map_err(|e| io_error(format!("allocating journal segment {:x}", self.seq), e))?;
+            self.allocated = to;
         }
         let staged = self.buf.stage(record, len);
         let offset = self.tail;
@@ -400,7 +417,8 @@ impl Writer {
     fn roll(&mut self, need: u64) -> Result<()> {
         self.sync()?;
         let next = self.seq + 1;
-        let size = self.segment_bytes.max(need.next_multiple_of(ALIGN as u64));
+        let need = need.next_multiple_of(ALIGN as u64);
+        let size = ALLOC_STEP.min(self.segment_bytes).max(need);
         create_segment(&self.dir, next, size)?;
         let path = segment_path(&self.dir, next);
         let (file, direct) = open_for_writing(&path, self.direct)
@@ -408,14 +426,15 @@ impl Writer {
         self.file = file;
         self.direct = direct;
         self.seq = next;
-        self.capacity = size;
+        self.capacity = self.segment_bytes.max(need);
+        self.allocated = size;
         self.tail = 0;
         Ok(())
     }
 }
 
-/// Creates segment `seq` with `size` bytes allocated, and makes its name durable. A segment
-/// left half-made by a crash (or a full disk) is made again.
+/// Creates segment `seq` with its first `size` bytes allocated, and makes its name durable. A
+/// segment left half-made by a crash (or a full disk) is made again.
 fn create_segment(dir: &Path, seq: u64, size: u64) -> Result<()> {
     let path = segment_path(dir, seq);
     let made = (|| {
@@ -424,7 +443,7 @@ fn create_segment(dir: &Path, seq: u64, size: u64) -> Result<()> {
             .create(true)
             .truncate(true)
             .open(&path)?;
-        allocate(&file, size)?;
+        allocate(&file, 0, size)?;
         file.sync_all()
     })();
     if let Err(e) = made {
@@ -441,7 +460,7 @@ fn create_segment(dir: &Path, seq: u64, size: u64) -> Result<()> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::embedded::next::format::Builder;
+    use crate::embedded::format::Builder;
 
     fn record(lsn: u64, text: &str) -> Vec<u8> {
         let mut b = Builder::new();
