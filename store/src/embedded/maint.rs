@@ -141,7 +141,7 @@ impl Maint {
         }
         self.tree
             .tree
-            .compact(Arc::new(lsm_tree::compaction::Leveled::default()), gc)
+            .compact(super::tree::compaction(), gc)
             .map_err(tree_err)
     }
 

@@ -304,7 +304,7 @@ fn convert(dir: &Path, work: &Path, options: &EmbeddedOptions, tuning: &Tuning) 
     let image = |json: Option<String>, ts: i64| -> Result<Option<Kv>> {
         json.map(|j| {
             Ok(Kv {
-                doc: serde_json::from_str(&j)?,
+                doc: Arc::new(serde_json::from_str(&j)?),
                 json: Arc::from(j.as_str()),
                 ts,
             })

@@ -591,7 +591,7 @@ pub(super) fn change_stream(
                 match live.recv().await {
                     Ok(commit) => {
                         for change in &commit.changes {
-                            let seq = parse_token(&change.token)?;
+                            let seq = change.seq;
                             match last {
                                 Some(l) if seq <= l => continue,
                                 Some(l) if seq != l + 1 => break 'live,
@@ -600,8 +600,8 @@ pub(super) fn change_stream(
                             }
                             last = Some(seq);
                             advance(seq);
-                            if filter.matches(change) {
-                                yield filter.shaped_copy(change);
+                            if change.matches(&filter) {
+                                yield change.to_change(&filter);
                             }
                         }
                     }

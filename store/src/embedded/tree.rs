@@ -30,8 +30,18 @@ use crate::{Result, StoreError};
 pub(crate) const EXPIRE_BUCKET_US: i64 = 60_000_000;
 /// The marker of the journal record the tables are complete up to.
 pub(crate) const APPLIED: &[u8] = b"m\0applied";
-/// The block cache shared by reads of the tree's tables.
-const CACHE_BYTES: u64 = 4 << 20;
+/// The block cache shared by reads of the tree's tables: small, as most reads of long-tail
+/// keys miss anyway, and what it holds counts in the process's resident memory.
+const CACHE_BYTES: u64 = 2 << 20;
+/// Tables level 0 gathers before they are merged into level 1. On a long tail every table
+/// overlaps all of level 1, so each merge rewrites it: fewer, larger merges write less.
+const L0_TABLES: u8 = 8;
+
+/// How the tree compacts (leveled, see [`L0_TABLES`]).
+pub(crate) fn compaction()
+-> std::sync::Arc<dyn lsm_tree::compaction::CompactionStrategy + Send + Sync> {
+    std::sync::Arc::new(lsm_tree::compaction::Leveled::default().with_l0_threshold(L0_TABLES))
+}
 
 pub(crate) fn tree_err(e: lsm_tree::Error) -> StoreError {
     match e {
@@ -130,6 +140,10 @@ impl Tree {
         let visible = SequenceNumberCounter::default();
         let tree = lsm_tree::Config::new(dir, SequenceNumberCounter::default(), visible.clone())
             .use_cache(Arc::new(lsm_tree::Cache::with_capacity_bytes(CACHE_BYTES)))
+            // Every level compressed (level 0 too: a flush writes LZ4 blocks).
+            .data_block_compression_policy(lsm_tree::config::CompressionPolicy::all(
+                lsm_tree::CompressionType::Lz4,
+            ))
             .open()
             .map_err(tree_err)?;
         Ok(Tree { tree, visible })

@@ -150,13 +150,58 @@ pub(crate) struct Commit {
     /// Appended records per capped collection, in position order.
     pub appended: Vec<(String, Vec<Record>)>,
     /// Published changes in sequence order.
-    pub changes: Vec<Change>,
+    pub changes: Vec<LiveChange>,
+}
+
+/// A change as the writer publishes it: its images shared, so each reader copies only the
+/// ones it wants (the feeds read post-images only).
+pub(crate) struct LiveChange {
+    pub op: ChangeOp,
+    pub collection: String,
+    pub key: String,
+    pub before: Option<Arc<Document>>,
+    pub after: Option<Arc<Document>>,
+    pub seq: u64,
+    pub committed_at_us: i64,
+}
+
+impl LiveChange {
+    /// Whether it passes `filter` (as [`crate::ChangeFilter::matches`] does for a [`Change`]).
+    pub fn matches(&self, filter: &crate::ChangeFilter) -> bool {
+        filter.admits(&self.collection, self.op, &self.key)
+            && filter.document_filter().is_none_or(|f| {
+                let image = match self.op {
+                    ChangeOp::Delete => self.before.as_deref(),
+                    _ => self.after.as_deref(),
+                };
+                image.is_some_and(|d| f.matches(d))
+            })
+    }
+
+    /// The change as `filter` delivers it: the images it wants, copied.
+    pub fn to_change(&self, filter: &crate::ChangeFilter) -> Change {
+        Change {
+            op: self.op,
+            collection: self.collection.clone(),
+            key: self.key.clone(),
+            before: if filter.wants_before(self.op) {
+                self.before.as_deref().cloned()
+            } else {
+                None
+            },
+            after: self.after.as_deref().cloned(),
+            token: ResumeToken(self.seq.to_string()),
+            committed_at_us: self.committed_at_us,
+        }
+    }
 }
 
 /// A keyed document as the writer last knows it: the document, its JSON and its write time.
 #[derive(Clone)]
 pub(crate) struct Kv {
-    pub doc: Document,
+    /// Shared with the changes that carry it and the cache: a hot key's document is copied
+    /// once per update (to change it), not once per place it goes.
+    pub doc: Arc<Document>,
     pub json: Arc<str>,
     pub ts: i64,
 }
@@ -568,7 +613,7 @@ impl Writer {
                 for u in updates {
                     let current = self.read_kv(&coll, &u.key, group, out)?;
                     let mut doc = match &current {
-                        Some(c) => c.doc.clone(),
+                        Some(c) => Document::clone(&c.doc),
                         None => {
                             let mut d = Document::new();
                             d.insert("_id".into(), u.key.clone().into());
@@ -669,7 +714,7 @@ impl Writer {
             message: format!("keyed state: {coll}/{key} is not UTF-8"),
         })?;
         Ok(Some(Kv {
-            doc: serde_json::from_str(json)?,
+            doc: Arc::new(serde_json::from_str(json)?),
             json: Arc::from(json),
             ts,
         }))
@@ -707,7 +752,11 @@ impl Writer {
             return Err(refused(coll, rule));
         }
         let json: Arc<str> = Arc::from(serde_json::to_string(&doc)?);
-        let after = Kv { doc, json, ts: now };
+        let after = Kv {
+            doc: Arc::new(doc),
+            json,
+            ts: now,
+        };
         let k = (coll.to_owned(), key.clone());
         let orig_ts = Self::orig_ts(&k, group, out, before.as_ref());
         out.changes.push(StagedChange {
@@ -1126,13 +1175,13 @@ impl Writer {
         if !group.changes.is_empty() {
             for (i, c) in group.changes.into_iter().enumerate() {
                 let seq = change_first + i as u64;
-                commit.changes.push(Change {
+                commit.changes.push(LiveChange {
                     op: c.op,
                     collection: c.coll,
                     key: c.key,
                     before: c.before.map(|k| k.doc),
                     after: c.after.map(|k| k.doc),
-                    token: ResumeToken(seq.to_string()),
+                    seq,
                     committed_at_us: now,
                 });
             }
