@@ -178,9 +178,8 @@ pub(crate) fn scan_segment(
                 {
                     let doc: Document = serde_json::from_slice(json)?;
                     for f in fields {
-                        if let Some(v) = state::canonical(update::get_path(&doc, f)) {
-                            out.index
-                                .push(state::index_hash(&s.coll, f, &v), s.first + k as u64);
+                        if let Some(h) = state::value_hash(&s.coll, f, update::get_path(&doc, f)) {
+                            out.index.push(h, s.first + k as u64);
                         }
                     }
                 }
@@ -358,10 +357,8 @@ pub(crate) fn open(dir: &Path, segment_bytes: u64, stats: Arc<IoStats>) -> Resul
         }
         if summary.changes.1 > summary.changes.0 {
             if shared.change_seeks.is_empty() {
-                shared.change_first = shared
-                    .change_first
-                    .max(summary.changes.0)
-                    .min(summary.changes.0);
+                // The first segment that holds changes: the oldest one still in the journal.
+                shared.change_first = summary.changes.0;
             }
             for (s, off) in &summary.change_seeks {
                 shared.change_seeks.push_back(Seek {
@@ -391,9 +388,6 @@ pub(crate) fn open(dir: &Path, segment_bytes: u64, stats: Arc<IoStats>) -> Resul
             },
         );
         tail_seq = seq;
-    }
-    if shared.change_first == 0 {
-        shared.change_first = 1;
     }
     if shared.change_seeks.is_empty() {
         shared.change_first = shared.change_next;

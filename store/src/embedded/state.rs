@@ -35,13 +35,30 @@ pub(crate) const SEEK_EVERY: u64 = 64 * 1024;
 
 /// The hash an index entry is kept under.
 pub(crate) fn index_hash(coll: &str, field: &str, canonical: &[u8]) -> u64 {
+    let mut h = hasher(coll, field);
+    h.update(canonical);
+    h.digest()
+}
+
+fn hasher(coll: &str, field: &str) -> xxhash_rust::xxh3::Xxh3 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(coll.as_bytes());
     h.update(&[0]);
     h.update(field.as_bytes());
     h.update(&[0]);
-    h.update(canonical);
-    h.digest()
+    h
+}
+
+/// [`index_hash`] of `v`'s [`canonical`] bytes, without building them (the writer hashes
+/// every indexed field of every event).
+pub(crate) fn value_hash(coll: &str, field: &str, v: Option<&Value>) -> Option<u64> {
+    let mut h = hasher(coll, field);
+    let mut fed = false;
+    canonical_into(v, &mut |b| {
+        fed = true;
+        h.update(b);
+    });
+    fed.then(|| h.digest())
 }
 
 /// The bytes a value is indexed and compared by: strings, integers (whatever their JSON
@@ -49,37 +66,53 @@ pub(crate) fn index_hash(coll: &str, field: &str, canonical: &[u8]) -> u64 {
 /// arrays as their JSON text; `None` for null or a missing field (never indexed, as no
 /// `latest(field = null)` can match).
 pub(crate) fn canonical(v: Option<&Value>) -> Option<Vec<u8>> {
-    Some(match v? {
-        Value::Null => return None,
-        Value::Bool(b) => vec![b'b', u8::from(*b)],
-        Value::String(s) => {
-            let mut out = Vec::with_capacity(1 + s.len());
-            out.push(b's');
-            out.extend_from_slice(s.as_bytes());
-            out
+    let mut out = Vec::new();
+    let mut fed = false;
+    canonical_into(v, &mut |b| {
+        fed = true;
+        out.extend_from_slice(b);
+    });
+    fed.then_some(out)
+}
+
+/// Feeds `v`'s canonical bytes to `put` (nothing for null or a missing field).
+fn canonical_into(v: Option<&Value>, put: &mut dyn FnMut(&[u8])) {
+    use std::io::Write;
+    let mut digits = [0u8; 40];
+    let mut number = |put: &mut dyn FnMut(&[u8]), args: std::fmt::Arguments<'_>| {
+        let mut cur = std::io::Cursor::new(&mut digits[..]);
+        if cur.write_fmt(args).is_ok() {
+            let n = cur.position() as usize;
+            put(&digits[..n]);
         }
-        Value::Number(n) => {
+    };
+    match v {
+        None | Some(Value::Null) => {}
+        Some(Value::Bool(b)) => put(&[b'b', u8::from(*b)]),
+        Some(Value::String(s)) => {
+            put(b"s");
+            put(s.as_bytes());
+        }
+        Some(Value::Number(n)) => {
             if let Some(i) = n.as_i64() {
-                format!("i{i}").into_bytes()
+                number(put, format_args!("i{i}"));
             } else if let Some(u) = n.as_u64() {
-                format!("i{u}").into_bytes()
+                number(put, format_args!("i{u}"));
             } else {
                 let f = n.as_f64().unwrap_or(f64::NAN);
                 if f.fract() == 0.0 && f.abs() < 9.2e18 {
-                    format!("i{}", f as i64).into_bytes()
+                    number(put, format_args!("i{}", f as i64));
                 } else {
-                    let mut out = vec![b'f'];
-                    out.extend_from_slice(&f.to_bits().to_le_bytes());
-                    out
+                    put(b"f");
+                    put(&f.to_bits().to_le_bytes());
                 }
             }
         }
-        other => {
-            let mut out = vec![b'j'];
-            out.extend_from_slice(other.to_string().as_bytes());
-            out
+        Some(other) => {
+            put(b"j");
+            put(other.to_string().as_bytes());
         }
-    })
+    }
 }
 
 /// A segment's index while it lives in memory: sorted runs, each at least twice the size of
@@ -454,6 +487,22 @@ mod tests {
         assert_eq!(c(json!(null)), None);
         assert_eq!(canonical(None), None);
         assert_ne!(c(json!({"a": 1})), c(json!("{\"a\":1}")));
+        for v in [
+            json!("東京 🦀"),
+            json!(42),
+            json!(-7),
+            json!(2.5),
+            json!(u64::MAX),
+            json!(true),
+            json!([1, "a"]),
+        ] {
+            assert_eq!(
+                value_hash("events", "f", Some(&v)),
+                canonical(Some(&v)).map(|c| index_hash("events", "f", &c)),
+                "{v}"
+            );
+        }
+        assert_eq!(value_hash("events", "f", None), None);
     }
 
     #[test]

@@ -144,6 +144,10 @@ impl Tree {
             .data_block_compression_policy(lsm_tree::config::CompressionPolicy::all(
                 lsm_tree::CompressionType::Lz4,
             ))
+            // Only level 0's index and filter blocks stay in memory: the deeper levels grow
+            // with the long tail's keys, and their blocks go through the bounded cache.
+            .index_block_pinning_policy(lsm_tree::config::PinningPolicy::new([true, false]))
+            .filter_block_pinning_policy(lsm_tree::config::PinningPolicy::new([true, false]))
             .open()
             .map_err(tree_err)?;
         Ok(Tree { tree, visible })

@@ -217,8 +217,9 @@ struct KvCache {
 
 impl KvCache {
     /// Entries kept at most; beyond, the cache starts over (cold keys of a long tail are read
-    /// from the tree anyway).
-    const CAPACITY: usize = 4096;
+    /// from the tree anyway). The keys written on every batch (a source's summary, the
+    /// common values) are few.
+    const CAPACITY: usize = 1024;
 
     fn get(&self, coll: &str, key: &str) -> Option<&Kv> {
         self.docs.get(coll)?.get(key)
@@ -595,10 +596,7 @@ impl Writer {
                     .map(|d| {
                         meta.indexes
                             .iter()
-                            .filter_map(|f| {
-                                state::canonical(update::get_path(d, f))
-                                    .map(|c| state::index_hash(&coll, f, &c))
-                            })
+                            .filter_map(|f| state::value_hash(&coll, f, update::get_path(d, f)))
                             .collect()
                     })
                     .collect();
@@ -1410,10 +1408,7 @@ impl Writer {
             .map(|(d, _)| {
                 indexes
                     .iter()
-                    .filter_map(|f| {
-                        state::canonical(update::get_path(d, f))
-                            .map(|c| state::index_hash(coll, f, &c))
-                    })
+                    .filter_map(|f| state::value_hash(coll, f, update::get_path(d, f)))
                     .collect()
             })
             .collect();
