@@ -207,9 +207,16 @@ pub async fn run(
     });
     let ready = Arc::new(AtomicBool::new(false));
     let health = Arc::new(StoreHealth::new());
+    let capabilities = store.capabilities();
+    t::StoreCapabilities {
+        capabilities: &capabilities,
+        durability: d,
+    }
+    .emit();
     let info = json!({
         "version": env!("CARGO_PKG_VERSION"),
         "engine": store.engine(),
+        "capabilities": capabilities,
         "durability": d.as_str(),
         "data": data_location(&c),
         "sources": sources.iter().map(|s| json!({"name": s.name(), "kind": s.kind()})).collect::<Vec<_>>(),

@@ -297,6 +297,21 @@ fn server_checks() -> Vec<ServerCheck> {
         check("a_tail_reports_ack_times_of_this_process", vec![], |t| {
             a_tail_reports_ack_times_of_this_process(t).boxed_local()
         }),
+        check(
+            "keyed_collections_open_again_after_a_restart",
+            vec![],
+            |t| keyed_collections_open_again_after_a_restart(t).boxed_local(),
+        ),
+        check(
+            "several_keys_update_where_transactions_are_refused",
+            vec![],
+            |t| several_keys_update_where_transactions_are_refused(t).boxed_local(),
+        ),
+        check(
+            "a_tail_overtaken_by_eviction_reports_position_lost",
+            vec![],
+            |t| a_tail_overtaken_by_eviction_reports_position_lost(t).boxed_local(),
+        ),
     ]
 }
 
@@ -479,6 +494,102 @@ async fn latest_reads_the_index_newest_first_without_sorting(t: &TestDb) {
         !winning.contains("\"SORT\""),
         "newest-first must come from the index, not a sort: {winning}"
     );
+}
+
+/// A keyed collection opens again, in this process and in a restarted one, whatever the
+/// server thinks of switching pre- and post-images on (`collMod` needs more than the readWrite
+/// role, and some servers do not implement it): a refusal costs before images, not the open.
+async fn keyed_collections_open_again_after_a_restart(t: &TestDb) {
+    let k = t.store.keyed("rollups").await.unwrap();
+    k.update(
+        vec![store::KeyUpdate::new("a", store::Update::inc("n", 1))],
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    t.store.keyed("rollups").await.expect("opens again");
+    let again = TestDb::connect(&t.uri, &t.name, MongoOptions::default()).await;
+    let k2 = again.keyed("rollups").await.expect("opens after a restart");
+    assert_eq!(k2.get("a").await.unwrap().unwrap()["n"], json!(1));
+    again.close().await.unwrap();
+}
+
+/// An update of several keys lands whole, in one transaction where the server runs them and
+/// one key at a time where it refuses them (the probe decides).
+async fn several_keys_update_where_transactions_are_refused(t: &TestDb) {
+    let k = t.store.keyed("rollups").await.unwrap();
+    let ku = store::KeyUpdate::new;
+    k.update(
+        vec![
+            ku("a", store::Update::inc("n", 1)),
+            ku("b", store::Update::inc("n", 2)),
+            ku("a", store::Update::inc("n", 3).and_set("tag", "x")),
+        ],
+        Durability::Journaled,
+    )
+    .await
+    .expect("the update is taken");
+    let a = k.get("a").await.unwrap().unwrap();
+    assert_eq!((&a["n"], &a["tag"]), (&json!(4), &json!("x")));
+    assert_eq!(k.get("b").await.unwrap().unwrap()["n"], json!(2));
+}
+
+/// A tail whose next document is evicted while it waits reports `PositionLost`, on a server
+/// that evicts at insert (MongoDB) and on one that evicts in the background (FerretDB, whose
+/// `compact` runs that cleanup now; it answers the tail's next getMore with an InternalError,
+/// after which the tail re-opens and finds the position gone).
+async fn a_tail_overtaken_by_eviction_reports_position_lost(t: &TestDb) {
+    let spec = CappedSpec {
+        max_docs: 200,
+        max_bytes: 1 << 20,
+        indexes: vec![],
+    };
+    let c = t.store.capped("small", &spec).await.unwrap();
+    let docs = |from: i64, n: i64| {
+        (from..from + n)
+            .map(|i| contract::doc(json!({"n": i})))
+            .collect::<Vec<_>>()
+    };
+    // More than a first batch (101), so the server keeps the cursor open and the loss shows
+    // on a getMore, not only when the tail re-opens.
+    c.append(docs(0, 150), Durability::Acknowledged)
+        .await
+        .unwrap();
+    let mut tail = c.tail(Start::Oldest);
+    let first = tokio::time::timeout(contract::WAIT, futures::StreamExt::next(&mut tail))
+        .await
+        .expect("the tail yields")
+        .expect("the tail does not end")
+        .unwrap();
+    assert_eq!(first.doc["n"], json!(0));
+    c.append(docs(150, 300), Durability::Acknowledged)
+        .await
+        .unwrap();
+    // MongoDB has evicted already; a server that evicts in the background does it now.
+    let _ = t
+        .store
+        .database()
+        .run_command(doc! {"compact": "small", "force": true})
+        .await;
+    let deadline = tokio::time::Instant::now() + contract::WAIT;
+    loop {
+        let next = tokio::time::timeout_at(deadline, futures::StreamExt::next(&mut tail))
+            .await
+            .expect("the tail reports the loss within the timeout")
+            .expect("the tail does not end");
+        match next {
+            Err(e) => {
+                assert!(e.is_position_lost(), "PositionLost, not: {e}");
+                break;
+            }
+            // Documents still there when the tail read them are fine; the loss must follow.
+            Ok(r) => assert!(
+                r.doc["n"].as_i64().is_some_and(|n| n < 150),
+                "a document after the evicted ones came without PositionLost first: {:?}",
+                r.doc
+            ),
+        }
+    }
 }
 
 async fn a_tail_reports_ack_times_of_this_process(t: &TestDb) {
