@@ -368,7 +368,9 @@ def odd_feed_doc(rng, name, kind):
     return rng.choice([
         {"feed": name, "kind": kind, "stats": None, "lag": None, "notify_us": None, "updated_us": now_us()},
         {"feed": name, "kind": kind, "stats": {"events": None, "rate": None, "rate_bands": None,
-                                              "top": [["ok", 3], [None, 2], [{"k": "v"}, 1], "bad", [], ["no count"]],
+                                              "top": [{"key": "ok", "count": 3}, {"key": None, "count": 2},
+                                                      {"key": {"k": "v"}, "count": 1}, "bad", [], {"no": "key"},
+                                                      {"key": "no count"}],
                                               "missing": None, "duplicates": None},
          "lag": "?", "notify_us": {"p50": None, "p99": 0, "count": 0}, "updated_us": now_us()},
         {"feed": name, "kind": kind, "stats": {"rate": -5, "rate_bands": {"upper": None, "lower": "x"}},
@@ -451,7 +453,7 @@ class World:
                     self.top[k] *= 0.98
                     if self.top[k] < 0.5:
                         del self.top[k]
-                top = [[k, int(round(v))] for k, v in self.top.most_common(10)]
+                top = [{"key": k, "count": int(round(v))} for k, v in self.top.most_common(10)]
                 rate_bands = bands(self.rates) if len(self.rates) >= 5 else None
                 value_bands = bands(self.values) if len(self.values) >= 20 else None
                 for name, kind, lag_p in (("tail", "tailable", 0.05), ("changes", "changes", 0.2)):

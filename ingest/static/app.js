@@ -828,18 +828,18 @@ function renderTables() {
   const primary = stats.rateFeed;
   const pdoc = primary !== null ? stats.feeds.get(primary) : null;
   const top = pdoc && pdoc.stats && Array.isArray(pdoc.stats.top) ? pdoc.stats.top : [];
-  const entries = top.filter((t) => Array.isArray(t) && t.length >= 2);
-  const max = Math.max(1, ...entries.map((t) => num(t[1]) ?? 0));
+  const entries = top.filter((t) => t !== null && typeof t === 'object' && 'key' in t);
+  const max = Math.max(1, ...entries.map((t) => num(t.count) ?? 0));
   setText($('topk-source'), primary ? `of feed ${primary}` : '');
   syncRows(
     $('topk').tBodies[0],
     entries.map((t, i) => {
-      const value = str(t[0]);
+      const value = str(t.key);
       return [
         { text: String(i + 1), cls: 'num' },
         { text: value, cls: 'value', dir: 'auto', title: value },
-        { text: fmtInt(t[1]), cls: 'num' },
-        { bar: (num(t[1]) ?? 0) / max, cls: 'bar-col' },
+        { text: fmtInt(t.count), cls: 'num' },
+        { bar: (num(t.count) ?? 0) / max, cls: 'bar-col' },
       ];
     }),
   );
