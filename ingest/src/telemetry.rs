@@ -113,7 +113,7 @@ pub fn describe() {
     );
     describe_gauge!(
         STORE_CAPABILITY,
-        "1 when the store's server supports the capability, 0 when its probe found it missing (reasons in /api/status): change streams, an oplog, transactions, a majority write concern, before images, snapshot reads, documents as sent, capped bounds, server filters."
+        "1 when the store's server supports the capability, 0 when its probe found it missing (reasons in /api/status): change streams, an oplog, transactions, a majority write concern, before images, snapshot reads, documents as sent, capped bounds, server filters, awaiting tails."
     );
     describe_counter!(
         STORE_REFUSED,
@@ -332,6 +332,9 @@ impl StoreCapabilities<'_> {
                 C::ServerFilters => {
                     "filters of /api/changes are evaluated by tailrace on every document read"
                 }
+                C::AwaitingTails => {
+                    "tails poll the server, re-opening their cursor after each batch (up to a second apart on a quiet collection)"
+                }
                 C::Other => continue,
             };
             tracing::warn!(
@@ -356,6 +359,7 @@ fn capability_label(c: store::Capability) -> &'static str {
         C::DocumentsAsSent => "documents_as_sent",
         C::CappedBounds => "capped_bounds",
         C::ServerFilters => "server_filters",
+        C::AwaitingTails => "awaiting_tails",
         C::Other => "other",
     }
 }

@@ -36,6 +36,9 @@ pub enum Capability {
     /// Query filters evaluated by the server with MongoDB's semantics (arrays, nulls, dotted
     /// paths), so a filter can run on the server and mean what it means in tailrace.
     ServerFilters,
+    /// Tailable cursors that stay open after their first batch and wait for new documents
+    /// (`awaitData`), so a tail is told of a new document without asking again.
+    AwaitingTails,
     /// Something the server does not implement that none of the above names (a command, an
     /// operator); the reply says what.
     Other,
@@ -44,7 +47,7 @@ pub enum Capability {
 impl Capability {
     /// Every capability, in the order reports list them.
     /// Every probed capability ([`Capability::Other`] is not probed), in report order.
-    pub const ALL: [Capability; 9] = [
+    pub const ALL: [Capability; 10] = [
         Capability::ChangeStreams,
         Capability::Oplog,
         Capability::Transactions,
@@ -54,6 +57,7 @@ impl Capability {
         Capability::DocumentsAsSent,
         Capability::CappedBounds,
         Capability::ServerFilters,
+        Capability::AwaitingTails,
     ];
 
     /// The name used in messages, `/api/status` and test reports.
@@ -70,6 +74,7 @@ impl Capability {
             }
             Capability::CappedBounds => "capped bounds kept at every insert",
             Capability::ServerFilters => "MongoDB's query semantics on the server",
+            Capability::AwaitingTails => "tailable cursors that stay open",
             Capability::Other => "this operation",
         }
     }
@@ -146,6 +151,8 @@ pub struct Capabilities {
     pub capped_bounds: Support,
     /// Filters evaluated by the server with MongoDB's semantics.
     pub server_filters: Support,
+    /// Tailable cursors that stay open and await data.
+    pub awaiting_tails: Support,
 }
 
 impl Capabilities {
@@ -161,6 +168,7 @@ impl Capabilities {
             documents_as_sent: Support::Yes,
             capped_bounds: Support::Yes,
             server_filters: Support::Yes,
+            awaiting_tails: Support::Yes,
         }
     }
 
@@ -177,6 +185,7 @@ impl Capabilities {
             Capability::DocumentsAsSent => &self.documents_as_sent,
             Capability::CappedBounds => &self.capped_bounds,
             Capability::ServerFilters => &self.server_filters,
+            Capability::AwaitingTails => &self.awaiting_tails,
         }
     }
 

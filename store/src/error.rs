@@ -50,6 +50,19 @@ pub enum StoreError {
         /// The server's reply (code, name and message) or how the absence was detected.
         reply: String,
     },
+    /// A write of several items failed part way, and the engine cannot undo the part that
+    /// was written: the first `written` items are stored (once), the next one failed with
+    /// `error`, and none after it was written. Engines that commit a request all or nothing
+    /// (the embedded engine) never return it; MongoDB's ordered inserts into a capped
+    /// collection, which no transaction can hold, can. Retrying the whole request would store
+    /// the first `written` items twice: retry from the item that failed.
+    #[error("{written} items written, then: {error}")]
+    PartlyWritten {
+        /// How many items, from the first, were written.
+        written: usize,
+        /// Why the next one was not.
+        error: Box<StoreError>,
+    },
     /// A name or argument the store cannot accept; the message says which and why.
     #[error("invalid argument: {0}")]
     Invalid(String),
@@ -124,6 +137,7 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Unavailable { .. } => true,
+            StoreError::PartlyWritten { error, .. } => error.is_transient(),
             StoreError::Io { source, .. } => !matches!(
                 source.kind(),
                 std::io::ErrorKind::NotFound
@@ -155,6 +169,10 @@ impl StoreError {
             StoreError::Unsupported { capability, reply } => StoreError::Unsupported {
                 capability: *capability,
                 reply: reply.clone(),
+            },
+            StoreError::PartlyWritten { written, error } => StoreError::PartlyWritten {
+                written: *written,
+                error: Box::new(error.duplicate(engine)),
             },
             StoreError::Unavailable { engine, message } => StoreError::Unavailable {
                 engine,
@@ -247,6 +265,10 @@ fn alternative(capability: Capability) -> &'static str {
         }
         Capability::ServerFilters => {
             " (tailrace evaluates document filters itself then, on every document it reads)"
+        }
+        Capability::AwaitingTails => {
+            " (tails then ask the server again after each batch: a poll, up to a second \
+             apart on a quiet collection)"
         }
         Capability::Other => "",
     }

@@ -160,9 +160,33 @@ where
     let mut todo: Vec<Range<usize>> = Vec::with_capacity(8);
     todo.push(0..items.len());
     let mut refused: Vec<(usize, StoreError)> = Vec::new();
-    while let Some(range) = todo.pop() {
+    while let Some(mut range) = todo.pop() {
         let started = Instant::now();
-        match write(items[range.clone()].to_vec()).await {
+        let mut result = write(items[range.clone()].to_vec()).await;
+        if let Err(StoreError::PartlyWritten { written, error }) = result {
+            // The first `written` items are stored for good (an engine that cannot undo a
+            // partial write): never write them again. The next one failed with `error`.
+            let written = written.min(range.len());
+            if written > 0 {
+                health.succeeded(collection);
+                out.latency.get_or_insert(started.elapsed());
+            }
+            range.start += written;
+            if range.is_empty() {
+                continue;
+            }
+            if !error.is_transient() && !matches!(*error, StoreError::Closed) {
+                // Ordered: the first item of what is left is the one refused.
+                health.succeeded(collection);
+                refused.push((range.start, *error));
+                if range.len() > 1 {
+                    todo.push(range.start + 1..range.end);
+                }
+                continue;
+            }
+            result = Err(*error);
+        }
+        match result {
             Ok(()) => {
                 health.succeeded(collection);
                 backoff.reset();
@@ -347,6 +371,57 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(out.refused.is_empty());
+        assert_eq!(health.unwritable_reason(), None);
+    }
+
+    /// An engine that writes in order and cannot undo a partial write (MongoDB's ordered
+    /// inserts into a capped collection) stores everything before a refused item; that part
+    /// is never written again, the refused item is the one after it, and a write that fails
+    /// for a passing reason part way resumes after what it stored.
+    #[tokio::test(start_paused = true)]
+    async fn what_a_partial_write_stored_is_never_written_again() {
+        let health = Arc::new(StoreHealth::new());
+        let stored: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+        let outage = Mutex::new(true);
+        let items: Vec<u32> = (0..10).collect();
+        let out = write_isolating("events", items, &health, |chunk: Vec<u32>| {
+            let mut result = Ok(());
+            let mut written = 0;
+            for item in &chunk {
+                if *item == 4 {
+                    result = Err(engine("invalid key: \"$x\""));
+                    break;
+                }
+                if *item == 7 && std::mem::replace(&mut *outage.lock().unwrap(), false) {
+                    result = Err(StoreError::Unavailable {
+                        engine: "mongodb",
+                        message: "connection lost".into(),
+                    });
+                    break;
+                }
+                stored.lock().unwrap().push(*item);
+                written += 1;
+            }
+            let result = result.map_err(|error| StoreError::PartlyWritten {
+                written,
+                error: Box::new(error),
+            });
+            async move { result }
+        })
+        .await;
+        let refused: Vec<u32> = out.refused.iter().map(|r| r.item).collect();
+        assert_eq!(
+            refused,
+            [4],
+            "the item after the stored ones is the refused one"
+        );
+        let expected: Vec<u32> = (0..10).filter(|i| *i != 4).collect();
+        assert_eq!(
+            *stored.lock().unwrap(),
+            expected,
+            "each stored once, in order"
+        );
+        assert_eq!(out.unwritten, 0);
         assert_eq!(health.unwritable_reason(), None);
     }
 
