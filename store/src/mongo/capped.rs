@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use mongodb::action::Action;
 use mongodb::bson::{Bson, Document as BsonDoc, doc};
 use mongodb::error::ErrorKind;
 use mongodb::options::{CursorType, IndexOptions};
@@ -238,6 +239,7 @@ async fn run_writer(
     write_timeout: Duration,
 ) {
     let mut carry: Option<AppendJob> = None;
+    let mut uncertain: Option<Uncertain> = None;
     loop {
         let first = match carry.take() {
             Some(job) => job,
@@ -262,26 +264,160 @@ async fn run_writer(
                 Err(_) => break,
             }
         }
-        write_group(&shared, group, level, write_timeout).await;
+        write_group(&shared, group, level, write_timeout, &mut uncertain).await;
     }
 }
 
-/// Inserts one group. On a write error at document `k` (ordered inserts stop there), the jobs
-/// wholly before `k` succeeded, the job holding `k` fails, and the jobs after it are retried
-/// with fresh positions: one bad document fails only its own caller.
+/// A group whose insert failed without the writer learning how far it got (the connection
+/// was lost, and the server could not be asked right after): its documents (without `_id`),
+/// from position `first` on. Its callers were told it failed, and retry; when the next group
+/// starts with the same documents, the ones the server had stored after all are not stored
+/// twice.
+struct Uncertain {
+    first: u64,
+    docs: Vec<BsonDoc>,
+}
+
+/// An append of a group, and the positions of its leading documents already on the server.
+struct Pending {
+    job: AppendJob,
+    stored: Vec<Position>,
+}
+
+impl Pending {
+    fn remaining(&self) -> usize {
+        self.job.docs.len() - self.stored.len()
+    }
+
+    /// Answers the caller: its positions, or `error` (as [`StoreError::PartlyWritten`] when
+    /// some of its documents are stored, which the caller must not write again).
+    fn answer(self, shared: &CappedShared, error: Option<StoreError>) {
+        match error {
+            None => {
+                if let Some(reply) = self.job.reply {
+                    let _ = reply.send(Ok(self.stored));
+                }
+            }
+            Some(error) if self.stored.is_empty() => fail_job(shared, self.job, error),
+            Some(error) => fail_job(
+                shared,
+                self.job,
+                StoreError::PartlyWritten {
+                    written: self.stored.len(),
+                    error: Box::new(error),
+                },
+            ),
+        }
+    }
+}
+
+fn without_id(d: &BsonDoc) -> BsonDoc {
+    let mut d = d.clone();
+    d.remove("_id");
+    d
+}
+
+/// Marks the first `n` remaining documents of the group as stored from position `first` on.
+fn mark_stored(pending: &mut VecDeque<Pending>, first: u64, n: usize) {
+    let mut p = first;
+    let mut left = n;
+    for job in pending.iter_mut() {
+        let take = job.remaining().min(left);
+        job.stored.extend((p..p + take as u64).map(Position));
+        p += take as u64;
+        left -= take;
+        if left == 0 {
+            break;
+        }
+    }
+}
+
+/// Before a group is inserted: of an earlier group whose outcome was not known, which
+/// documents did the server store? Those that this group starts with are taken as stored.
+/// `Err` when the server still cannot say (the group then fails as the earlier one did).
+async fn settle_uncertain(
+    shared: &CappedShared,
+    pending: &mut VecDeque<Pending>,
+    uncertain: &mut Option<Uncertain>,
+) -> Result<()> {
+    let Some(u) = uncertain.take() else {
+        return Ok(());
+    };
+    let newest = match newest_id(&shared.coll, &shared.name).await {
+        Ok(n) => n.unwrap_or(0),
+        Err(e) => {
+            *uncertain = Some(u);
+            return Err(e);
+        }
+    };
+    // One writer per collection: positions `first..=newest` are that group's own.
+    let landed = (newest + 1)
+        .saturating_sub(u.first)
+        .min(u.docs.len() as u64) as usize;
+    let mut matched = 0;
+    'group: for p in pending.iter_mut() {
+        while matched < landed && p.remaining() > 0 {
+            if without_id(&p.job.docs[p.stored.len()]) != u.docs[matched] {
+                break 'group;
+            }
+            p.stored.push(Position(u.first + matched as u64));
+            matched += 1;
+        }
+        if matched == landed {
+            break;
+        }
+    }
+    if matched < landed {
+        tracing::warn!(
+            collection = %shared.name, stored = landed - matched,
+            "documents of an insert whose outcome was unknown were stored after all, and were \
+             not sent again as they were: they may be stored twice"
+        );
+    }
+    shared.acks.resync(newest);
+    Ok(())
+}
+
+/// Inserts one group. On a write error at document `k` (ordered inserts stop there), the
+/// documents before `k` are stored, the append holding `k` fails (with
+/// [`StoreError::PartlyWritten`] when some of its documents are stored: a retry of the whole
+/// append would store those twice), and the appends after it are retried with fresh
+/// positions: one bad document fails only its own caller. When the insert fails without
+/// saying how far it got, the newest position on the server says.
 async fn write_group(
     shared: &CappedShared,
-    mut group: VecDeque<AppendJob>,
+    group: VecDeque<AppendJob>,
     level: Durability,
     write_timeout: Duration,
+    uncertain: &mut Option<Uncertain>,
 ) {
     let wc = write_concern(level, write_timeout);
-    while !group.is_empty() {
-        let total: usize = group.iter().map(|j| j.docs.len()).sum();
+    let mut pending: VecDeque<Pending> = group
+        .into_iter()
+        .map(|job| Pending {
+            job,
+            stored: Vec::new(),
+        })
+        .collect();
+    if let Err(e) = settle_uncertain(shared, &mut pending, uncertain).await {
+        for p in pending {
+            p.answer(shared, Some(e.duplicate("mongodb")));
+        }
+        return;
+    }
+    loop {
+        let total: usize = pending.iter().map(Pending::remaining).sum();
+        if total == 0 {
+            for p in pending {
+                p.answer(shared, None);
+            }
+            return;
+        }
         let (first, last) = shared.acks.allocate(total as u64);
         let mut next = first;
-        for job in group.iter_mut() {
-            for d in job.docs.iter_mut() {
+        for p in pending.iter_mut() {
+            let done = p.stored.len();
+            for d in p.job.docs[done..].iter_mut() {
                 if d.contains_key("_id") {
                     // A retry after a failed group: replaced in place (it is already first).
                     d.insert("_id", next as i64);
@@ -297,71 +433,88 @@ async fn write_group(
         // cursor follows; an unordered insert could also apply documents out of order.
         let result = shared
             .coll
-            .insert_many(group.iter().flat_map(|j| j.docs.iter()))
+            .insert_many(
+                pending
+                    .iter()
+                    .flat_map(|p| p.job.docs[p.stored.len()..].iter()),
+            )
             .ordered(true)
             .write_concern(wc.clone())
             .await;
-        match result {
+        let e = match result {
             Ok(_) => {
                 shared.acks.acked(first, last, now_us());
-                let mut p = first;
-                for job in group.drain(..) {
-                    let positions: Vec<Position> =
-                        (p..p + job.docs.len() as u64).map(Position).collect();
-                    p += job.docs.len() as u64;
-                    if let Some(reply) = job.reply {
-                        let _ = reply.send(Ok(positions));
-                    }
+                mark_stored(&mut pending, first, total);
+                for p in pending {
+                    p.answer(shared, None);
                 }
+                return;
             }
-            Err(e) => {
-                // Which document failed, when the server said (a write error, not a lost
-                // connection or an unmet write concern, after which nothing is known).
-                let failed_at = match &*e.kind {
-                    ErrorKind::InsertMany(m) if m.write_concern_error.is_none() => m
-                        .write_errors
-                        .as_ref()
-                        .and_then(|w| w.iter().map(|w| w.index).min()),
-                    _ => None,
-                };
-                if let Some(k) = failed_at.filter(|k| *k > 0) {
-                    shared.acks.acked(first, first + k as u64 - 1, now_us());
-                }
-                // Every position of the group is finished (acknowledged or failed): wake the
-                // readers waiting on them. Then the ones not on the server are handed out
-                // again, so the resync comes after (it lowers what counts as finished).
-                shared.acks.resolve(last);
-                match newest_id(&shared.coll, &shared.name).await {
-                    Ok(newest) => shared.acks.resync(newest.unwrap_or(0)),
-                    Err(re) => tracing::warn!(
-                        collection = %shared.name, error = %re,
-                        "could not re-read the newest position after a failed insert; a gap in positions may follow"
-                    ),
-                }
-                let Some(k) = failed_at else {
-                    for job in group.drain(..) {
-                        fail_job(shared, job, map_error(e.clone()));
-                    }
-                    return;
-                };
-                let mut start = 0usize;
-                let mut p = first;
-                while let Some(job) = group.pop_front() {
-                    let len = job.docs.len();
-                    if start + len <= k {
-                        let positions = (p..p + len as u64).map(Position).collect();
-                        if let Some(reply) = job.reply {
-                            let _ = reply.send(Ok(positions));
-                        }
-                    } else {
-                        fail_job(shared, job, map_error(e.clone()));
-                        break;
-                    }
-                    start += len;
-                    p += len as u64;
-                }
-                // The rest never reached the server: retried in the next round.
+            Err(e) => e,
+        };
+        // Which document failed, when the server said (a write error, not a lost connection
+        // or an unmet write concern, after which nothing is known but what it holds).
+        let failed_at = match &*e.kind {
+            ErrorKind::InsertMany(m) if m.write_concern_error.is_none() => m
+                .write_errors
+                .as_ref()
+                .and_then(|w| w.iter().map(|w| w.index).min()),
+            _ => None,
+        };
+        let newest = newest_id(&shared.coll, &shared.name).await;
+        let stored = match (failed_at, &newest) {
+            (Some(k), _) => Some(k.min(total)),
+            (None, Ok(n)) => {
+                Some((n.unwrap_or(0) + 1).saturating_sub(first).min(total as u64) as usize)
             }
+            (None, Err(_)) => None,
+        };
+        if let Some(s) = stored.filter(|s| *s > 0) {
+            shared.acks.acked(first, first + s as u64 - 1, now_us());
+        }
+        // Every position of the group is finished (acknowledged or failed): wake the readers
+        // waiting on them. Then the ones not on the server are handed out again, so the
+        // resync comes after (it lowers what counts as finished).
+        shared.acks.resolve(last);
+        match (&newest, stored) {
+            (Ok(n), _) => shared.acks.resync(n.unwrap_or(0)),
+            (Err(_), Some(s)) => shared.acks.resync(first + s as u64 - 1),
+            (Err(re), None) => tracing::warn!(
+                collection = %shared.name, error = %re,
+                "could not re-read the newest position after a failed insert; the next insert \
+                 settles what this one stored"
+            ),
+        }
+        let Some(s) = stored else {
+            *uncertain = Some(Uncertain {
+                first,
+                docs: pending
+                    .iter()
+                    .flat_map(|p| p.job.docs[p.stored.len()..].iter().map(without_id))
+                    .collect(),
+            });
+            for p in pending {
+                p.answer(shared, Some(map_error(e.clone())));
+            }
+            return;
+        };
+        mark_stored(&mut pending, first, s);
+        // The appends wholly stored are done; the one holding the first document not stored
+        // fails; after a write error the rest never reached the server and go round again,
+        // after anything else they fail with it.
+        while pending.front().is_some_and(|p| p.remaining() == 0) {
+            if let Some(p) = pending.pop_front() {
+                p.answer(shared, None);
+            }
+        }
+        if let Some(p) = pending.pop_front() {
+            p.answer(shared, Some(map_error(e.clone())));
+        }
+        if failed_at.is_none() {
+            for p in pending {
+                p.answer(shared, Some(map_error(e.clone())));
+            }
+            return;
         }
     }
 }
@@ -540,17 +693,36 @@ pub(crate) async fn ensure_capped(db: &Database, name: &str, spec: &CappedSpec) 
     }
     if !spec.indexes.is_empty() {
         let coll = db.collection::<BsonDoc>(name);
-        let models = spec.indexes.iter().map(|field| {
+        let models = spec
+            .indexes
+            .iter()
+            .map(|field| (latest_index_name(field), latest_index_keys(field)))
+            .collect();
+        ensure_indexes(&coll, models).await?;
+    }
+    Ok(())
+}
+
+/// Creates the indexes (by name) that the collection lacks. Asking for the ones it has would
+/// be a no-op on MongoDB; FerretDB (1.24) answers it by dropping the connection (a panic in
+/// its `createIndexes`), so a restarted process could not open its collections.
+pub(crate) async fn ensure_indexes(
+    coll: &Collection<BsonDoc>,
+    wanted: Vec<(String, BsonDoc)>,
+) -> Result<()> {
+    let existing = coll.list_index_names().await?;
+    let missing: Vec<IndexModel> = wanted
+        .into_iter()
+        .filter(|(name, _)| !existing.contains(name))
+        .map(|(name, keys)| {
             IndexModel::builder()
-                .keys(latest_index_keys(field))
-                .options(
-                    IndexOptions::builder()
-                        .name(latest_index_name(field))
-                        .build(),
-                )
+                .keys(keys)
+                .options(IndexOptions::builder().name(name).build())
                 .build()
-        });
-        coll.create_indexes(models).await?;
+        })
+        .collect();
+    if !missing.is_empty() {
+        coll.create_indexes(missing).await?;
     }
     Ok(())
 }
@@ -873,11 +1045,13 @@ fn tail_stream(
                 Some(q) => doc! {"$and": [after, q.clone()]},
                 None => after,
             };
+            let (batch, await_time) = inner.tail_cursor();
             let opened = shared
                 .coll
                 .find(filter)
                 .cursor_type(CursorType::TailableAwait)
-                .max_await_time(inner.options.max_await_time)
+                .max_await_time(await_time)
+                .optional(batch, |find, b| find.batch_size(b))
                 .await;
             let mut cursor = match opened {
                 Ok(c) => c,

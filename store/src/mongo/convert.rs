@@ -231,6 +231,25 @@ pub(crate) fn map_error(e: DriverError) -> StoreError {
     }
 }
 
+/// The store error of a server error code read from a reply (a `writeErrors` entry), mapped as
+/// [`map_error`] maps the driver's errors.
+pub(crate) fn error_of_code(code: i32, message: String) -> StoreError {
+    match class_of_code(code) {
+        Class::Invalid => StoreError::Invalid(message),
+        Class::Unsupported => StoreError::Unsupported {
+            capability: Capability::Other,
+            reply: message,
+        },
+        Class::Transient => StoreError::Unavailable {
+            engine: ENGINE,
+            message,
+        },
+        Class::HistoryLost | Class::PositionLost | Class::Closed | Class::Other => {
+            engine_err(message)
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Updates
 // ---------------------------------------------------------------------------------------------

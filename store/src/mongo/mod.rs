@@ -213,7 +213,29 @@ impl Drop for OpeningGuard {
     }
 }
 
+/// A tail's batch size, and how long a getMore waits, on a server whose tailable cursors do
+/// not stay open ([`Capability::AwaitingTails`]): every document there is comes in the first
+/// batch, so the cursor closes and the tail re-opens it (which it must do anyway), and a
+/// getMore seldom waits. FerretDB (1.24) holds one database connection per 10 ms that a
+/// getMore waits, until it answers, and runs out of them under a few waiting tails: the whole
+/// database then hangs.
+const POLLING_TAIL_BATCH: u32 = 1000;
+const POLLING_TAIL_AWAIT: Duration = Duration::from_millis(50);
+
 impl Inner {
+    /// How a tailable cursor is opened: its batch size (`None`: the server's default) and
+    /// its getMore's `maxAwaitTimeMS`.
+    pub(crate) fn tail_cursor(&self) -> (Option<u32>, Duration) {
+        if self.capabilities.awaiting_tails.is_yes() {
+            (None, self.options.max_await_time)
+        } else {
+            (
+                Some(POLLING_TAIL_BATCH),
+                POLLING_TAIL_AWAIT.min(self.options.max_await_time),
+            )
+        }
+    }
+
     /// [`StoreError::Unsupported`] with the probe's reason, when the server lacks `capability`.
     pub(crate) fn unsupported(&self, capability: Capability) -> Option<StoreError> {
         self.capabilities
@@ -276,6 +298,24 @@ impl Inner {
     }
 }
 
+/// Creates the checkpoints collection when absent, before any stream reads the database:
+/// every collection this engine writes exists before its first write. A collection created by
+/// an upsert's first write instead may be created inside a multi-document transaction (which
+/// MongoDB before 4.4 refuses), and FerretDB was seen to hang a whole database when a
+/// checkpoint's first upsert created the collection while a tailable cursor awaited data.
+async fn ensure_checkpoints(db: &Database) -> Result<()> {
+    /// "Namespace already exists": created meanwhile by another process, or earlier.
+    const NAMESPACE_EXISTS: i32 = 48;
+    if capped::collection_info(db, CHECKPOINTS).await?.is_some() {
+        return Ok(());
+    }
+    match db.create_collection(CHECKPOINTS).await {
+        Ok(()) => Ok(()),
+        Err(e) if convert::error_code(&e) == Some(NAMESPACE_EXISTS) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Refuses names the engine keeps for itself or that the embedded engine would refuse (one
 /// naming rule for both engines).
 fn check_collection_name(name: &str) -> Result<()> {
@@ -323,6 +363,7 @@ impl MongoStore {
             .await?;
         let db = client.database(database);
         let capabilities = probe::probe(&client, &db, &probe::Hello::from_reply(&hello)).await?;
+        ensure_checkpoints(&db).await?;
         let missing: Vec<&str> = capabilities.missing().map(|(c, _)| c.as_str()).collect();
         if !missing.is_empty() {
             tracing::info!(

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use mongodb::Collection;
+use mongodb::action::Action;
 use mongodb::bson::{Bson, DateTime, Document as BsonDoc, Timestamp, doc};
 use mongodb::options::CursorType;
 
@@ -182,8 +183,17 @@ pub(crate) fn read_op(db: &str, op: &BsonDoc) -> Option<Pending> {
         "u" => {
             let key = string_key(op.get_document("o2").ok()?)?;
             // A replacement holds the whole new document; an update holds `$v`/`diff` (or
-            // `$set`... before 5.0): operator keys.
-            if o.keys().any(|k| k.starts_with('$') || k == "diff") {
+            // `$set`... before 5.0): operator keys. A `$set` that carries the `_id` holds the
+            // whole new document too (FerretDB writes updates so), and it is the exact image
+            // right after this change, where reading the document later may find a newer one:
+            // MongoDB's `$set` never names the `_id`, which no update can change.
+            let whole = o
+                .get_document("$set")
+                .ok()
+                .filter(|set| set.contains_key("_id") && o.len() <= 2);
+            if let Some(set) = whole {
+                (ChangeOp::Update, key, Some(keyed_doc_to_json(set.clone())))
+            } else if o.keys().any(|k| k.starts_with('$') || k == "diff") {
                 (ChangeOp::Update, key, None)
             } else {
                 (ChangeOp::Replace, key, Some(keyed_doc_to_json(o.clone())))
@@ -328,10 +338,12 @@ pub(crate) fn oplog_stream(
             if let Some(l) = last {
                 check_history(&inner, l).await?;
             }
+            let (batch, await_time) = inner.tail_cursor();
             let opened = oplog
                 .find(tail_filter(&db, &filter, last))
                 .cursor_type(CursorType::TailableAwait)
-                .max_await_time(inner.options.max_await_time)
+                .max_await_time(await_time)
+                .optional(batch, |find, b| find.batch_size(b))
                 .await;
             let mut cursor = match opened {
                 Ok(c) => c,
@@ -365,14 +377,14 @@ pub(crate) fn oplog_stream(
                                 continue;
                             }
                             if let Some(p) = read_op(&db, op) {
-                                let after = match p.op {
-                                    ChangeOp::Update => inner
+                                let after = match (p.op, p.after) {
+                                    (ChangeOp::Update, None) => inner
                                         .db
                                         .collection::<BsonDoc>(&p.collection)
                                         .find_one(doc! {"_id": p.key.as_str()})
                                         .await?
                                         .map(keyed_doc_to_json),
-                                    _ => p.after,
+                                    (_, after) => after,
                                 };
                                 let change = Change {
                                     op: p.op,
@@ -633,6 +645,29 @@ mod tests {
         let next = doc! {"ts": ts(9, 4), "op": "i", "ns": "db.rollups", "o": {"_id": "d"}};
         assert!(expand(&next)[0].0 > last, "the next entry follows");
         assert!(OplogPos::before(ts(9, 3)) < expand(&entry)[0].0);
+    }
+
+    /// FerretDB writes an update as `{$v: 1, $set: <the whole new document>}`: that is the
+    /// exact image after the change. MongoDB's `$set` (before 5.0) names changed fields only,
+    /// never the `_id`: the image is read later.
+    #[test]
+    fn an_update_that_sets_the_whole_document_carries_its_image() {
+        let whole = doc! {
+            "op": "u", "ns": "db.rollups", "o2": {"_id": "source:a"},
+            "o": {"$v": 1, "$set": {"_id": "source:a", "count": 7, "_tailrace_written_us": 5_i64}},
+        };
+        let p = read_op("db", &whole).unwrap();
+        assert_eq!(p.op, ChangeOp::Update);
+        assert_eq!(
+            p.after.map(serde_json::Value::Object),
+            Some(serde_json::json!({"_id": "source:a", "count": 7})),
+            "the image, without the engine's write time"
+        );
+        let fields = doc! {
+            "op": "u", "ns": "db.rollups", "o2": {"_id": "source:a"},
+            "o": {"$v": 1, "$set": {"count": 7}},
+        };
+        assert_eq!(read_op("db", &fields).unwrap().after, None, "read later");
     }
 
     #[test]

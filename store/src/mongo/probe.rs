@@ -141,7 +141,7 @@ pub(crate) async fn probe(client: &Client, db: &Database, hello: &Hello) -> Resu
     } else {
         not_a_set()
     };
-    let (documents_as_sent, capped_bounds) = probe_documents(db).await?;
+    let (documents_as_sent, capped_bounds, awaiting_tails) = probe_documents(db).await?;
     let server_filters = probe_filters(db).await?;
     Ok(Capabilities {
         change_streams,
@@ -153,6 +153,7 @@ pub(crate) async fn probe(client: &Client, db: &Database, hello: &Hello) -> Resu
         documents_as_sent,
         capped_bounds,
         server_filters,
+        awaiting_tails,
     })
 }
 
@@ -201,10 +202,10 @@ async fn probe_snapshot(client: &Client, db: &Database) -> Result<Support> {
 }
 
 /// On a scratch capped collection of one document: whether documents with a `$`-prefixed
-/// key, a dotted key and a nested array are stored as sent, and whether the collection holds
-/// one document right after further inserts (eviction at insert, as MongoDB does). The
-/// collection is dropped.
-async fn probe_documents(db: &Database) -> Result<(Support, Support)> {
+/// key, a dotted key and a nested array are stored as sent, whether a tailable cursor on it
+/// stays open, and whether the collection holds one document right after further inserts
+/// (eviction at insert, as MongoDB does). The collection is dropped.
+async fn probe_documents(db: &Database) -> Result<(Support, Support, Support)> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
@@ -225,9 +226,10 @@ async fn probe_documents(db: &Database) -> Result<(Support, Support)> {
         tracing::warn!(
             error = %reply_of(&e),
             "could not create a scratch collection to probe the server; assuming it stores \
-             documents as sent and keeps capped bounds at every insert, as MongoDB does"
+             documents as sent, keeps capped bounds at every insert and keeps tailable cursors \
+             open, as MongoDB does"
         );
-        return Ok((Support::Yes, Support::Yes));
+        return Ok((Support::Yes, Support::Yes, Support::Yes));
     }
     let coll = db.collection::<BsonDoc>(&name);
     let outcome = async {
@@ -261,6 +263,30 @@ async fn probe_documents(db: &Database) -> Result<(Support, Support)> {
                     .join("; ")
             )),
         };
+        // A tailable cursor on a capped collection holding documents: MongoDB keeps it open
+        // (a cursor id) to wait for more.
+        let tail = db
+            .run_command(
+                doc! {"find": name.as_str(), "filter": {}, "tailable": true, "awaitData": true},
+            )
+            .await?;
+        let tail_id = tail
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get("id"))
+            .and_then(bson_as_i64)
+            .unwrap_or(0);
+        let tails = if tail_id != 0 {
+            let _ = db
+                .run_command(doc! {"killCursors": name.as_str(), "cursors": [tail_id]})
+                .await;
+            Support::Yes
+        } else {
+            no(
+                "a tailable awaitData find on a capped collection that holds documents answered \
+                 with cursor id 0 (the server closed the cursor after its first batch)",
+            )
+        };
         let mut held = 0;
         let mut cursor = coll.find(doc! {}).await?;
         while let Some(d) = cursor.next().await {
@@ -275,7 +301,7 @@ async fn probe_documents(db: &Database) -> Result<(Support, Support)> {
                  further inserts (the server evicts later, in the background)"
             ))
         };
-        Ok::<_, crate::StoreError>((documents, bounds))
+        Ok::<_, crate::StoreError>((documents, bounds, tails))
     }
     .await;
     let dropped = coll.drop().await;

@@ -34,6 +34,7 @@ macro_rules! every_check {
             tail_orders_then_awaits: [],
             tail_start_now_and_after: [],
             tail_now_sees_positions_a_refused_group_frees: [],
+            a_refused_document_stores_what_the_answer_says: [],
             eviction_by_count: [CappedBounds],
             eviction_by_bytes: [CappedBounds],
             position_lost: [CappedBounds],
@@ -202,6 +203,50 @@ pub async fn tail_now_sees_positions_a_refused_group_frees(store: &dyn Store) {
             );
         }
     }
+}
+
+/// An append whose middle document the store refuses (a `$`-prefixed key, refused by servers
+/// that do not store documents as sent; 17 MiB, over every MongoDB-compatible server's limit)
+/// stores exactly what its answer says: everything (an engine that takes both), nothing
+/// (all or nothing), or, as [`StoreError::PartlyWritten`] says, the documents before the
+/// refused one, once each. A caller that retries from there stores nothing twice.
+pub async fn a_refused_document_stores_what_the_answer_says(store: &dyn Store) {
+    let c = capped(store, "c_partial", 1000, 64 << 20).await;
+    let sent = vec![
+        doc(json!({"n": 1})),
+        doc(json!({"n": 2, "$refused": true, "pad": "x".repeat(17 << 20)})),
+        doc(json!({"n": 3})),
+    ];
+    let answer = c.append(sent, Durability::Acknowledged).await;
+    let held: Vec<i64> = c
+        .newest_matching(&Filter::match_all(), 100)
+        .await
+        .unwrap()
+        .records
+        .iter()
+        .rev()
+        .map(|r| r.doc["n"].as_i64().unwrap())
+        .collect();
+    let expected: Vec<i64> = match &answer {
+        Ok(positions) => {
+            assert_eq!(positions.len(), 3);
+            vec![1, 2, 3]
+        }
+        Err(StoreError::PartlyWritten { written, error }) => {
+            assert!(!error.is_transient(), "refused, not unavailable: {error}");
+            (1..=*written as i64).collect()
+        }
+        Err(e) => {
+            assert!(!e.is_transient(), "refused, not unavailable: {e}");
+            vec![]
+        }
+    };
+    assert_eq!(held, expected, "stored as the answer says: {answer:?}");
+    let retried = c
+        .append(vec![doc(json!({"n": 3}))], Durability::Acknowledged)
+        .await
+        .unwrap();
+    assert_eq!(retried.len(), 1);
 }
 
 /// `Start::Now` skips existing documents; `Start::After(p)` yields exactly those after `p`.
