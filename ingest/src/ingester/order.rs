@@ -6,7 +6,7 @@
 //! two appends; if a dead letter were committed after events the source handed over *after*
 //! it, a crash between the two commits would leave the dead letter out while the newer events
 //! are in, and the restart would resume past the bad record: it would be lost for good (the
-//! torture test, `ingest/tests/torture.rs`, found exactly this). The other way round, a dead
+//! torture test, `tailrace/tests/torture.rs`, found exactly this). The other way round, a dead
 //! letter committed before older events, would lose those events.
 //!
 //! So a batch is written in stages, in hand-over order: the events up to the first rejected
