@@ -24,19 +24,20 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use store::clock::now_us;
-use store::{Capped, Durability, Keyed, Store};
-use tokio::sync::mpsc;
+use store::{Durability, Store};
 
 use super::dataset::Docs;
+use super::handed::Records;
 use super::machine::Usage;
 use super::measure::{Samples, fmt_bytes, fmt_rate, fmt_us, thousands};
-use super::observe::{self, Collections, Sampler};
+use super::observe::{self, Sampler, Watching};
 use super::plot::{self, Line};
 use super::report::{Report, Series, Table, Target};
 use super::writes::events_like;
 use super::{Bench, BenchError, Result, Scenario, new_report};
-use ingest::ingester::{Handed, IngestStats, Ingester};
-use ingest::source::Raw;
+use ingest::config::Config;
+use ingest::pipeline::{Pipeline, Running};
+use ingest::source::{Raw, Source};
 
 /// How often progress is sampled during a catch-up.
 const SAMPLE_EVERY: Duration = Duration::from_millis(20);
@@ -72,88 +73,94 @@ struct FeedRun {
     restarts: u64,
 }
 
-/// Writes `count` events of source `bench` through the real ingester, acknowledged, as fast
-/// as it takes them; returns the seconds it took and what it used.
+/// The configuration of one phase: the scenario's sizes, the writes acknowledged (the load is
+/// not what is measured), the feeds named in `feeds`, no configured source.
+fn phase_config(config: &Config, feeds: &[&str]) -> Config {
+    let mut c = config.clone();
+    c.store.durability = Durability::Acknowledged;
+    c.sources.clear();
+    c.feeds.retain(|f| feeds.contains(&f.name.as_str()));
+    c
+}
+
+/// Writes `count` events of source `bench` through the library's pipeline on `store`, with
+/// the feeds named in `feeds` running, as fast as it takes them; returns the seconds the
+/// writes took, what the process used, and the watched feeds, still running.
 async fn load(
     bench: &Bench,
-    c: &Collections,
-    rollups: &Arc<dyn Keyed>,
-    seed: u64,
-    count: u64,
+    store: &Arc<dyn Store>,
+    config: &Config,
+    feeds: &[&str],
+    (seed, count): (u64, u64),
     what: &str,
-) -> Result<(f64, Usage)> {
-    let stats = Arc::new(IngestStats::default());
-    let ingester = Ingester {
-        events: c.events.clone(),
-        dead_letters: c.dead_letters.clone(),
-        rollups: rollups.clone(),
-        options: ingest::ingester::IngestOptions {
-            durability: Durability::Acknowledged,
-            ..ingest::pipeline::ingest_options(&bench.config)
-        },
-        engine: c.store.engine(),
-        stats: stats.clone(),
-        health: Default::default(),
-    };
-    let (tx, rx) = mpsc::channel::<Handed>(bench.config.ingest.queue_capacity);
+) -> Result<(f64, Usage, Running, Watching)> {
     let pb = bench.progress(count, what);
+    let mut docs = Docs::new(bench.args.dataset, seed);
+    // Handed over parsed: loading is not what this scenario measures.
+    let events = (0..count).map(move |_| Raw::Json(docs.event()));
+    let records = Records::new(events, None, pb.clone());
+    let source: Box<dyn Source> = Box::new(records);
+    let mut pipeline =
+        Pipeline::build_on(store.clone(), phase_config(config, feeds), vec![source]).await?;
+    let watching = observe::watch(&mut pipeline);
     let before = Usage::now();
     let started = Instant::now();
-    let run = tokio::spawn(ingester.run(rx));
-    let mut docs = Docs::new(bench.args.dataset, seed);
-    let source: Arc<str> = Arc::from("bench");
-    for i in 0..count {
-        stats.queue_depth.fetch_add(1, Ordering::Relaxed);
-        let handed = Handed {
-            source: source.clone(),
-            // Handed over parsed: loading is not what this scenario measures.
-            raw: Raw::Json(docs.event()),
-            received_us: now_us(),
-            position: None,
-        };
-        if tx.send(handed).await.is_err() {
-            return Err(BenchError::Scenario("the ingester stopped early".into()));
-        }
-        if (i + 1).is_multiple_of(4096) {
-            pb.set_position(i + 1);
-        }
-    }
-    drop(tx);
-    run.await
-        .map_err(|e| BenchError::Scenario(format!("ingester task: {e}")))?;
+    let mut running = pipeline.start().await?;
+    running.finished().await;
+    let secs = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
-    let written = stats.written.load(Ordering::Relaxed).max(0) as u64;
+    let written = running
+        .ingest_stats()
+        .written
+        .load(Ordering::Relaxed)
+        .max(0) as u64;
     if written != count {
         return Err(BenchError::Scenario(format!(
             "catchup: loading {count} events wrote {written}"
         )));
     }
-    Ok((started.elapsed().as_secs_f64(), Usage::since(before)))
+    Ok((secs, Usage::since(before), running, watching))
+}
+
+/// Stops a phase's pipeline; an unclean stop is an error of the scenario.
+async fn stop(running: Running, what: &str) -> Result<()> {
+    let report = running.stop().await;
+    if report.is_clean() {
+        Ok(())
+    } else {
+        Err(BenchError::Scenario(format!(
+            "catchup: {what}: the pipeline did not stop cleanly: {}",
+            report.problems.join("; ")
+        )))
+    }
 }
 
 /// Runs the feeds named in `names` from their checkpoints, `behind` events behind, until they
 /// hold `last` (or `timeout`).
 async fn catch_up(
-    bench: &Bench,
-    c: &Collections,
+    store: &Arc<dyn Store>,
+    config: &Config,
     name: &str,
     names: &[&str],
-    last: u64,
-    behind: u64,
+    (last, behind): (u64, u64),
     timeout: Duration,
 ) -> Result<Outcome> {
+    let mut pipeline =
+        Pipeline::build_on(store.clone(), phase_config(config, names), vec![]).await?;
+    let watching = observe::watch(&mut pipeline);
     let before = Usage::now();
     let started = Instant::now();
     let started_us = now_us();
-    let running = observe::start(bench, c, Some(names)).await?;
-    running.watch_for(last);
-    let sampler = Sampler::spawn(running.probes(), move || last, SAMPLE_EVERY);
-    let caught_up = running.wait_for(last, timeout).await;
+    let running = pipeline.start().await?;
+    watching.watch_for(last);
+    let sampler = Sampler::spawn(watching.probes(), move || last, SAMPLE_EVERY);
+    let caught_up = watching.wait_for(last, timeout).await;
     let secs = started.elapsed().as_secs_f64();
     let usage = Usage::since(before);
     let timeline = sampler.finish().await;
-    let watched = running.stop().await?;
-    let feeds: Vec<FeedRun> = watched
+    stop(running, name).await?;
+    let feeds: Vec<FeedRun> = watching
+        .feeds
         .iter()
         .map(|w| {
             let status = w.handle.status();
@@ -246,33 +253,21 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         "timeout_secs": timeout.as_secs(),
     });
     let dir = bench.data_dir("catchup");
+    let spec = events_like(bench, n + warm + 1000);
+    config.store.events.max_docs = spec.max_docs;
+    config.store.events.max_bytes = spec.max_bytes;
     let store: Arc<dyn Store> = ingest::pipeline::open_store(&config).await?;
-    let events: Arc<dyn Capped> = store
-        .capped("bench_catchup_events", &events_like(bench, n + warm + 1000))
-        .await?;
-    let dead_letters = store
-        .capped(
-            "bench_catchup_dead",
-            &ingest::pipeline::dead_letters_spec(&bench.config),
-        )
-        .await?;
-    let rollups = store.keyed("bench_catchup_rollups").await?;
-    let c = Collections {
-        store: store.clone(),
-        events,
-        dead_letters,
-        rollups: rollups.name().to_string(),
-    };
+    let all: Vec<&str> = names.iter().map(String::as_str).collect();
 
     // 1. The feeds run over a first few events, then stop and checkpoint.
-    let running = observe::start(bench, &c, None).await?;
-    load(bench, &c, &rollups, 31, warm, "catchup: warm-up").await?;
-    if !running.wait_for(warm, Duration::from_secs(60)).await {
+    let (_, _, running, watching) =
+        load(bench, &store, &config, &all, (31, warm), "catchup: warm-up").await?;
+    if !watching.wait_for(warm, Duration::from_secs(60)).await {
         return Err(BenchError::Scenario(
             "catchup: the feeds did not hold the warm-up events within 60 s".into(),
         ));
     }
-    running.stop().await?;
+    stop(running, "warm-up").await?;
     let mut saved: Vec<(String, Value)> = Vec::new();
     for name in &names {
         match store.load_checkpoint(name).await? {
@@ -286,15 +281,10 @@ pub async fn run(bench: &Bench) -> Result<Report> {
     }
 
     // 2. With no feed running, the store fills.
-    let (load_secs, load_usage) = load(
-        bench,
-        &c,
-        &rollups,
-        32,
-        n,
-        &format!("catchup: loading {} events", thousands(n)),
-    )
-    .await?;
+    let what = format!("catchup: loading {} events", thousands(n));
+    let (load_secs, load_usage, running, _) =
+        load(bench, &store, &config, &[], (32, n), &what).await?;
+    stop(running, "load").await?;
     let last = warm + n;
 
     // 3. Each feed alone, then all together, from the same checkpoints.
@@ -315,7 +305,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
                 .save_checkpoint(feed, cp.clone(), Durability::Journaled)
                 .await?;
         }
-        outcomes.push(catch_up(bench, &c, name, feeds, last, n, timeout).await?);
+        outcomes.push(catch_up(&store, &config, name, feeds, (last, n), timeout).await?);
     }
 
     for o in &outcomes {
@@ -457,8 +447,6 @@ pub async fn run(bench: &Bench) -> Result<Report> {
     t.print();
     report.print_footer();
 
-    drop(c);
-    drop(rollups);
     store.close().await?;
     drop(store);
     super::remove_dir(&dir);

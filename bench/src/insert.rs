@@ -19,30 +19,31 @@
 //! (commit → the feed holds the event) over the run, and when it had caught up (held the
 //! last event); the feeds' rate is the events over the time until both had.
 //!
-//! Each variant gets a fresh store. Events are handed over as NDJSON bytes (what the http,
-//! file and command sources hand over), pre-encoded so the producer costs nothing. The
-//! latency per iteration is the `events` append of each batch, measured by wrapping the
-//! collection (the ingester itself is unchanged).
+//! Each variant runs the library's [`Pipeline`] on a fresh store, with one source handing over
+//! NDJSON bytes (what the http, file and command sources hand over), pre-encoded so the
+//! producer costs nothing. The latency per iteration is the `events` write of each batch as
+//! the ingester waited for it, told by the ingester ([`WriteObserver`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
+use ingest::config::Config;
+use ingest::ingester::WriteObserver;
+use ingest::pipeline::Pipeline;
 use serde_json::{Value, json};
-use store::{Capped, CappedSpec, Document, Durability, Position, Record, RecordStream, Start};
-use tokio::sync::mpsc;
+use store::Durability;
 
 use super::dataset::Docs;
 use super::floors::{self, Floor};
+use super::handed::{Records, SOURCE};
 use super::machine::Usage;
 use super::measure::{Samples, Summary, fmt_bytes, fmt_rate, fmt_ratio, fmt_us, thousands};
-use super::observe::{self, Collections, Sampler, Timeline};
+use super::observe::{self, Sampler, Timeline};
 use super::plot::{self, Line};
 use super::report::{Report, Series, Table, Target};
 use super::writes::events_like;
 use super::{Bench, BenchError, Result, Scenario, new_report};
-use ingest::ingester::{Handed, IngestOptions, IngestStats, Ingester};
 use ingest::source::Raw;
 use store::clock::now_us;
 
@@ -63,77 +64,15 @@ pub const REFERENCES: [(&str, &str, f64, &str); 3] = [
     ("MySQL", "100,000 inserts", 4_044.0, "rows/s"),
 ];
 
-/// A capped collection that times each `append` (the ingester's batch write) and otherwise
-/// is the collection it wraps.
-struct TimedCapped {
-    inner: Arc<dyn Capped>,
-    /// (µs, documents) per successful append, in order.
-    appends: Arc<Mutex<Vec<(f64, usize)>>>,
-}
+/// The `events` write of each batch as the ingester waited for it: (µs, events).
+#[derive(Default)]
+struct Appends(Mutex<Vec<(f64, usize)>>);
 
-#[async_trait]
-impl Capped for TimedCapped {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    async fn append(&self, docs: Vec<Document>, d: Durability) -> store::Result<Vec<Position>> {
-        let n = docs.len();
-        let t = Instant::now();
-        let out = self.inner.append(docs, d).await;
-        if out.is_ok()
-            && let Ok(mut a) = self.appends.lock()
-        {
-            a.push((t.elapsed().as_nanos() as f64 / 1e3, n));
+impl WriteObserver for Appends {
+    fn events_written(&self, events: usize, _: Durability, latency: Duration) {
+        if let Ok(mut a) = self.0.lock() {
+            a.push((latency.as_nanos() as f64 / 1e3, events));
         }
-        out
-    }
-    fn commits_with(&self, keyed: &dyn store::Keyed) -> bool {
-        self.inner.commits_with(keyed)
-    }
-    async fn append_with_updates(
-        &self,
-        docs: Vec<Document>,
-        keyed: &dyn store::Keyed,
-        updates: Vec<store::KeyUpdate>,
-        d: Durability,
-    ) -> store::Result<Vec<Position>> {
-        let n = docs.len();
-        let t = Instant::now();
-        let out = self
-            .inner
-            .append_with_updates(docs, keyed, updates, d)
-            .await;
-        if out.is_ok()
-            && let Ok(mut a) = self.appends.lock()
-        {
-            a.push((t.elapsed().as_nanos() as f64 / 1e3, n));
-        }
-        out
-    }
-    fn tail(&self, start: Start) -> RecordStream {
-        self.inner.tail(start)
-    }
-    fn tail_matching(&self, start: Start, filter: store::Filter) -> RecordStream {
-        self.inner.tail_matching(start, filter)
-    }
-    async fn newest_matching(
-        &self,
-        filter: &store::Filter,
-        limit: usize,
-    ) -> store::Result<store::NewestMatching> {
-        self.inner.newest_matching(filter, limit).await
-    }
-    async fn get(&self, p: Position) -> store::Result<Option<Record>> {
-        self.inner.get(p).await
-    }
-    async fn latest(&self, f: &str, v: &Value, limit: usize) -> store::Result<Vec<Record>> {
-        self.inner.latest(f, v, limit).await
-    }
-    async fn bounds(&self) -> store::Result<Option<store::Bounds>> {
-        self.inner.bounds().await
-    }
-    async fn usage(&self) -> store::Result<store::Usage> {
-        self.inner.usage().await
     }
 }
 
@@ -186,6 +125,22 @@ impl Outcome {
     }
 }
 
+/// The configuration of one variant: its own store, `events` capped at half the run, every
+/// write journaled; a single client writes each event alone through a queue of one.
+fn variant_config(bench: &Bench, dir_name: &str, docs: u64, batched: bool) -> Config {
+    let mut c = bench.store_config(dir_name);
+    let spec = events_like(bench, (docs / 2).max(1000));
+    c.store.events.max_docs = spec.max_docs;
+    c.store.events.max_bytes = spec.max_bytes;
+    c.store.durability = Durability::Journaled;
+    c.sources.clear();
+    if !batched {
+        c.ingest.batch_max_events = 1;
+        c.ingest.queue_capacity = 1;
+    }
+    c
+}
+
 async fn variant(
     bench: &Bench,
     random: bool,
@@ -193,139 +148,59 @@ async fn variant(
     docs: u64,
     time_box: Option<Duration>,
 ) -> Result<Outcome> {
-    let name = format!(
-        "{}, {}",
-        if random { "random" } else { "static" },
-        if batched { "batched" } else { "single" }
-    );
-    let dir_name = format!(
-        "insert-{}-{}",
-        if random { "random" } else { "static" },
-        if batched { "batched" } else { "single" }
-    );
-    let c = &bench.config;
-    let store = bench.open_store(&dir_name).await?;
-    let events = store
-        .capped(
-            "bench_insert_events",
-            &events_like(bench, (docs / 2).max(1000)),
-        )
-        .await?;
-    let dead_spec = CappedSpec {
-        max_docs: c.store.dead_letters.max_docs,
-        max_bytes: c.store.dead_letters.max_bytes,
-        indexes: vec!["source".into(), "reason".into()],
-    };
-    let dead_letters = store.capped("bench_insert_dead", &dead_spec).await?;
-    let rollups = store.keyed("bench_insert_rollups").await?;
-    let appends = Arc::new(Mutex::new(Vec::new()));
-    let stats = Arc::new(IngestStats::default());
-    let ingester = Ingester {
-        events: Arc::new(TimedCapped {
-            inner: events.clone(),
-            appends: appends.clone(),
-        }),
-        dead_letters: dead_letters.clone(),
-        rollups: rollups.clone(),
-        // The pipeline's own options, so the bench cannot drift from production; only the
-        // batch size (single client) and the durability (always journaled) are the bench's.
-        options: IngestOptions {
-            batch_max_events: if batched {
-                c.ingest.batch_max_events
-            } else {
-                1
-            },
-            durability: Durability::Journaled,
-            ..ingest::pipeline::ingest_options(c)
-        },
-        engine: store.engine(),
-        stats: stats.clone(),
-        health: Default::default(),
-    };
-
-    // Pre-encoded NDJSON lines, so the producer only hands them over.
+    let content = if random { "random" } else { "static" };
+    let client = if batched { "batched" } else { "single" };
+    let name = format!("{content}, {client}");
+    let dir_name = format!("insert-{content}-{client}");
+    // Pre-encoded NDJSON lines (what the http, file and command sources hand over), so the
+    // source only hands them over.
     let mut g = Docs::new(bench.args.dataset, if random { 21 } else { 22 });
-    let payloads: Vec<Vec<u8>> = if random {
+    let payloads: Vec<Raw> = if random {
         (0..docs)
-            .map(|_| serde_json::to_vec(&g.event()).unwrap_or_default())
+            .map(|_| Raw::Bytes(serde_json::to_vec(&g.event()).unwrap_or_default()))
             .collect()
     } else {
         let one = serde_json::to_vec(&g.event()).unwrap_or_default();
-        vec![one; docs as usize]
+        (0..docs).map(|_| Raw::Bytes(one.clone())).collect()
     };
+    let pb = bench.progress(docs, &format!("insert {name}"));
+    let records = Records::new(payloads.into_iter(), time_box, pb.clone());
+    let handed = records.handed();
 
-    // The feeds start first, as in the pipeline, and read the collections the ingester writes.
-    let running = observe::start(
-        bench,
-        &Collections {
-            store: store.clone(),
-            events: events.clone(),
-            dead_letters,
-            rollups: rollups.name().to_string(),
-        },
-        None,
-    )
-    .await?;
+    let config = variant_config(bench, &dir_name, docs, batched);
+    let mut pipeline = Pipeline::build(config, vec![Box::new(records)]).await?;
+    let appends = Arc::new(Appends::default());
+    pipeline.observe_writes(appends.clone());
+    let watching = observe::watch(&mut pipeline);
+    let stats = pipeline.ingest_stats().clone();
+    let rollups = pipeline.collections().rollups.clone();
     let sampler = {
         let stats = stats.clone();
         Sampler::spawn(
-            running.probes(),
+            watching.probes(),
             move || stats.written.load(Ordering::Relaxed).max(0) as u64,
             LAG_EVERY,
         )
     };
-
-    let source: Arc<str> = Arc::from("bench");
-    // A single client waits for each event's acknowledgment before sending the next: a
-    // queue of one. Batched clients may have the whole configured queue in flight.
-    let capacity = if batched { c.ingest.queue_capacity } else { 1 };
-    let (tx, rx) = mpsc::channel::<Handed>(capacity);
-    let pb = bench.progress(docs, &format!("insert {name}"));
     let before = Usage::now();
     let started = Instant::now();
     let started_us = now_us();
-    let run = tokio::spawn(ingester.run(rx));
-    let mut sent = 0u64;
-    let mut time_boxed = false;
-    for p in payloads {
-        if let Some(limit) = time_box
-            && started.elapsed() >= limit
-        {
-            time_boxed = true;
-            break;
-        }
-        stats.queue_depth.fetch_add(1, Ordering::Relaxed);
-        let handed = Handed {
-            source: source.clone(),
-            raw: Raw::Bytes(p),
-            received_us: now_us(),
-            position: None,
-        };
-        if tx.send(handed).await.is_err() {
-            return Err(BenchError::Scenario("the ingester stopped early".into()));
-        }
-        sent += 1;
-        if sent.is_multiple_of(1024) {
-            pb.set_position(sent);
-        }
-    }
-    drop(tx);
-    run.await
-        .map_err(|e| BenchError::Scenario(format!("ingester task: {e}")))?;
+    let mut running = pipeline.start().await?;
+    running.finished().await;
     let secs = started.elapsed().as_secs_f64();
     pb.finish_and_clear();
+    let sent = handed.load(Ordering::Relaxed);
 
     // The writer is done: how far behind is each feed, and when does it hold the last event?
-    let lag_at_writer_end: Vec<u64> = running
+    let lag_at_writer_end: Vec<u64> = watching
         .feeds
         .iter()
         .map(|f| sent.saturating_sub(f.probe.last_seq()))
         .collect();
-    running.watch_for(sent);
-    let all_held = running.wait_for(sent, FEEDS_CATCH_UP).await;
+    watching.watch_for(sent);
+    let all_held = watching.wait_for(sent, FEEDS_CATCH_UP).await;
     let usage = Usage::since(before);
     let timeline = sampler.finish().await;
-    let watched = running.stop().await?;
     if !all_held {
         tracing::warn!(
             variant = %name,
@@ -333,7 +208,28 @@ async fn variant(
             FEEDS_CATCH_UP.as_secs()
         );
     }
-    let feeds = watched
+    // Every event went through: the source's rollup counted each one.
+    let counted = rollups
+        .get(&format!("source:{SOURCE}"))
+        .await?
+        .and_then(|d| d.get("count").and_then(Value::as_u64))
+        .unwrap_or(0);
+    drop(rollups);
+    let report = running.stop().await;
+    if !report.is_clean() {
+        return Err(BenchError::Scenario(format!(
+            "insert {name}: the pipeline did not stop cleanly: {}",
+            report.problems.join("; ")
+        )));
+    }
+    let written = stats.written.load(Ordering::Relaxed) as u64;
+    if counted != sent || written != sent {
+        return Err(BenchError::Scenario(format!(
+            "insert {name}: sent {sent} events, the ingester wrote {written} and the rollup counted {counted}"
+        )));
+    }
+    let feeds = watching
+        .feeds
         .iter()
         .zip(lag_at_writer_end)
         .enumerate()
@@ -354,31 +250,13 @@ async fn variant(
             }
         })
         .collect();
-
-    // Every event went through: the source's rollup counted each one.
-    let counted = rollups
-        .get("source:bench")
-        .await?
-        .and_then(|d| d.get("count").and_then(Value::as_u64))
-        .unwrap_or(0);
-    let written = stats.written.load(Ordering::Relaxed) as u64;
-    if counted != sent || written != sent {
-        return Err(BenchError::Scenario(format!(
-            "insert {name}: sent {sent} events, the ingester wrote {written} and the rollup counted {counted}"
-        )));
-    }
-    let recorded = appends.lock().map(|a| a.clone()).unwrap_or_default();
+    let recorded = appends.0.lock().map(|a| a.clone()).unwrap_or_default();
     let mut samples = Samples::with_capacity(recorded.len());
     for (us, _) in &recorded {
         samples.push_us(*us);
     }
     let docs_per_append =
         recorded.iter().map(|a| a.1).sum::<usize>() as f64 / recorded.len().max(1) as f64;
-    drop(watched);
-    drop(events);
-    drop(rollups);
-    store.close().await?;
-    drop(store);
     super::remove_dir(&bench.data_dir(&dir_name));
     Ok(Outcome {
         name,
@@ -388,7 +266,7 @@ async fn variant(
         secs,
         appends: samples,
         docs_per_append,
-        time_boxed,
+        time_boxed: time_box.is_some() && sent < docs,
         feeds,
         timeline,
         usage,

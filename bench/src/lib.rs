@@ -22,9 +22,11 @@
 //! [`floors`], [`machine`] (what the results were measured on), [`report`] (tables, JSON,
 //! published references), [`plot`] (SVG), [`check`] (the `--quick` well-formedness check),
 //! [`dataset`] (`--dataset small|realistic`), [`observe`] (the real feeds run beside a
-//! scenario and watched: lag, notification latency, catch-up), and one file per scenario. The engine is opened only through
+//! scenario and watched: lag, notification latency, catch-up), [`handed`] (what a scenario
+//! hands to the pipeline), and one file per scenario. The engine is opened only through
 //! [`pipeline::open_store`](ingest::pipeline::open_store) and used only through the store
-//! contract, so the same scenarios run on every engine.
+//! contract, so the same scenarios run on every engine; `insert` and `catchup` run the
+//! library's own [`Pipeline`](ingest::pipeline::Pipeline).
 
 pub mod args;
 pub mod catchup;
@@ -32,6 +34,7 @@ pub mod changes_client;
 pub mod check;
 pub mod dataset;
 pub mod floors;
+pub mod handed;
 pub mod insert;
 pub mod machine;
 pub mod measure;
@@ -55,7 +58,7 @@ use store::{Store, StoreError};
 pub use args::{BenchArgs, EngineArg, Scenario};
 
 use ingest::config::{Config, StoreEngine};
-use ingest::pipeline::{self, RunError};
+use ingest::pipeline::{self, PipelineError};
 use report::Report;
 
 /// What can stop a benchmark.
@@ -66,7 +69,7 @@ pub enum BenchError {
     Store(#[from] StoreError),
     /// The engine could not be opened.
     #[error("{0}")]
-    Open(#[from] RunError),
+    Open(#[from] PipelineError),
     /// A file or socket operation failed.
     #[error("{context}: {source}")]
     Io {
@@ -180,10 +183,13 @@ impl Bench {
         Ok(pipeline::open_store(&self.store_config(name)).await?)
     }
 
-    /// The config a scenario's store is opened with.
+    /// The config a scenario's store is opened with: the embedded engine in a fresh
+    /// directory, MongoDB in a database of the scenario's own (`<database>_<name>`), so no
+    /// scenario finds what an earlier one wrote.
     pub fn store_config(&self, name: &str) -> Config {
         let mut c = self.config.clone();
         c.store.path = self.data_dir(name);
+        c.store.database = format!("{}_{}", c.store.database, name.replace(['-', '.'], "_"));
         c
     }
 

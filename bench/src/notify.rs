@@ -27,7 +27,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -213,22 +213,18 @@ async fn api_server(
     stop: CancellationToken,
 ) -> Result<SocketAddr> {
     use axum::serve::ListenerExt;
-    let state = server::AppState {
-        metrics: metrics_exporter_prometheus::PrometheusBuilder::new()
-            .build_recorder()
-            .handle(),
-        feeds: Arc::new(Vec::new()),
-        store: store.clone(),
+    let collections = ingest::pipeline::Collections {
         events: t.capped.clone(),
         dead_letters: t.capped.clone(),
         rollups: t.keyed.clone(),
         stats: t.keyed.clone(),
-        ingest: Arc::new(ingest::ingester::IngestStats::default()),
-        ready: Arc::new(AtomicBool::new(true)),
-        health: Arc::new(ingest::ingester::StoreHealth::new()),
-        info: Arc::new(json!({"bench": "notify"})),
-        streams: server::StreamLimits::new(8, Duration::from_secs(30)),
     };
+    let state = server::AppState::for_collections(
+        store.clone(),
+        collections,
+        json!({"bench": "notify"}),
+        server::StreamLimits::new(8, Duration::from_secs(30)),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(super::io_err("binding the API server"))?;

@@ -1,14 +1,11 @@
-//! The real feeds, run by a scenario and watched from outside without changing them.
+//! The real feeds of a scenario's pipeline, watched from outside without changing them.
 //!
-//! [`start`] builds the configured `[[feeds]]` exactly as the pipeline does
-//! ([`pipeline::feed_source`](ingest::pipeline::feed_source), [`Feed::new`], [`Feed::run`]), on
-//! the scenario's collections. Each feed is handed the store (and, for a tailable feed, its
-//! capped collection) through a thin wrapper that passes every call through and, as each entry
-//! of the feed's stream is yielded — the moment the feed starts processing it, where the
-//! feed's own `tailrace_notification_latency_seconds` is measured — tells the feed's
-//! [`Probe`]: the highest event sequence number the feed holds, and the notification latency
-//! (now − the engine's commit stamp) under the feed's own rule (entries committed before the
-//! feed started are replays and get no sample).
+//! [`watch`] gives each feed of a built [`Pipeline`] a [`Probe`], which the feed tells of
+//! every entry it takes, as it starts processing it ([`feeds::FeedObserver`], where the feed's
+//! own `tailrace_notification_latency_seconds` is measured): the highest event sequence
+//! number the feed holds, and the notification latency (now − the engine's commit stamp)
+//! under the feed's own rule (entries committed before the feed started are replays and get
+//! no sample).
 //!
 //! Lag is counted in events: the newest acknowledged sequence number less the highest one the
 //! feed holds. Every event is exactly one entry of each default feed (a record of `events`; a
@@ -20,23 +17,15 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use feeds::{Feed, FeedHandle, FeedKind, FeedSource, FeedSpec};
-use futures::StreamExt;
+use feeds::{FeedHandle, FeedKind, FeedObserver};
+use ingest::pipeline::Pipeline;
 use serde_json::Value;
 use store::clock::now_us;
-use store::{
-    Capped, CappedSpec, ChangeFilter, ChangeStart, ChangeStream, Document, Durability, Keyed,
-    Position, Record, RecordStream, ResumeToken, STAMP_FIELD, Start, Store,
-};
+use store::{Document, STAMP_FIELD};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::measure::Samples;
-use super::{Bench, BenchError, Result};
-
-/// How long a stopped feed may take to drain and checkpoint (the pipeline allows 5 s).
-const STOP_DEADLINE: Duration = Duration::from_secs(10);
 
 /// What one feed's stream has yielded so far.
 pub struct Probe {
@@ -120,218 +109,50 @@ impl Probe {
     }
 }
 
-/// A store that tells a probe about every change its change streams yield; everything else
-/// passes straight through.
-struct ObservedStore {
-    inner: Arc<dyn Store>,
-    probe: Arc<Probe>,
-}
-
-impl ObservedStore {
-    fn watch(&self, s: ChangeStream) -> ChangeStream {
-        let cell = s.resume_cell();
-        let probe = self.probe.clone();
-        let inner = s
-            .map(move |c| {
-                if let Ok(c) = &c {
-                    probe.saw(
-                        c.after.as_ref().or(c.before.as_ref()),
-                        Some(c.committed_at_us),
-                    );
-                }
-                c
-            })
-            .boxed();
-        ChangeStream::new(inner, cell)
+impl FeedObserver for Probe {
+    fn entry(&self, doc: Option<&Document>, committed_at_us: Option<i64>) {
+        self.saw(doc, committed_at_us);
     }
 }
 
-#[async_trait]
-impl Store for ObservedStore {
-    fn engine(&self) -> &'static str {
-        self.inner.engine()
-    }
-    async fn capped(&self, name: &str, spec: &CappedSpec) -> store::Result<Arc<dyn Capped>> {
-        self.inner.capped(name, spec).await
-    }
-    async fn keyed(&self, name: &str) -> store::Result<Arc<dyn Keyed>> {
-        self.inner.keyed(name).await
-    }
-    fn changes(&self, filter: ChangeFilter, start: ChangeStart) -> ChangeStream {
-        self.watch(self.inner.changes(filter, start))
-    }
-    fn oplog(&self, filter: ChangeFilter, start: ChangeStart) -> ChangeStream {
-        self.watch(self.inner.oplog(filter, start))
-    }
-    async fn newest_change(&self) -> store::Result<Option<ResumeToken>> {
-        self.inner.newest_change().await
-    }
-    async fn changes_after(&self, token: &ResumeToken) -> store::Result<Option<u64>> {
-        self.inner.changes_after(token).await
-    }
-    async fn oldest_change_at(&self) -> store::Result<Option<i64>> {
-        self.inner.oldest_change_at().await
-    }
-    async fn load_checkpoint(&self, feed: &str) -> store::Result<Option<Value>> {
-        self.inner.load_checkpoint(feed).await
-    }
-    async fn save_checkpoint(&self, feed: &str, cp: Value, d: Durability) -> store::Result<()> {
-        self.inner.save_checkpoint(feed, cp, d).await
-    }
-    async fn close(&self) -> store::Result<()> {
-        // The scenario owns the store and closes it; a feed never does.
-        Ok(())
-    }
-}
-
-/// A capped collection that tells a probe about every record its tails yield.
-struct ObservedCapped {
-    inner: Arc<dyn Capped>,
-    probe: Arc<Probe>,
-}
-
-#[async_trait]
-impl Capped for ObservedCapped {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    async fn append(&self, docs: Vec<Document>, d: Durability) -> store::Result<Vec<Position>> {
-        self.inner.append(docs, d).await
-    }
-    fn commits_with(&self, keyed: &dyn Keyed) -> bool {
-        self.inner.commits_with(keyed)
-    }
-    async fn append_with_updates(
-        &self,
-        docs: Vec<Document>,
-        keyed: &dyn Keyed,
-        updates: Vec<store::KeyUpdate>,
-        d: Durability,
-    ) -> store::Result<Vec<Position>> {
-        self.inner
-            .append_with_updates(docs, keyed, updates, d)
-            .await
-    }
-    fn tail(&self, start: Start) -> RecordStream {
-        let probe = self.probe.clone();
-        self.inner
-            .tail(start)
-            .map(move |r| {
-                if let Ok(r) = &r {
-                    probe.saw(Some(&r.doc), r.committed_at_us);
-                }
-                r
-            })
-            .boxed()
-    }
-    async fn newest_matching(
-        &self,
-        filter: &store::Filter,
-        limit: usize,
-    ) -> store::Result<store::NewestMatching> {
-        self.inner.newest_matching(filter, limit).await
-    }
-    async fn get(&self, p: Position) -> store::Result<Option<Record>> {
-        self.inner.get(p).await
-    }
-    async fn latest(&self, f: &str, v: &Value, limit: usize) -> store::Result<Vec<Record>> {
-        self.inner.latest(f, v, limit).await
-    }
-    async fn bounds(&self) -> store::Result<Option<store::Bounds>> {
-        self.inner.bounds().await
-    }
-    async fn usage(&self) -> store::Result<store::Usage> {
-        self.inner.usage().await
-    }
-}
-
-/// The collections a scenario's feeds read.
-pub struct Collections {
-    /// The scenario's store.
-    pub store: Arc<dyn Store>,
-    /// Its `events`.
-    pub events: Arc<dyn Capped>,
-    /// Its `dead_letters`.
-    pub dead_letters: Arc<dyn Capped>,
-    /// The name of its `rollups` (scenarios prefix their collections with `bench_`).
-    pub rollups: String,
-}
-
-/// One running feed and what watches it.
+/// One feed of a pipeline and what watches it.
 pub struct Watched {
     /// The feed's configured name.
     pub name: String,
     /// Its kind.
     pub kind: FeedKind,
-    /// What its stream yielded.
+    /// What it took.
     pub probe: Arc<Probe>,
     /// The feed's own handle (status, restarts, gaps).
     pub handle: FeedHandle,
 }
 
-/// The configured feeds, running.
-pub struct RunningFeeds {
+/// Every feed of `pipeline`, each with a probe, in configuration order.
+pub fn watch(pipeline: &mut Pipeline) -> Watching {
+    let handles: Vec<FeedHandle> = pipeline.feeds().iter().cloned().collect();
+    let feeds = handles
+        .into_iter()
+        .map(|handle| {
+            let probe = Arc::new(Probe::new());
+            pipeline.observe_feed(&handle.name, probe.clone());
+            Watched {
+                name: handle.name.clone(),
+                kind: handle.kind,
+                probe,
+                handle,
+            }
+        })
+        .collect();
+    Watching { feeds }
+}
+
+/// The watched feeds of one pipeline.
+pub struct Watching {
     /// Each feed, in configuration order.
     pub feeds: Vec<Watched>,
-    stop: CancellationToken,
-    tasks: Vec<(String, JoinHandle<()>)>,
 }
 
-/// Starts the configured feeds (those named in `only`, or all) on `c`, each resuming from its
-/// checkpoint in `c.store` as in the pipeline.
-pub async fn start(bench: &Bench, c: &Collections, only: Option<&[&str]>) -> Result<RunningFeeds> {
-    let stop = CancellationToken::new();
-    let mut feeds = Vec::new();
-    let mut tasks = Vec::new();
-    for f in &bench.config.feeds {
-        if only.is_some_and(|names| !names.contains(&f.name.as_str())) {
-            continue;
-        }
-        let probe = Arc::new(Probe::new());
-        let source = match ingest::pipeline::feed_source(f, &c.events, &c.dead_letters) {
-            FeedSource::Tail(capped) => FeedSource::Tail(Arc::new(ObservedCapped {
-                inner: capped,
-                probe: probe.clone(),
-            })),
-            FeedSource::Changes(filter) => FeedSource::Changes(rename(filter, &c.rollups)),
-            FeedSource::Oplog(filter) => FeedSource::Oplog(rename(filter, &c.rollups)),
-        };
-        let kind = f.kind();
-        let spec = FeedSpec {
-            name: f.name.clone(),
-            source,
-            stats: bench.config.stats.clone(),
-        };
-        let store: Arc<dyn Store> = Arc::new(ObservedStore {
-            inner: c.store.clone(),
-            probe: probe.clone(),
-        });
-        let feed = Feed::new(spec, store)
-            .await
-            .map_err(|e| BenchError::Scenario(e.to_string()))?;
-        let handle = feed.handle();
-        tasks.push((f.name.clone(), tokio::spawn(feed.run(stop.clone()))));
-        feeds.push(Watched {
-            name: f.name.clone(),
-            kind,
-            probe,
-            handle,
-        });
-    }
-    Ok(RunningFeeds { feeds, stop, tasks })
-}
-
-/// The scenario's rollups collection stands in for `rollups` in a change feed's filter.
-fn rename(mut filter: ChangeFilter, rollups: &str) -> ChangeFilter {
-    for c in &mut filter.collections {
-        if c == "rollups" {
-            *c = rollups.to_string();
-        }
-    }
-    filter
-}
-
-impl RunningFeeds {
+impl Watching {
     /// Notes, for every feed, when it holds sequence number `seq`.
     pub fn watch_for(&self, seq: u64) {
         for f in &self.feeds {
@@ -339,8 +160,8 @@ impl RunningFeeds {
         }
     }
 
-    /// Waits until every feed holds sequence number `seq` (what [`RunningFeeds::watch_for`]
-    /// was given), or `timeout`; returns whether they all did.
+    /// Waits until every feed holds sequence number `seq`, or `timeout`; returns whether they
+    /// all did.
     pub async fn wait_for(&self, seq: u64, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut every = tokio::time::interval(Duration::from_millis(5));
@@ -358,27 +179,6 @@ impl RunningFeeds {
     /// The probes, in configuration order.
     pub fn probes(&self) -> Vec<Arc<Probe>> {
         self.feeds.iter().map(|f| f.probe.clone()).collect()
-    }
-
-    /// Stops every feed as the pipeline does (drain what is committed, checkpoint) and waits
-    /// for them; a feed that does not stop in time is an error.
-    pub async fn stop(self) -> Result<Vec<Watched>> {
-        self.stop.cancel();
-        for (name, task) in self.tasks {
-            match tokio::time::timeout(STOP_DEADLINE, task).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    return Err(BenchError::Scenario(format!("feed {name} failed: {e}")));
-                }
-                Err(_) => {
-                    return Err(BenchError::Scenario(format!(
-                        "feed {name} did not stop within {} s",
-                        STOP_DEADLINE.as_secs()
-                    )));
-                }
-            }
-        }
-        Ok(self.feeds)
     }
 }
 

@@ -25,8 +25,6 @@
 //! `/healthz` round trip (HTTP framing and routing, no store) is reported beside it.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -42,7 +40,6 @@ use super::measure::{Samples, fmt_rate, fmt_ratio, fmt_us, thousands};
 use super::plot::{self, Line};
 use super::report::{Report, Series, Table, Target};
 use super::{Bench, BenchError, Result, Scenario, io_err, new_report};
-use ingest::ingester::IngestStats;
 use server::{AppState, router};
 
 /// Published outbox results (300 concurrent users).
@@ -374,22 +371,18 @@ pub async fn run(bench: &Bench) -> Result<Report> {
     report.params["load_secs"] = json!(load_started.elapsed().as_secs_f64());
 
     // The real router, in-process, on a free loopback port.
-    let state = AppState {
-        metrics: metrics_exporter_prometheus::PrometheusBuilder::new()
-            .build_recorder()
-            .handle(),
-        feeds: Arc::new(Vec::new()),
-        store: store.clone(),
+    let collections = ingest::pipeline::Collections {
         events: outbox.clone(),
         dead_letters: outbox.clone(),
         rollups: store.keyed("bench_outbox_rollups").await?,
         stats: store.keyed("bench_outbox_stats").await?,
-        ingest: Arc::new(IngestStats::default()),
-        ready: Arc::new(AtomicBool::new(true)),
-        health: Default::default(),
-        info: Arc::new(json!({"bench": "outbox"})),
-        streams: server::StreamLimits::new(64, Duration::from_secs(30)),
     };
+    let state = AppState::for_collections(
+        store.clone(),
+        collections,
+        json!({"bench": "outbox"}),
+        server::StreamLimits::new(64, Duration::from_secs(30)),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(io_err("binding the API server"))?;

@@ -31,5 +31,6 @@ pub mod stats;
 pub mod telemetry;
 
 pub use feed::{
-    Feed, FeedError, FeedHandle, FeedKind, FeedPosition, FeedSource, FeedSpec, FeedStatus,
+    Feed, FeedError, FeedHandle, FeedKind, FeedObserver, FeedPosition, FeedSource, FeedSpec,
+    FeedStatus,
 };

@@ -94,6 +94,7 @@ async fn http_source_sustained_rate_into_the_embedded_store() {
         engine: "embedded",
         stats: Arc::new(IngestStats::default()),
         health: Default::default(),
+        observer: None,
     };
     let (tx, rx) = mpsc::channel::<Handed>(4096);
     tokio::spawn(ingester.run(rx));

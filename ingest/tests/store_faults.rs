@@ -68,6 +68,7 @@ async fn ingest_in_bursts(
         engine: "embedded",
         stats: Arc::new(IngestStats::default()),
         health: health.clone(),
+        observer: None,
     };
     let (tx, rx) = mpsc::channel::<Handed>(1024);
     let task = tokio::spawn(ingester.run(rx));

@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 use store::{Capped, Keyed, Store};
 
 use ingest::ingester::{IngestStats, StoreHealth};
+use ingest::pipeline::{Collections, Pipeline};
 
 pub use changes::StreamLimits;
 
@@ -55,6 +56,58 @@ pub struct AppState {
     pub info: Arc<Value>,
     /// How many change streams may be open at once, and how long one may stall.
     pub streams: StreamLimits,
+}
+
+impl AppState {
+    /// The state of a pipeline's server: its store, collections, feeds, counters and
+    /// readiness; `metrics` renders `/metrics`, `info` is what `/api/status` says about it.
+    pub fn for_pipeline(
+        p: &Pipeline,
+        metrics: PrometheusHandle,
+        info: Value,
+        streams: StreamLimits,
+    ) -> AppState {
+        AppState {
+            metrics,
+            feeds: p.feeds().clone(),
+            store: p.store().clone(),
+            events: p.collections().events.clone(),
+            dead_letters: p.collections().dead_letters.clone(),
+            rollups: p.collections().rollups.clone(),
+            stats: p.collections().stats.clone(),
+            ingest: p.ingest_stats().clone(),
+            ready: p.ready().clone(),
+            health: p.health().clone(),
+            info: Arc::new(info),
+            streams,
+        }
+    }
+
+    /// A server over collections alone, without a pipeline (`tailrace bench`): no feeds,
+    /// ready, and a metrics recorder of its own (not installed globally).
+    pub fn for_collections(
+        store: Arc<dyn Store>,
+        collections: Collections,
+        info: Value,
+        streams: StreamLimits,
+    ) -> AppState {
+        AppState {
+            metrics: metrics_exporter_prometheus::PrometheusBuilder::new()
+                .build_recorder()
+                .handle(),
+            feeds: Arc::new(Vec::new()),
+            store,
+            events: collections.events,
+            dead_letters: collections.dead_letters,
+            rollups: collections.rollups,
+            stats: collections.stats,
+            ingest: Arc::new(IngestStats::default()),
+            ready: Arc::new(AtomicBool::new(true)),
+            health: Arc::new(StoreHealth::new()),
+            info: Arc::new(info),
+            streams,
+        }
+    }
 }
 
 /// The router.

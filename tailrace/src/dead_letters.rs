@@ -38,7 +38,7 @@ use tokio::sync::mpsc;
 
 use ingest::config::Config;
 use ingest::ingester::{Handed, IngestStats, Ingester, validate};
-use ingest::pipeline::{self, RunError};
+use ingest::pipeline::{self, PipelineError};
 use ingest::source::Raw;
 
 /// The keyed collection of replayed dead letters' positions.
@@ -221,7 +221,7 @@ impl fmt::Display for ReplayReport {
 pub enum DeadLetterError {
     /// The store could not be opened (e.g. the pipeline is running).
     #[error("{0}")]
-    Open(#[from] RunError),
+    Open(#[from] PipelineError),
     /// A read or write failed.
     #[error("store: {0}")]
     Store(#[from] store::StoreError),
@@ -369,6 +369,7 @@ async fn replay_open(
             engine: store.engine(),
             stats: Arc::new(IngestStats::default()),
             health: Default::default(),
+            observer: None,
         };
         let (tx, rx) = mpsc::channel::<Handed>(c.ingest.queue_capacity);
         let writer = tokio::spawn(ingester.run(rx));

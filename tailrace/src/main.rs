@@ -141,8 +141,8 @@ fn main() -> ExitCode {
 
 fn is_unclean(e: &anyhow::Error) -> bool {
     matches!(
-        e.downcast_ref::<ingest::pipeline::RunError>(),
-        Some(ingest::pipeline::RunError::Unclean { .. })
+        e.downcast_ref::<tailrace::run::RunError>(),
+        Some(tailrace::run::RunError::Unclean { .. })
     )
 }
 

@@ -555,6 +555,7 @@ async fn sse_bad_input_reaches_the_dead_letters_and_good_events_all_arrive() {
         engine: "embedded",
         stats: Arc::new(IngestStats::default()),
         health: Default::default(),
+        observer: None,
     };
     let (tx, rx) = mpsc::channel::<Handed>(64);
     tokio::spawn(ingester.run(rx));

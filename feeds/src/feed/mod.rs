@@ -60,6 +60,16 @@ impl FeedKind {
     }
 }
 
+/// Told of every entry a feed takes from its stream, as the feed starts processing it (the
+/// moment its notification latency is measured): the document its statistics read and the
+/// entry's commit time. For watching a feed from outside (`tailrace bench`) without wrapping
+/// the store it reads.
+pub trait FeedObserver: Send + Sync + 'static {
+    /// An entry: its document (a record, or a change's post-image; a delete's pre-image) and
+    /// when it was committed, where the engine says.
+    fn entry(&self, doc: Option<&Document>, committed_at_us: Option<i64>);
+}
+
 /// Everything a feed needs to know, built from configuration.
 pub struct FeedSpec {
     /// Unique feed name (metric label, checkpoint key).
@@ -144,6 +154,8 @@ pub struct Feed {
     /// Notification latencies (µs) since the last `stats` document, which publishes their
     /// p50/p99 (`notify_us`): a window of its own, as the status line resets the handle's.
     notify_window: hdrhistogram::Histogram<u64>,
+    /// Told of every entry, if any.
+    observer: Option<Arc<dyn FeedObserver>>,
 }
 
 /// What one tick writes, and where: run as a task of its own (see `Feed::on_tick`).
@@ -292,12 +304,18 @@ impl Feed {
             read_up_to: None,
             restarts: 0,
             notify_window,
+            observer: None,
         })
     }
 
     /// The handle to watch this feed from outside.
     pub fn handle(&self) -> FeedHandle {
         self.handle.clone()
+    }
+
+    /// Tells `observer` of every entry this feed takes, from now on.
+    pub fn observe(&mut self, observer: Arc<dyn FeedObserver>) {
+        self.observer = Some(observer);
     }
 
     fn open(&mut self, from_oldest: bool) -> BoxStream<'static, Result<Item, StoreError>> {
@@ -401,6 +419,9 @@ impl Feed {
     fn process(&mut self, item: Item) {
         let now = now_us();
         let committed = item.committed_at_us();
+        if let Some(o) = &self.observer {
+            o.entry(item.doc(), committed);
+        }
         let empty = Document::new();
         let doc = item.doc().unwrap_or(&empty);
         let stamp = Stamp::of(doc);

@@ -83,6 +83,15 @@ pub struct IngestStats {
     pub write_latency_us: Mutex<Option<hdrhistogram::Histogram<u64>>>,
 }
 
+/// Told of every batch whose events the store acknowledged: how many were stored, at which
+/// durability, and how long the write took as the ingester waited for it (its first
+/// attempt). The one place to watch the ingester's writes (the `ingest` statistics document,
+/// `tailrace bench insert`) without wrapping the collection it writes to.
+pub trait WriteObserver: Send + Sync + 'static {
+    /// One batch's events are stored and acknowledged.
+    fn events_written(&self, events: usize, durability: Durability, latency: Duration);
+}
+
 /// A batch ready for the store.
 struct Prepared {
     /// Validated, stamped events.
@@ -131,6 +140,8 @@ pub struct Ingester {
     pub stats: Arc<IngestStats>,
     /// Whether the store takes writes (for `/readyz` and the gauge).
     pub health: Arc<StoreHealth>,
+    /// Told of every batch written, if any.
+    pub observer: Option<Arc<dyn WriteObserver>>,
 }
 
 impl Ingester {
@@ -624,6 +635,9 @@ impl Ingester {
             .emit();
         }
         if let Some(latency) = events.latency {
+            if let Some(o) = &self.observer {
+                o.events_written(stored, d, latency);
+            }
             if let Ok(mut h) = self.stats.write_latency_us.lock()
                 && let Some(h) = h.as_mut()
             {

@@ -198,6 +198,7 @@ mod tests {
             engine: "embedded",
             stats: Arc::new(IngestStats::default()),
             health: Arc::new(StoreHealth::new()),
+            observer: None,
         }
     }
 

@@ -1,53 +1,58 @@
-//! What the pipeline is built from, read from the configuration: the store engine
-//! ([`open_store`]), the capped collections' specs, the ingester's options and what each
+//! What a pipeline is built from, read from the configuration: the store engine
+//! ([`open_store`]), its collections ([`Collections`]), the ingester's options and what each
 //! configured feed reads ([`feed_source`]).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use feeds::FeedSource;
 use store::embedded::{EmbeddedOptions, EmbeddedStore};
-use store::{CappedSpec, ChangeFilter, STAMP_SOURCE_PATH, Store, StoreError};
+use store::{Capped, CappedSpec, ChangeFilter, Keyed, STAMP_SOURCE_PATH, Store, StoreError};
 
 use crate::config::{ChangeFeedConfig, Config, FeedConfig, FeedKindConfig, StoreEngine};
 use crate::ingester::IngestOptions;
 use crate::source;
 
-/// What can stop the pipeline from starting.
+/// What can stop a pipeline from being built or started.
 #[derive(Debug, thiserror::Error)]
-pub enum RunError {
+pub enum PipelineError {
     /// The store could not be opened or prepared.
     #[error("store: {0}")]
     Store(#[from] StoreError),
-    /// The HTTP port could not be bound.
-    #[error(
-        "http.listen = {addr}: cannot listen ({source}); is another tailrace running? choose another port with TAILRACE_HTTP__LISTEN"
-    )]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// Why.
-        source: std::io::Error,
-    },
     /// A source could not be built.
     #[error(transparent)]
     Source(#[from] source::SourceError),
     /// A feed could not start.
     #[error(transparent)]
     Feed(#[from] feeds::FeedError),
-    /// The metrics recorder could not be installed (one per process).
-    #[error("metrics: {0}")]
-    Telemetry(String),
     /// The configured engine is not in this build.
     #[error("store.engine = {0}: {1}")]
     Engine(&'static str, String),
-    /// The pipeline ran, but did not stop cleanly: each problem says what was lost.
-    #[error("stopped uncleanly: {}", .problems.join("; "))]
-    Unclean {
-        /// What went wrong during the stop, and what it cost.
-        problems: Vec<String>,
-    },
+}
+
+/// The collections a pipeline writes and reads, opened as configured.
+#[derive(Clone)]
+pub struct Collections {
+    /// The capped collection of events.
+    pub events: Arc<dyn Capped>,
+    /// The capped collection of rejected records.
+    pub dead_letters: Arc<dyn Capped>,
+    /// The per-key counters and the `source:<name>` summaries.
+    pub rollups: Arc<dyn Keyed>,
+    /// The feeds' statistics documents and the `ingest` document.
+    pub stats: Arc<dyn Keyed>,
+}
+
+impl Collections {
+    /// Opens (creating what is missing) the pipeline's collections in `store`.
+    pub async fn open(store: &dyn Store, c: &Config) -> Result<Collections, StoreError> {
+        Ok(Collections {
+            events: store.capped("events", &events_spec(c)).await?,
+            dead_letters: store.capped("dead_letters", &dead_letters_spec(c)).await?,
+            rollups: store.keyed("rollups").await?,
+            stats: store.keyed("stats").await?,
+        })
+    }
 }
 
 /// The ingester's settings from the configuration (the pipeline and `dead-letters replay`
@@ -65,7 +70,7 @@ pub fn ingest_options(c: &Config) -> IngestOptions {
 }
 
 /// Opens the configured engine.
-pub async fn open_store(c: &Config) -> Result<Arc<dyn Store>, RunError> {
+pub async fn open_store(c: &Config) -> Result<Arc<dyn Store>, PipelineError> {
     match c.store.engine {
         StoreEngine::Embedded => {
             let opts = EmbeddedOptions {
@@ -84,7 +89,7 @@ pub async fn open_store(c: &Config) -> Result<Arc<dyn Store>, RunError> {
             Ok(Arc::new(mongo))
         }
         #[cfg(not(feature = "mongodb"))]
-        StoreEngine::Mongodb => Err(RunError::Engine(
+        StoreEngine::Mongodb => Err(PipelineError::Engine(
             "mongodb",
             "this build has no MongoDB engine; rebuild with `cargo build --release --features mongodb`".into(),
         )),
