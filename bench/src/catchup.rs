@@ -166,7 +166,7 @@ async fn catch_up(
             let status = w.handle.status();
             FeedRun {
                 name: w.name.clone(),
-                kind: w.kind.as_str(),
+                kind: w.kind,
                 secs: w
                     .probe
                     .reached_at_us()
@@ -248,7 +248,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         "behind": n, "warm_up_events": warm, "dataset": dataset.describe(),
         "load_durability": "acknowledged", "batch_max_events": bench.config.ingest.batch_max_events,
         "events_max_docs": n + warm + 1000, "oplog_max_entries": config.store.oplog_max_entries,
-        "feeds": bench.config.feeds.iter().map(|f| json!({"name": f.name, "kind": f.kind().as_str()})).collect::<Vec<_>>(),
+        "feeds": bench.config.feeds.iter().map(|f| json!({"name": f.name, "kind": f.kind()})).collect::<Vec<_>>(),
         "stats": bench.config.stats, "sampled_every_ms": SAMPLE_EVERY.as_millis() as u64,
         "timeout_secs": timeout.as_secs(),
     });

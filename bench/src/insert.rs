@@ -237,7 +237,7 @@ async fn variant(
             let status = w.handle.status();
             FeedOutcome {
                 name: w.name.clone(),
-                kind: w.kind.as_str(),
+                kind: w.kind,
                 lag_max: timeline.max_lag(i).max(at_end),
                 lag_at_writer_end: at_end,
                 caught_up_secs: w
@@ -304,7 +304,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         "events_max_docs": (docs / 2).max(1000), "single_client_time_box_secs": time_box.as_secs_f64(),
         "handed_over_as": "NDJSON bytes (parsed and validated by the ingester)",
         "dataset": dataset.describe(),
-        "feeds": c.feeds.iter().map(|f| json!({"name": f.name, "kind": f.kind().as_str()})).collect::<Vec<_>>(),
+        "feeds": c.feeds.iter().map(|f| json!({"name": f.name, "kind": f.kind()})).collect::<Vec<_>>(),
         "stats": c.stats,
         "lag_sampled_every_ms": LAG_EVERY.as_millis() as u64,
     });

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use feeds::{FeedHandle, FeedKind, FeedObserver};
+use feeds::{FeedHandle, FeedObserver};
 use ingest::pipeline::Pipeline;
 use serde_json::Value;
 use store::clock::now_us;
@@ -120,7 +120,7 @@ pub struct Watched {
     /// The feed's configured name.
     pub name: String,
     /// Its kind.
-    pub kind: FeedKind,
+    pub kind: &'static str,
     /// What it took.
     pub probe: Arc<Probe>,
     /// The feed's own handle (status, restarts, gaps).

@@ -306,7 +306,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
     report.params = json!({
         "events": n, "binary": binary.display().to_string(), "engine": "embedded",
         "durability": bench.config.store.durability.as_str(),
-        "feeds": bench.config.feeds.iter().map(|f| json!({"name": f.name, "kind": f.kind().as_str()})).collect::<Vec<_>>(),
+        "feeds": bench.config.feeds.iter().map(|f| json!({"name": f.name, "kind": f.kind()})).collect::<Vec<_>>(),
         "stats": bench.config.stats,
         "events_generator": "source::synthetic::Generator (0-3 hashtags per event), hashtags replaced by uniform draws spelled by source::realistic::hashtag",
         "topk_disabled_by": format!("stats.topk_field = {NO_FIELD:?}"),

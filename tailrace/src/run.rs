@@ -105,7 +105,7 @@ fn info(c: &Config, p: &Pipeline, addr: SocketAddr) -> Value {
         "durability": c.store.durability.as_str(),
         "data": data_location(c),
         "sources": p.sources().iter().map(|s| json!({"name": s.name(), "kind": s.kind()})).collect::<Vec<_>>(),
-        "feeds": p.feeds().iter().map(|f| json!({"name": f.name, "kind": f.kind.as_str()})).collect::<Vec<_>>(),
+        "feeds": p.feeds().iter().map(|f| json!({"name": f.name, "kind": f.kind})).collect::<Vec<_>>(),
         "listen": addr.to_string(),
     })
 }

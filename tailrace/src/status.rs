@@ -37,7 +37,7 @@ pub fn banner(
         .collect();
     let feeds_txt: Vec<String> = feeds
         .iter()
-        .map(|f| format!("{} ({})", f.name, f.kind.as_str()))
+        .map(|f| format!("{} ({})", f.name, f.kind))
         .collect();
     let first_feed = feeds.first().map(|f| f.name.as_str()).unwrap_or("tail");
     eprintln!(

@@ -6,8 +6,9 @@
 //! the gap (a document in `gaps`, counters, one log line) and continues from the oldest
 //! retained entry: it neither crash-loops nor skips silently.
 //!
-//! Layout: this file runs the loop; [`reader`] opens the stream and measures lag for each kind
-//! of feed; [`checkpoint`] is what is saved; [`handle`] is what the outside sees.
+//! Layout: this file runs the loop; [`reader`] is what every kind of feed implements to open
+//! its stream and measure its lag (the kinds: [`crate::kind`]); [`checkpoint`] is what is
+//! saved; [`handle`] is what the outside sees.
 
 mod checkpoint;
 mod handle;
@@ -17,7 +18,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::stream::{BoxStream, StreamExt};
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use store::backoff::Backoff;
 use store::clock::now_us;
@@ -26,39 +26,15 @@ use tokio_util::sync::CancellationToken;
 
 pub use checkpoint::FeedPosition;
 pub use handle::{FeedHandle, FeedStatus};
-pub use reader::FeedSource;
+pub use reader::{Item, Lag, Opened, Reader};
 
 use crate::stats::{Event, RollingStats, StatsConfig};
 use crate::telemetry::{self as t, FeedMeters, RestartReason};
 use checkpoint::Checkpoint;
-use reader::{Item, Lag};
 
 /// While draining at a stop, how long to wait for the next item before looking at the lag
 /// again (see `drain`).
 const DRAIN_SLICE: Duration = Duration::from_millis(20);
-
-/// The kind of stream a feed reads (the config's `kind`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FeedKind {
-    /// A tailable cursor on a capped collection.
-    Tailable,
-    /// A change stream on changefeed-backed collections.
-    Changes,
-    /// The op-log watcher (the same changes, read at the log level).
-    Oplog,
-}
-
-impl FeedKind {
-    /// The lowercase name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FeedKind::Tailable => "tailable",
-            FeedKind::Changes => "changes",
-            FeedKind::Oplog => "oplog",
-        }
-    }
-}
 
 /// Told of every entry a feed takes from its stream, as the feed starts processing it (the
 /// moment its notification latency is measured): the document its statistics read and the
@@ -74,8 +50,8 @@ pub trait FeedObserver: Send + Sync + 'static {
 pub struct FeedSpec {
     /// Unique feed name (metric label, checkpoint key).
     pub name: String,
-    /// What it reads.
-    pub source: FeedSource,
+    /// What it reads (a kind's reader: [`crate::kind`]).
+    pub reader: Box<dyn Reader>,
     /// Its statistics, how often it checkpoints (`checkpoint_interval_ms`) and how often it
     /// publishes them (`publish_interval_ms`).
     pub stats: StatsConfig,
@@ -125,7 +101,7 @@ pub enum FeedError {
 /// A feed ready to run.
 pub struct Feed {
     name: String,
-    source: FeedSource,
+    reader: Box<dyn Reader>,
     checkpoint_interval: Duration,
     publish_interval: Duration,
     /// When the checkpoint was last saved (or the feed started).
@@ -215,14 +191,14 @@ impl Feed {
     pub async fn new(spec: FeedSpec, store: Arc<dyn Store>) -> Result<Feed, FeedError> {
         let FeedSpec {
             name,
-            source,
+            reader,
             stats: config,
         } = spec;
         let err = |source| FeedError::Store {
             feed: name.clone(),
             source,
         };
-        let kind = source.kind();
+        let kind = reader.kind();
         let gaps = store.keyed("gaps").await.map_err(err)?;
         let stats_docs = store.keyed("stats").await.map_err(err)?;
         let saved = store.load_checkpoint(&name).await.map_err(err)?;
@@ -252,8 +228,7 @@ impl Feed {
                 feed: &name,
                 why: format!(
                     "it was saved by a {} feed and this one is {}",
-                    cp.kind.as_str(),
-                    kind.as_str()
+                    cp.kind, kind
                 ),
             }
             .emit(),
@@ -267,7 +242,7 @@ impl Feed {
         let snapshot = stats.snapshot();
         let status = FeedStatus {
             name: name.clone(),
-            kind: kind.as_str().into(),
+            kind: kind.into(),
             events: snapshot.events,
             stats: Some(snapshot),
             position: position.clone(),
@@ -285,7 +260,7 @@ impl Feed {
         })?;
         Ok(Feed {
             name,
-            source,
+            reader,
             checkpoint_interval: Duration::from_millis(config.checkpoint_interval_ms.max(1)),
             publish_interval: Duration::from_millis(config.publish_interval_ms.max(1)),
             checkpointed_at: tokio::time::Instant::now(),
@@ -324,7 +299,7 @@ impl Feed {
         } else {
             self.position.as_ref()
         };
-        let opened = reader::open(&self.source, &*self.store, after);
+        let opened = self.reader.open(&*self.store, after);
         self.read_up_to = opened.read_up_to;
         opened.stream
     }
@@ -398,7 +373,7 @@ impl Feed {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
         loop {
             self.advance_read_position();
-            match reader::lag(&self.source, &*self.store, self.position.as_ref()).await {
+            match self.reader.lag(&*self.store, self.position.as_ref()).await {
                 Lag::Entries(0) | Lag::Unknown => return,
                 Lag::Entries(_) | Lag::Behind => {}
             }
@@ -490,7 +465,7 @@ impl Feed {
         // changes themselves, and a change feed reading past its own writes must not loop.
         let moved = self.advance_read_position();
         let now = now_us();
-        let lag = reader::lag(&self.source, &*self.store, self.position.as_ref()).await;
+        let lag = self.reader.lag(&*self.store, self.position.as_ref()).await;
         if lag == Lag::Entries(0) && now - self.last_event_us > 1_000_000 {
             // A quiet, caught-up stream: let the rate fall to zero and old top-k keys expire.
             // Never while catching up, or replayed events would land in the wrong seconds.
@@ -525,7 +500,7 @@ impl Feed {
             let checkpoint = (self.unsaved
                 && (stopping || self.checkpointed_at.elapsed() >= self.checkpoint_interval))
                 .then(|| Checkpoint {
-                    kind: self.source.kind(),
+                    kind: self.reader.kind().into(),
                     position: self.position.clone(),
                     stats: self.stats.save(),
                     saved_at_us: now,
@@ -533,7 +508,7 @@ impl Feed {
             let stats_doc = self.unpublished.then(|| {
                 json!({
                     "feed": self.name,
-                    "kind": self.source.kind().as_str(),
+                    "kind": self.reader.kind(),
                     "stats": snap,
                     "lag": lag.entries(),
                     "position": self.position,
@@ -575,7 +550,7 @@ impl Feed {
 
     /// Seconds between the oldest retained entry and now, less the feed's own lag in time.
     async fn headroom(&self, lag: Lag, now: i64) -> Option<f64> {
-        let oldest_us = reader::oldest_entry_us(&self.source, &*self.store).await?;
+        let oldest_us = self.reader.oldest_entry_us(&*self.store).await?;
         let behind_us = if lag == Lag::Entries(0) {
             0
         } else {
@@ -627,7 +602,7 @@ impl Feed {
         }
         .emit();
         let now = now_us();
-        let doc = json!({"feed": self.name, "kind": self.source.kind().as_str(), "reason": reason.as_str(),
+        let doc = json!({"feed": self.name, "kind": self.reader.kind(), "reason": reason.as_str(),
                          "from": from, "to": to, "missed": missed, "at_us": now});
         if let Value::Object(doc) = doc
             && let Err(e) = self

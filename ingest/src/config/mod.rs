@@ -14,7 +14,8 @@
 //! came from (file or environment variable) when that is known.
 //!
 //! Layout: this file holds the tree and its defaults; each source kind's settings live in
-//! its own file under [`crate::source`], each feed kind's in [`feeds`], the statistics' in
+//! its own file under [`crate::source`], each feed kind's in `feeds::kind` (crate `feeds`;
+//! the `[[feeds]]` table in [`feeds`]), the statistics' in
 //! [`feeds::stats::StatsConfig`] (crate `feeds`). [`load`] layers and reads the sources,
 //! [`validate`] checks the rules serde cannot express, [`errors`] renders problems,
 //! [`redact`] hides secrets for printing, [`interpolate`] resolves `${VAR}` in header values,
@@ -35,7 +36,12 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use self::feeds::{ChangeFeedConfig, ChangeFilterConfig, FeedConfig, FeedKindConfig};
+pub use self::feeds::FeedConfig;
+/// Each feed kind's settings: the feeds crate's own types (one file per kind in `feeds::kind`).
+pub use ::feeds::kind::changes::{ChangeFeedConfig, ChangeFilterConfig};
+pub use ::feeds::kind::oplog::OplogFeedConfig;
+pub use ::feeds::kind::tailable::TailableFeedConfig;
+pub use ::feeds::kind::{FeedKindConfig, FeedSettings};
 pub use errors::ConfigError;
 pub use interpolate::interpolate_env;
 pub use load::{ENV_IGNORED, ENV_PREFIX, ENV_SEPARATOR};
@@ -43,8 +49,6 @@ pub use redact::REDACTED;
 pub use validate::Problems;
 
 pub use crate::source::{SourceConfig, SourceKind};
-/// How a feed reads the store (tailable | changes | oplog): the feeds crate's own type.
-pub use ::feeds::FeedKind;
 /// The statistics every feed computes: the feeds crate's own type.
 pub use ::feeds::stats::StatsConfig;
 /// A kind of change a change feed can select (insert | update | replace | delete): the

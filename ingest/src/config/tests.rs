@@ -813,13 +813,13 @@ fn feed_fields_per_kind() {
     );
     let oplog = FeedConfig {
         name: "o".into(),
-        kind: FeedKindConfig::Oplog(ChangeFeedConfig {
+        kind: FeedKindConfig::Oplog(OplogFeedConfig(ChangeFeedConfig {
             collections: vec![],
             filter: Some(ChangeFilterConfig {
                 ops: vec![ChangeOp::Delete, ChangeOp::Delete],
                 key_prefix: Some(String::new()),
             }),
-        }),
+        })),
     };
     assert_eq!(
         problems(&config_with_feed(oplog)),
@@ -876,10 +876,10 @@ fn kind_defaults_are_filled_in_when_loading() {
     assert_eq!(config.feeds[0], FeedConfig::tailable("t", "events"));
     assert_eq!(
         config.feeds[1].kind,
-        FeedKindConfig::Oplog(ChangeFeedConfig {
+        FeedKindConfig::Oplog(OplogFeedConfig(ChangeFeedConfig {
             collections: vec!["rollups".into()],
             filter: None,
-        })
+        }))
     );
 }
 

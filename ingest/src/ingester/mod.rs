@@ -49,10 +49,10 @@ pub struct IngestOptions {
     pub max_event_bytes: usize,
     /// Fields whose values get `$inc` counters in `rollups` (`<field>:<value>` keys).
     pub rollup_fields: Vec<String>,
-    /// The numeric field copied into each `source:<name>` rollup (for change feeds).
-    pub value_field: String,
-    /// The top-k field copied into each `source:<name>` rollup (for change feeds).
-    pub topk_field: String,
+    /// The fields (dotted paths) copied from each event into its `source:<name>` rollup, which
+    /// change feeds read instead of the event: the fields the feeds' statistics declare they
+    /// read (`feeds::stats::fields_read`).
+    pub summary_fields: Vec<String>,
     /// Write concern of every write.
     pub durability: Durability,
 }

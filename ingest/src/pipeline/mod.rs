@@ -16,10 +16,10 @@
 //! What it is not: the HTTP server, the status line or signal handling; the `tailrace`
 //! application adds those around a [`Running`] pipeline.
 //!
-//! Layout: this file builds, starts and stops; [`parts`] reads what the pipeline is made of
-//! from the configuration (the engine, the collections, the ingester's options, what each
-//! feed reads); `hand_over` runs the hop from a source to the ingester; [`stop`] holds the
-//! stop's steps and deadlines.
+//! Layout: this file builds (`open_feeds`: the one place feeds are opened), starts and stops;
+//! [`parts`] reads what the pipeline is made of from the configuration (the engine, the
+//! collections, the ingester's options); `hand_over` runs the hop from a source to the
+//! ingester; [`stop`] holds the stop's steps and deadlines.
 
 mod hand_over;
 pub mod parts;
@@ -41,8 +41,8 @@ use crate::live;
 use crate::source::{self, Source};
 
 pub use parts::{
-    Collections, PipelineError, data_location, dead_letters_spec, events_spec, feed_source,
-    ingest_options, open_store,
+    Collections, PipelineError, data_location, dead_letters_spec, events_spec, ingest_options,
+    open_store,
 };
 
 /// A pipeline built from its configuration, ready to start.
@@ -84,15 +84,7 @@ impl Pipeline {
         let collections = Collections::open(store.as_ref(), &config).await?;
         let mut sources = source::build(&config.sources, config.ingest.max_event_bytes as usize)?;
         sources.extend(custom);
-        let mut feeds = Vec::with_capacity(config.feeds.len());
-        for f in &config.feeds {
-            let spec = FeedSpec {
-                name: f.name.clone(),
-                source: feed_source(f, &collections.events, &collections.dead_letters),
-                stats: config.stats.clone(),
-            };
-            feeds.push(Feed::new(spec, store.clone()).await?);
-        }
+        let feeds = open_feeds(&store, &config, &collections).await?;
         let handles = Arc::new(feeds.iter().map(Feed::handle).collect());
         let stats = Arc::new(IngestStats {
             write_latency_us: std::sync::Mutex::new(
@@ -280,6 +272,33 @@ async fn resume(ingester: &Ingester, sources: &mut [Box<dyn Source>]) -> Result<
         ingester.catch_up_rollups(s.name()).await?;
     }
     Ok(())
+}
+
+/// The configured feeds, each over what its kind reads, its checkpoint loaded: the one place
+/// feeds are opened.
+async fn open_feeds(
+    store: &Arc<dyn Store>,
+    config: &Config,
+    collections: &Collections,
+) -> Result<Vec<Feed>, PipelineError> {
+    let mut feeds = Vec::with_capacity(config.feeds.len());
+    for f in &config.feeds {
+        let reader = f
+            .kind
+            .settings()
+            .reader(&|name| collections.capped(name))
+            .map_err(|message| PipelineError::FeedKind {
+                feed: f.name.clone(),
+                message,
+            })?;
+        let spec = FeedSpec {
+            name: f.name.clone(),
+            reader,
+            stats: config.stats.clone(),
+        };
+        feeds.push(Feed::new(spec, store.clone()).await?);
+    }
+    Ok(feeds)
 }
 
 /// Several write observers as one.

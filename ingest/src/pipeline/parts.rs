@@ -1,15 +1,13 @@
 //! What a pipeline is built from, read from the configuration: the store engine
-//! ([`open_store`]), its collections ([`Collections`]), the ingester's options and what each
-//! configured feed reads ([`feed_source`]).
+//! ([`open_store`]), its collections ([`Collections`]) and the ingester's options.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use feeds::FeedSource;
 use store::embedded::{EmbeddedOptions, EmbeddedStore};
-use store::{Capped, CappedSpec, ChangeFilter, Keyed, STAMP_SOURCE_PATH, Store, StoreError};
+use store::{Capped, CappedSpec, Keyed, STAMP_SOURCE_PATH, Store, StoreError};
 
-use crate::config::{ChangeFeedConfig, Config, FeedConfig, FeedKindConfig, StoreEngine};
+use crate::config::{Config, StoreEngine};
 use crate::ingester::IngestOptions;
 use crate::source;
 
@@ -25,6 +23,14 @@ pub enum PipelineError {
     /// A feed could not start.
     #[error(transparent)]
     Feed(#[from] feeds::FeedError),
+    /// A feed's settings could not be turned into what it reads.
+    #[error("feed {feed}: {message}")]
+    FeedKind {
+        /// The feed.
+        feed: String,
+        /// Why.
+        message: String,
+    },
     /// The configured engine is not in this build.
     #[error("store.engine = {0}: {1}")]
     Engine(&'static str, String),
@@ -53,6 +59,15 @@ impl Collections {
             stats: store.keyed("stats").await?,
         })
     }
+
+    /// A capped collection a tailable feed can follow, by name.
+    pub fn capped(&self, name: &str) -> Option<Arc<dyn Capped>> {
+        match name {
+            "events" => Some(self.events.clone()),
+            "dead_letters" => Some(self.dead_letters.clone()),
+            _ => None,
+        }
+    }
 }
 
 /// The ingester's settings from the configuration (the pipeline and `dead-letters replay`
@@ -63,8 +78,10 @@ pub fn ingest_options(c: &Config) -> IngestOptions {
         batch_max_wait: Duration::from_millis(c.ingest.batch_max_wait_ms),
         max_event_bytes: c.ingest.max_event_bytes as usize,
         rollup_fields: c.ingest.rollup_fields.clone(),
-        value_field: c.stats.value_field.clone(),
-        topk_field: c.stats.topk_field.clone(),
+        summary_fields: feeds::stats::fields_read(&c.stats)
+            .into_iter()
+            .map(|(_, path)| path)
+            .collect(),
         durability: c.store.durability,
     }
 }
@@ -116,28 +133,6 @@ pub fn events_spec(c: &Config) -> CappedSpec {
         max_docs: c.store.events.max_docs,
         max_bytes: c.store.events.max_bytes,
         indexes,
-    }
-}
-
-/// What a configured feed reads.
-pub fn feed_source(
-    f: &FeedConfig,
-    events: &Arc<dyn store::Capped>,
-    dead_letters: &Arc<dyn store::Capped>,
-) -> FeedSource {
-    let filter = |c: &ChangeFeedConfig| ChangeFilter {
-        collections: c.collections.clone(),
-        ops: c.filter.as_ref().map(|f| f.ops.clone()).unwrap_or_default(),
-        key_prefix: c.filter.as_ref().and_then(|f| f.key_prefix.clone()),
-        ..ChangeFilter::default()
-    };
-    match &f.kind {
-        FeedKindConfig::Tailable(t) if t.collection == "dead_letters" => {
-            FeedSource::Tail(dead_letters.clone())
-        }
-        FeedKindConfig::Tailable(_) => FeedSource::Tail(events.clone()),
-        FeedKindConfig::Changes(c) => FeedSource::Changes(filter(c)),
-        FeedKindConfig::Oplog(c) => FeedSource::Oplog(filter(c)),
     }
 }
 
