@@ -202,6 +202,7 @@ async fn variant(
     let usage = Usage::since(before);
     let timeline = sampler.finish().await;
     if !all_held {
+        // A bench run has no metrics endpoint; the report's notes say it too.
         tracing::warn!(
             variant = %name,
             "a feed had not caught up {} s after the writer finished",

@@ -314,6 +314,7 @@ pub(crate) fn remove_dir(path: &Path) {
     if let Err(e) = std::fs::remove_dir_all(path)
         && e.kind() != std::io::ErrorKind::NotFound
     {
+        // A bench run has no metrics endpoint: its problems are for the terminal.
         tracing::warn!(path = %path.display(), error = %e, "could not remove bench data");
     }
 }

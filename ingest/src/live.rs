@@ -110,11 +110,22 @@ pub async fn publish(
                 tracing::info!("the ingest statistics document is written again");
             }
             Ok(()) => {}
-            Err(e) if !failing => {
-                failing = true;
-                tracing::warn!(error = %e, "cannot write the ingest statistics document; retrying every second");
+            Err(e) => {
+                let problem = crate::telemetry::Problem {
+                    component: "ingest_document",
+                    error_type: "store_write",
+                    detail: &format!(
+                        "cannot write the ingest statistics document ({e}); retrying every second"
+                    ),
+                };
+                // Logged once until it is written again; counted every time.
+                if failing {
+                    problem.count();
+                } else {
+                    failing = true;
+                    problem.warn();
+                }
             }
-            Err(_) => {}
         }
     }
 }

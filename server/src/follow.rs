@@ -387,7 +387,12 @@ async fn produce(
         // The store is closing (the server stops): the client reconnects to the next one.
         Err(Stop::Store(StoreError::Closed)) => {}
         Err(Stop::Store(e)) => {
-            tracing::warn!(collection = %collection, error = %e, "change stream failed");
+            t::Problem {
+                component: "change_streams",
+                error_type: "store_read",
+                detail: &format!("a change stream of {collection} failed: {e}"),
+            }
+            .warn();
             let mut data = Map::new();
             data.insert("error".into(), Value::from(e.to_string()));
             let _ = sink.send(&Event::new("error", data)).await;

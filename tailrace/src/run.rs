@@ -9,6 +9,7 @@ use std::time::Duration;
 use ingest::config::Config;
 use ingest::pipeline::{Pipeline, PipelineError, data_location};
 use ingest::source::Source;
+use ingest::telemetry as t;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
 use server::{AppState, StreamLimits};
@@ -121,7 +122,12 @@ fn serve(listener: TcpListener, state: AppState, stop: CancellationToken) -> Joi
     tokio::spawn(async move {
         let serve = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
         if let Err(e) = serve.await {
-            tracing::error!(error = %e, "http server failed");
+            t::Problem {
+                component: "http",
+                error_type: "serve",
+                detail: &format!("the HTTP server failed: {e}"),
+            }
+            .error();
         }
     })
 }
@@ -161,7 +167,12 @@ pub async fn cancel_on_signal(token: CancellationToken) {
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
         ) else {
-            tracing::error!("cannot install signal handlers");
+            t::Problem {
+                component: "signals",
+                error_type: "setup",
+                detail: "cannot install signal handlers: Ctrl-C and SIGTERM will not stop the pipeline in order",
+            }
+            .error();
             return;
         };
         tokio::select! {

@@ -424,6 +424,39 @@ async fn server_errors_are_reported_with_status_and_body_then_retried_with_backo
         line.contains("database on fire (request 17)"),
         "a one-line body excerpt: {line}"
     );
+    assert!(
+        line.contains("reconnecting in"),
+        "one line says what happened and when it tries again: {line}"
+    );
+    let counted = metric(
+        "tailrace_source_reconnects_total",
+        &[("source", "broken"), ("reason", "http_status")],
+    );
+    assert_eq!(counted, 2.0, "each logged reconnect is counted");
+}
+
+/// A stored position the source cannot use is logged and counted, and the source starts
+/// without it.
+#[tokio::test]
+async fn an_unusable_stored_position_is_logged_and_counted() {
+    let (_srv, addr) =
+        Server::start(vec![ok(vec![send("data: {\"n\":1}\n\n"), Step::Stall])]).await;
+    // The log and the recorder are installed before the source says anything.
+    logs();
+    recorder();
+    let mut source = HttpSource::new("badpos", options(addr, HttpFormat::Sse));
+    source.resume(&json!(5));
+    let line = log_line(&["badpos", "not an SSE event id"]).await;
+    assert!(line.contains("resume_position"), "{line}");
+    assert_eq!(
+        metric(
+            "tailrace_source_errors_total",
+            &[("source", "badpos"), ("error_type", "resume_position")]
+        ),
+        1.0
+    );
+    let mut s = Box::new(source).records();
+    assert_eq!(take(&mut s, 1).await, vec![bytes("{\"n\":1}")]);
 }
 
 #[tokio::test]

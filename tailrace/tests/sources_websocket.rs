@@ -773,7 +773,7 @@ async fn refused_upgrades_are_logged_with_status_and_body_and_retry_after_is_hon
         "refused",
         "429 Too Many Requests",
         "slow down",
-        "retry_after=Some(1s)",
+        "reconnecting in 1.0 s",
     ])
     .await;
     assert_eq!(reconnects("refused", "http_status"), 2.0);

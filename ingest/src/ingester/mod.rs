@@ -230,11 +230,14 @@ impl Ingester {
     ) -> Result<(), StoreError> {
         const MAX_REPAIR: u64 = 100_000;
         if behind > MAX_REPAIR {
-            tracing::warn!(
-                source,
-                behind,
-                "rollups are too far behind the events to repair; change feeds will count the difference as missing"
-            );
+            t::Problem {
+                component: "ingester",
+                error_type: "rollups_behind",
+                detail: &format!(
+                    "source {source}: rollups are {behind} events behind the events, too far to repair; change feeds will count the difference as missing"
+                ),
+            }
+            .warn();
             return Ok(());
         }
         let newest_first = self
@@ -330,7 +333,12 @@ impl Ingester {
         drop(to_write);
         for (stage, task) in [("events", writer), ("rollups", roller)] {
             if let Err(e) = task.await {
-                tracing::error!(error = %e, stage, "a writing task of the ingester failed");
+                t::Problem {
+                    component: "ingester",
+                    error_type: "task_failed",
+                    detail: &format!("the {stage} stage of the ingester failed: {e}"),
+                }
+                .error();
             }
         }
         tracing::info!("ingester flushed and stopped");
@@ -364,7 +372,12 @@ impl Ingester {
                                     Ok(s) => break s,
                                     Err(e) => {
                                         let wait = backoff.next_wait();
-                                        tracing::error!(source = %h.source, error = %e, retry_in = ?wait, "cannot read the last sequence number; retrying");
+                                        t::Problem {
+                                            component: "ingester",
+                                            error_type: "store_read",
+                                            detail: &format!("source {}: cannot read the last sequence number ({e}); retrying in {wait:?}", h.source),
+                                        }
+                                        .error();
                                         tokio::time::sleep(wait).await;
                                     }
                                 }

@@ -395,6 +395,8 @@ impl Running {
         if problems.is_empty() {
             tracing::info!("stopped cleanly");
         } else {
+            // Logged, not counted: the stop is the pipeline's last act (a process exits right
+            // after, before any scrape), and the StopReport carries each problem to the caller.
             for p in &problems {
                 tracing::error!("{p}");
             }
