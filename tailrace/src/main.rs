@@ -1,11 +1,12 @@
 //! The `tailrace` binary: parse the command line, load the config, install telemetry and
 //! signal handling, call the library, map errors to exit codes. Nothing else.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use ingest::config::Config;
 use tokio_util::sync::CancellationToken;
 
@@ -13,17 +14,49 @@ use tokio_util::sync::CancellationToken;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// tailrace — a realtime event ingestion pipeline: sources → capped + changefeed store →
-/// tailable and change feeds → rolling statistics → Prometheus.
+/// What `tailrace --help` says first.
+const ABOUT: &str = "tailrace reads live streams of JSON events (HTTP, server-sent events, \
+WebSocket, files, programs), stores them with the durability you choose (embedded, or MongoDB), \
+and computes rolling statistics (rates, Bollinger bands, top-k) on every event through tailable \
+cursors and change feeds, served as Prometheus metrics, a JSON API, change streams and a live page.";
+
+/// The common commands, after the options.
+const COMMON: &str = "\
+Common commands:
+  tailrace                          run the pipeline with the defaults: a synthetic stream at
+                                    70 events/s, stored in ./data; the live page on
+                                    http://127.0.0.1:9750/
+  tailrace --config my.toml         run with your configuration (config/tailrace.toml lists
+                                    every key; any key also as TAILRACE_<SECTION>__<KEY>)
+  tailrace check-config             check a configuration and print it with the defaults
+  tailrace tail changes             print what a running pipeline's feed sees, live
+  tailrace dead-letters             list the rejected records, by source and reason
+  tailrace bench insert             measure this machine (docs/BENCHMARKS.md)
+
+Logs go to stderr: TAILRACE_LOG=debug for more, --log-format json for a log shipper.";
+
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version, about = "tailrace: a realtime event ingestion pipeline", long_about = ABOUT, after_help = COMMON)]
 struct Cli {
     /// Configuration file (TOML). Without it, built-in defaults; every key can also come from
     /// TAILRACE_* variables (TAILRACE_STORE__ENGINE=mongodb).
     #[arg(long, short, global = true, env = "TAILRACE_CONFIG")]
     config: Option<PathBuf>,
+    /// How log lines are written to stderr: `text` for people (coloured only on a terminal),
+    /// `json` (one object per line) for log shippers.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "TAILRACE_LOG_FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Option<Command>,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines; ANSI colours only when stderr is a terminal and NO_COLOR is unset.
+    Text,
+    /// One JSON object per line (timestamp, level, target, fields), for log shippers.
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -112,12 +145,11 @@ fn main() -> ExitCode {
         Ok(directive) => filter.add_directive(directive),
         Err(_) => filter,
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    init_logs(cli.log_format, filter);
     // Before anything opens a database (see `tailrace::allocator`).
     if let Err(code) = tailrace::allocator::route_sqlite() {
+        // Logged, not counted: this runs before the metrics recorder exists (it must come
+        // before anything opens a database), and it can only happen at startup.
         tracing::warn!(
             code,
             "SQLite refused mimalloc as its allocator and keeps the C library's; memory it frees may stay resident"
@@ -135,6 +167,25 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// Installs the log subscriber: JSON lines, or text with colour only where a person reads it
+/// (a terminal, and no `NO_COLOR`): a file or a pipe gets no escape codes.
+fn init_logs(format: LogFormat, filter: tracing_subscriber::EnvFilter) {
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => {
+            logs.json().init();
+            tailrace::status::banner_as_log();
+        }
+        LogFormat::Text => {
+            let colour = std::io::stderr().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+            logs.with_ansi(colour).init();
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use feeds::FeedHandle;
@@ -13,7 +13,17 @@ use ingest::config::Config;
 use ingest::ingester::IngestStats;
 use ingest::source::Source;
 
-/// Prints the startup block to stderr (logs go there too; stdout stays for data).
+/// Whether the startup block is one structured log line instead of text for people (set once
+/// by the binary for `--log-format json`, like the log subscriber itself: process-wide).
+static BANNER_AS_LOG: AtomicBool = AtomicBool::new(false);
+
+/// Makes [`banner`] log one structured line (for log shippers) instead of printing a block.
+pub fn banner_as_log() {
+    BANNER_AS_LOG.store(true, Ordering::Relaxed);
+}
+
+/// Prints the startup block to stderr (logs go there too; stdout stays for data), or logs it
+/// as one line after [`banner_as_log`].
 pub fn banner(
     c: &Config,
     info: &Value,
@@ -40,6 +50,19 @@ pub fn banner(
         .map(|f| format!("{} ({})", f.name, f.kind))
         .collect();
     let first_feed = feeds.first().map(|f| f.name.as_str()).unwrap_or("tail");
+    if BANNER_AS_LOG.load(Ordering::Relaxed) {
+        tracing::info!(
+            version = env!("CARGO_PKG_VERSION"),
+            engine = info["engine"].as_str().unwrap_or("?"),
+            data = info["data"].as_str().unwrap_or("?"),
+            durability = %c.store.durability,
+            sources = %sources.join(", "),
+            feeds = %feeds_txt.join(", "),
+            listen = %addr,
+            "tailrace started"
+        );
+        return;
+    }
     eprintln!(
         "\ntailrace {version} — realtime event ingestion\n  \
          engine      {engine} — data in {data}\n  \

@@ -7,7 +7,8 @@
 //! 2. the TOML file, if a path is given (a missing file is an error),
 //! 3. environment variables `TAILRACE_<KEY>` with `__` between levels, e.g.
 //!    `TAILRACE_STORE__ENGINE=mongodb` or `TAILRACE_HTTP__LISTEN=127.0.0.1:0`.
-//!    `TAILRACE_CONFIG` and `TAILRACE_LOG` belong to the CLI and are not config keys.
+//!    `TAILRACE_CONFIG`, `TAILRACE_LOG` and `TAILRACE_LOG_FORMAT` belong to the CLI and are not
+//!    config keys.
 //!
 //! Every error is one line that names the dotted key (`store.durability`,
 //! `sources[0].rate_per_sec`), what was found, what is allowed, and where the value

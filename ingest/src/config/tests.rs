@@ -194,6 +194,7 @@ fn cli_variables_are_not_config_keys() {
         jail.clear_env();
         jail.set_env("TAILRACE_CONFIG", "/nonexistent/tailrace.toml");
         jail.set_env("TAILRACE_LOG", "debug");
+        jail.set_env("TAILRACE_LOG_FORMAT", "json");
         // Keys under [log] are still reachable.
         jail.set_env("TAILRACE_LOG__STATUS_INTERVAL_SECS", "0");
         let config = Config::load(None).unwrap_or_else(|e| panic!("{e}"));
