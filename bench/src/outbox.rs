@@ -19,10 +19,10 @@
 //! when it is `200` with a JSON array; every 100th (every one under `--quick`) is also parsed
 //! and checked (at most 20 messages, all of that sender, newest first).
 //!
-//! Default N is 300,000, not the original 2,000,000: loading 2M, with its two JSON expression
-//! indexes, takes 35 s or more on 2 cores (~60,000 messages/s on a quiet machine, far less on
-//! a busy one), which would put the scenario over a minute; `--docs 2000000` restores it. The floor is a one-byte TCP round trip on loopback; the
-//! `/healthz` round trip (HTTP framing and routing, no store) is reported beside it.
+//! Default N is 300,000, not the original 2,000,000: loading 2M with its two indexes takes
+//! longer than the rest of the scenario on 2 cores; `--docs 2000000` restores it. The floor is
+//! a one-byte TCP round trip on loopback; the `/healthz` round trip (HTTP framing and
+//! routing, no store) is reported beside it.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

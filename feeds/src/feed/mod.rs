@@ -485,10 +485,9 @@ impl Feed {
         // The checkpoint and the `stats` document are written by a task of their own, one
         // tick's at a time, while the feed goes on with its events: each waits its turn at the
         // store's writer, which may be committing a large batch, and a feed that waited with
-        // it held back every event committed meanwhile (`bench insert` batched, tailable
-        // feed: notification p99 15.1 ms with the writes not awaited, 68.7 ms awaited). A tick
-        // that finds the last one's writes still under way leaves its own to the next tick;
-        // a stop waits for them and writes its own.
+        // it held back every event committed meanwhile (its notification latency's tail). A
+        // tick that finds the last one's writes still under way leaves its own to the next
+        // tick; a stop waits for them and writes its own.
         if let Some(writing) = self.writing.take() {
             if stopping || writing.is_finished() {
                 self.written(writing).await;

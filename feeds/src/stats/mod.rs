@@ -142,9 +142,9 @@ fn default_topk_capacity() -> usize {
     heavy_hitters::DEFAULT_CAPACITY
 }
 /// 10 s: a checkpoint carries the whole top-k window (tens of KB on a long-tail stream) and
-/// is a journaled commit, so at 70 events/s saving it every second was a fifth of the
-/// process's CPU (4.1 % against 3.4 % of a core at 10 s). A restart replays what came after
-/// the checkpoint, which a feed does at 180,000+ events/s: 10 s of a 70/s stream is a few ms.
+/// is a journaled commit, so saving it every second cost a slow stream a good share of its
+/// CPU. A restart replays what came after the checkpoint, which a feed reads far faster than
+/// a source writes: ten seconds of a slow stream take milliseconds.
 fn default_checkpoint_interval_ms() -> u64 {
     10_000
 }

@@ -271,10 +271,9 @@ fn default_dead_letters_max_bytes() -> u64 {
     16 * 1024 * 1024
 }
 /// 1,024: on long-tail data each event dirties its own pages of every index, and a commit
-/// writes each dirty page once however many of its events share it, so four times the events
-/// per commit wrote 15.3 → 8.3 KB per event and ingested 14-16k → 19k events/s flat out
-/// (`bench insert`, realistic; docs/BENCHMARKS.md). A batch fills only when events wait:
-/// at 70 events/s each still goes alone, after `batch_max_wait_ms`.
+/// writes each dirty page once however many of its events share it, so larger batches write
+/// fewer bytes per event and ingest more flat out. A batch fills only when events wait: a
+/// slow stream's events still go alone, after `batch_max_wait_ms`.
 fn default_batch_max_events() -> usize {
     1024
 }

@@ -685,11 +685,11 @@ impl Ingester {
 }
 
 /// A batch of at most this many events commits its events and rollups together where the
-/// engine can. One commit instead of two pays where commits are many and small: `bench
-/// insert`, single client, six alternating pairs, medians: +21-25 % events/s, -21-26 % CPU per
-/// event, tail notification p50 170 → 60 µs. A large batch keeps two commits: its feeds get
-/// the events while the writer is still on their rollups, and waiting for both cost the
-/// batched runs tail notification p99 9 → 74 ms and gained nothing (-1 to -7 % events/s).
+/// engine can. One commit instead of two pays where commits are many and small (a slow
+/// stream, a single client): half the commits, syncs and wake-ups of the feeds. A large batch
+/// keeps two commits: its feeds get the events while the writer is still on their rollups,
+/// where waiting for both held every event of the batch back by the rollups' commit and
+/// gained no throughput.
 const JOINT_MAX_EVENTS: usize = 64;
 
 /// The durability of a batch's stages before its last (see `write_events`): one log
