@@ -21,6 +21,8 @@ pub const END_TO_END_LATENCY: &str = "tailrace_end_to_end_latency_seconds";
 pub const FEED_LAG: &str = "tailrace_feed_lag_events";
 /// Feed stream restarts by reason.
 pub const FEED_RESTARTS: &str = "tailrace_feed_restarts_total";
+/// Feeds stopped because the store's server no longer supports what they read.
+pub const FEED_UNSUPPORTED: &str = "tailrace_feed_unsupported_total";
 /// Gaps a feed recorded after being overtaken.
 pub const FEED_GAPS: &str = "tailrace_feed_gaps_total";
 /// Entries a feed skipped over in its gaps, as far as known.
@@ -63,6 +65,10 @@ pub fn describe() {
     describe_counter!(
         FEED_RESTARTS,
         "Feed stream restarts: position_lost, history_lost, cursor_died, error."
+    );
+    describe_counter!(
+        FEED_UNSUPPORTED,
+        "Feeds stopped because the store's server refused what they read as unsupported (a feed the server cannot serve is refused at startup instead)."
     );
     describe_counter!(
         FEED_GAPS,
@@ -259,6 +265,22 @@ impl FeedRestarted<'_> {
         counter!(FEED_RESTARTS, "feed" => self.feed.to_string(), "reason" => self.reason.as_str())
             .increment(1);
         tracing::warn!(feed = %self.feed, reason = self.reason.as_str(), error = %self.error, retry_in = ?self.retry_in, "feed stream stopped; reopening after its last position");
+    }
+}
+
+/// A feed's stream was refused as unsupported by the store's server: the feed stops.
+pub struct FeedUnsupported<'a> {
+    /// The feed.
+    pub feed: &'a str,
+    /// The error, in words (it names the capability and the alternatives).
+    pub error: String,
+}
+
+impl FeedUnsupported<'_> {
+    /// Counts and logs it.
+    pub fn emit(self) {
+        counter!(FEED_UNSUPPORTED, "feed" => self.feed.to_string()).increment(1);
+        tracing::error!(feed = %self.feed, error = %self.error, "feed stopped: the store's server does not support what it reads");
     }
 }
 

@@ -39,6 +39,8 @@ pub const WRITE_LATENCY: &str = "tailrace_write_latency_seconds";
 pub const WRITE_ERRORS: &str = "tailrace_write_errors_total";
 /// 1 while the store takes writes, 0 while a write keeps failing for a transient reason.
 pub const STORE_WRITABLE: &str = "tailrace_store_writable";
+/// What the store's server supports, one series per capability (1 or 0).
+pub const STORE_CAPABILITY: &str = "tailrace_store_capability";
 /// Items the store refused for good (isolated from their batch), by collection.
 pub const STORE_REFUSED: &str = "tailrace_store_refused_total";
 /// Rollup counters removed after going idle, by field.
@@ -112,6 +114,10 @@ pub fn describe() {
     describe_gauge!(
         STORE_WRITABLE,
         "1 while the store takes writes; 0 while writes fail for a transient reason (disk full, connection lost, no primary) and are being retried."
+    );
+    describe_gauge!(
+        STORE_CAPABILITY,
+        "1 when the store's server supports the capability, 0 when its probe found it missing (reasons in /api/status): change streams, an oplog, transactions, a majority write concern, before images, snapshot reads, documents as sent, capped bounds, server filters."
     );
     describe_counter!(
         STORE_REFUSED,
@@ -291,6 +297,79 @@ pub fn queue_depth(depth: i64) {
 /// The gauge of whether the store takes writes.
 pub fn store_writable() -> metrics::Gauge {
     gauge!(STORE_WRITABLE)
+}
+
+/// What the store's server supports, found by its probe when the store opened: each
+/// capability's gauge, and one line per missing one saying what it costs here.
+pub struct StoreCapabilities<'a> {
+    /// The probe's answers.
+    pub capabilities: &'a store::Capabilities,
+    /// The configured durability (a missing majority matters only when it is asked for).
+    pub durability: store::Durability,
+}
+
+impl StoreCapabilities<'_> {
+    /// Sets the gauges and logs what is missing.
+    pub fn emit(self) {
+        use store::Capability as C;
+        for c in C::ALL {
+            let support = self.capabilities.get(c);
+            gauge!(STORE_CAPABILITY, "capability" => capability_label(c))
+                .set(if support.is_yes() { 1.0 } else { 0.0 });
+            let Some(reason) = support.reason() else {
+                continue;
+            };
+            let cost = match c {
+                C::ChangeStreams => {
+                    "feeds of kind changes and /api/changes on keyed collections are refused"
+                }
+                C::Oplog => "feeds of kind oplog are refused",
+                C::Transactions => {
+                    "rollup updates of several keys are written one key at a time: each key's write is atomic, a batch's are not (a crash may leave part of a batch's rollups, repaired at the next start)"
+                }
+                C::Majority if self.durability == store::Durability::Majority => {
+                    "durability = majority waits for this one server only"
+                }
+                C::Majority => continue,
+                C::BeforeImages => "changes carry no before image (old_val)",
+                C::SnapshotReads => {
+                    "/api/changes with include_initial on keyed collections is refused"
+                }
+                C::DocumentsAsSent => {
+                    "events with $-prefixed or dotted keys or nested arrays are refused by the server and kept as dead letters (reason store_rejected)"
+                }
+                C::CappedBounds => {
+                    "capped collections may hold more than their limits until the server's background cleanup, and tails are overtaken later"
+                }
+                C::ServerFilters => {
+                    "filters of /api/changes are evaluated by tailrace on every document read"
+                }
+                C::Other => continue,
+            };
+            tracing::warn!(
+                capability = c.as_str(),
+                reason,
+                "the store's server lacks {c}: {cost}"
+            );
+        }
+    }
+}
+
+/// The `capability` label of [`STORE_CAPABILITY`].
+fn capability_label(c: store::Capability) -> &'static str {
+    use store::Capability as C;
+    match c {
+        C::ChangeStreams => "change_streams",
+        C::Oplog => "oplog",
+        C::Transactions => "transactions",
+        C::Majority => "majority",
+        C::BeforeImages => "before_images",
+        C::SnapshotReads => "snapshot_reads",
+        C::DocumentsAsSent => "documents_as_sent",
+        C::CappedBounds => "capped_bounds",
+        C::ServerFilters => "server_filters",
+        C::Other => "other",
+    }
 }
 
 /// Writes started failing for a transient reason; they are retried until they pass.

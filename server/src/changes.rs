@@ -41,7 +41,7 @@ use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use store::{Capped, ChangeOp, Filter, Keyed, ResumeToken, StoreError};
+use store::{Capability, Capped, ChangeOp, Filter, Keyed, ResumeToken, StoreError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::wire::Format;
@@ -311,6 +311,33 @@ async fn check_resume(s: &AppState, req: &Request) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// Refuses, before the stream starts, what the store's server cannot serve: a keyed
+/// collection's changes need change streams, and its initial documents snapshot reads.
+fn check_supported(s: &AppState, req: &Request) -> Result<(), Refusal> {
+    if !matches!(req.target, Target::Keyed(_)) {
+        return Ok(());
+    }
+    let caps = s.store.capabilities();
+    let mut needs = vec![Capability::ChangeStreams];
+    if req.include_initial {
+        needs.push(Capability::SnapshotReads);
+    }
+    for capability in needs {
+        if let Some(reason) = caps.get(capability).reason() {
+            return Err((
+                StatusCode::NOT_IMPLEMENTED,
+                format!(
+                    "collection {} is keyed: following it needs {capability}, which the \
+                     store's server does not support ({reason}); follow a capped collection \
+                     ({}) instead, or run tailrace on a MongoDB replica set",
+                    req.collection, "events, dead_letters"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `GET /api/changes`.
 pub(super) async fn changes(
     State(s): State<AppState>,
@@ -321,6 +348,9 @@ pub(super) async fn changes(
         Ok(r) => r,
         Err((status, m)) => return error(status, m),
     };
+    if let Err((status, m)) = check_supported(&s, &req) {
+        return error(status, m);
+    }
     if let Err((status, m)) = check_resume(&s, &req).await {
         return error(status, m);
     }

@@ -103,6 +103,7 @@ fn info(c: &Config, p: &Pipeline, addr: SocketAddr) -> Value {
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "engine": p.store().engine(),
+        "capabilities": p.store().capabilities(),
         "durability": c.store.durability.as_str(),
         "data": data_location(c),
         "sources": p.sources().iter().map(|s| json!({"name": s.name(), "kind": s.kind()})).collect::<Vec<_>>(),

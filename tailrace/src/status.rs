@@ -50,6 +50,16 @@ pub fn banner(
         .map(|f| format!("{} ({})", f.name, f.kind))
         .collect();
     let first_feed = feeds.first().map(|f| f.name.as_str()).unwrap_or("tail");
+    // What the server lacks, by name (the reasons are in /api/status and the log).
+    let lacks: Vec<&str> = info["capabilities"]
+        .as_object()
+        .map(|caps| {
+            caps.iter()
+                .filter(|(_, v)| v["supported"] == Value::Bool(false))
+                .map(|(k, _)| k.as_str())
+                .collect()
+        })
+        .unwrap_or_default();
     if BANNER_AS_LOG.load(Ordering::Relaxed) {
         tracing::info!(
             version = env!("CARGO_PKG_VERSION"),
@@ -59,14 +69,24 @@ pub fn banner(
             sources = %sources.join(", "),
             feeds = %feeds_txt.join(", "),
             listen = %addr,
+            lacks = %lacks.join(", "),
             "tailrace started"
         );
         return;
     }
+    let lacks = if lacks.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "  server      lacks {} (why: /api/status)\n",
+            lacks.join(", ").replace('_', " ")
+        )
+    };
     eprintln!(
         "\ntailrace {version} — realtime event ingestion\n  \
          engine      {engine} — data in {data}\n  \
-         durability  {durability}\n  \
+         durability  {durability}\n\
+         {lacks}  \
          sources     {sources}\n  \
          feeds       {feeds}\n  \
          live page   http://{addr}/\n  \

@@ -21,7 +21,7 @@ use futures::stream::{BoxStream, StreamExt};
 use serde_json::{Value, json};
 use store::backoff::Backoff;
 use store::clock::now_us;
-use store::{Document, Durability, Keyed, ResumeToken, Stamp, Store, StoreError};
+use store::{Capability, Document, Durability, Keyed, ResumeToken, Stamp, Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
 pub use checkpoint::FeedPosition;
@@ -88,6 +88,24 @@ pub enum FeedError {
         /// Why.
         source: StoreError,
     },
+    /// The store's server cannot serve this kind of feed (found by its capability probe).
+    #[error(
+        "feed {feed} (kind = \"{kind}\") needs {capability}, which the store's server does not \
+         support: {reason}; {}",
+        alternatives(kind, *oplog)
+    )]
+    Unsupported {
+        /// The feed.
+        feed: String,
+        /// Its kind.
+        kind: &'static str,
+        /// What it needs.
+        capability: Capability,
+        /// Why the server is thought to lack it (its reply).
+        reason: String,
+        /// Whether the server has an oplog (so the `oplog` kind is an alternative).
+        oplog: bool,
+    },
     /// The feed's latency histogram could not be created.
     #[error("feed {feed}: latency histogram: {source}")]
     Histogram {
@@ -96,6 +114,26 @@ pub enum FeedError {
         /// Why.
         source: hdrhistogram::CreationError,
     },
+}
+
+/// What to do instead, for [`FeedError::Unsupported`].
+fn alternatives(kind: &str, oplog: bool) -> &'static str {
+    match (kind, oplog) {
+        ("changes", true) => {
+            "use kind = \"oplog\" (the same changes, read from this server's local.oplog.rs), \
+             or run tailrace on a MongoDB replica set"
+        }
+        ("changes", false) => {
+            "run tailrace on a MongoDB replica set (a single-node one will do: mongod --replSet \
+             rs0, then rs.initiate()), or drop this feed (the tailable kind works on any server)"
+        }
+        ("oplog", _) => {
+            "the oplog is local.oplog.rs of a replica-set member; on FerretDB, start it with \
+             --repl-set-name and create it once: db.getSiblingDB(\"local\").createCollection(\
+             \"oplog.rs\", {capped: true, size: 268435456})"
+        }
+        _ => "the tailable kind works on any server",
+    }
 }
 
 /// A feed ready to run.
@@ -199,6 +237,18 @@ impl Feed {
             source,
         };
         let kind = reader.kind();
+        let caps = store.capabilities();
+        if let Some(capability) = reader.needs()
+            && let Some(reason) = caps.get(capability).reason()
+        {
+            return Err(FeedError::Unsupported {
+                feed: name,
+                kind,
+                capability,
+                reason: reason.to_string(),
+                oplog: caps.oplog.is_yes(),
+            });
+        }
         let gaps = store.keyed("gaps").await.map_err(err)?;
         let stats_docs = store.keyed("stats").await.map_err(err)?;
         let saved = store.load_checkpoint(&name).await.map_err(err)?;
@@ -333,6 +383,13 @@ impl Feed {
                             self.restarts += 1;
                             from_oldest = true;
                             continue 'outer;
+                        }
+                        // The server stopped supporting what this feed reads (it was checked
+                        // at start): retrying would only repeat the refusal, so the feed stops
+                        // and says why; the rest of the pipeline goes on.
+                        Some(Err(e)) if e.unsupported().is_some() => {
+                            t::FeedUnsupported { feed: &self.name, error: e.to_string() }.emit();
+                            break 'outer;
                         }
                         other => {
                             if cancel.is_cancelled() {

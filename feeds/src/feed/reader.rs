@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
-use store::{Change, Document, Record, ResumeToken, Store, StoreError};
+use store::{Capability, Change, Document, Record, ResumeToken, Store, StoreError};
 
 use super::FeedPosition;
 
@@ -16,6 +16,12 @@ pub trait Reader: Send + Sync + 'static {
     /// The kind's name (the config's `kind`), saved with the checkpoint: a checkpoint saved
     /// by another kind is not resumed.
     fn kind(&self) -> &'static str;
+
+    /// What the store must support for this kind of feed, beyond capped and keyed
+    /// collections (checked when the feed starts).
+    fn needs(&self) -> Option<Capability> {
+        None
+    }
 
     /// The stream, right after `after` (from the oldest entry when `None`).
     fn open(&self, store: &dyn Store, after: Option<&FeedPosition>) -> Opened;

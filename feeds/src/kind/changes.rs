@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashSet};
 use async_trait::async_trait;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use store::{ChangeFilter, ChangeOp, ChangeStart, Store};
+use store::{Capability, ChangeFilter, ChangeOp, ChangeStart, Store};
 
 use super::{CappedByName, FeedSettings};
 use crate::feed::{FeedPosition, Item, Lag, Opened, Reader};
@@ -154,6 +154,14 @@ fn post_images(filter: ChangeFilter) -> ChangeFilter {
 impl Reader for ChangeReader {
     fn kind(&self) -> &'static str {
         if self.log_level { "oplog" } else { "changes" }
+    }
+
+    fn needs(&self) -> Option<Capability> {
+        Some(if self.log_level {
+            Capability::Oplog
+        } else {
+            Capability::ChangeStreams
+        })
     }
 
     fn open(&self, store: &dyn Store, after: Option<&FeedPosition>) -> Opened {

@@ -69,6 +69,12 @@ impl Pipeline {
         custom: Vec<Box<dyn Source>>,
     ) -> Result<Pipeline, PipelineError> {
         let store = open_store(&config).await?;
+        // What the server lacks, once, before anything relies on it.
+        crate::telemetry::StoreCapabilities {
+            capabilities: &store.capabilities(),
+            durability: config.store.durability,
+        }
+        .emit();
         let mut pipeline = Pipeline::build_on(store, config, custom).await?;
         pipeline.owns_store = true;
         Ok(pipeline)

@@ -57,8 +57,11 @@ struct AckRange {
 pub(crate) struct AckRing {
     ranges: Mutex<VecDeque<AckRange>>,
     capacity: usize,
-    /// The highest position handed to an insert (what `Start::Now` starts after).
+    /// The highest position handed to an insert.
     allocated: AtomicU64,
+    /// The highest position acknowledged by the server (or found there at open): what
+    /// `Start::Now` starts after.
+    committed: AtomicU64,
     /// The highest position whose insert has finished, acknowledged or failed: a tail that
     /// reads a document before its writer heard the acknowledgment waits on this.
     resolved: watch::Sender<u64>,
@@ -71,6 +74,7 @@ impl AckRing {
             ranges: Mutex::new(VecDeque::new()),
             capacity: capacity.max(1),
             allocated: AtomicU64::new(newest),
+            committed: AtomicU64::new(newest),
             resolved: watch::Sender::new(newest),
         }
     }
@@ -80,6 +84,15 @@ impl AckRing {
         self.allocated.load(Ordering::Acquire)
     }
 
+    /// Where a tail opened "now" starts after: the newest position known to be on the
+    /// server. Not [`AckRing::allocated`]: positions in flight may be handed out again when
+    /// their insert fails (see [`AckRing::resync`]), and a tail starting after them would
+    /// never see the documents that re-use them. A group in flight that succeeds is then
+    /// yielded by such a tail, which is right: it was not visible when the tail opened.
+    pub(crate) fn now(&self) -> u64 {
+        self.committed.load(Ordering::Acquire)
+    }
+
     /// Hands out `n` consecutive positions. Only the collection's writer task calls this.
     pub(crate) fn allocate(&self, n: u64) -> (u64, u64) {
         let first = self.allocated.fetch_add(n, Ordering::AcqRel) + 1;
@@ -87,13 +100,19 @@ impl AckRing {
     }
 
     /// After a failed insert: continue after what the server really holds, so a failed group
-    /// leaves no gap (a gap right after a reader's position would look like eviction).
+    /// leaves no gap (a gap right after a reader's position would look like eviction). The
+    /// positions above it will be handed out again, so they are no longer "finished": a reader
+    /// of one waits for its new insert. (Nobody waits for the failed ones themselves: those
+    /// documents are not on the server, so no tail reads them.)
     pub(crate) fn resync(&self, newest_on_server: u64) {
         self.allocated.store(newest_on_server, Ordering::Release);
+        self.resolved
+            .send_modify(|r| *r = (*r).min(newest_on_server));
     }
 
     /// Records an acknowledged range and wakes tails waiting for it.
     pub(crate) fn acked(&self, first: u64, last: u64, at_us: i64) {
+        self.committed.fetch_max(last, Ordering::AcqRel);
         if let Ok(mut ranges) = self.ranges.lock() {
             ranges.push_back(AckRange { first, last, at_us });
             while ranges.len() > self.capacity {
@@ -305,6 +324,13 @@ async fn write_group(
                         .and_then(|w| w.iter().map(|w| w.index).min()),
                     _ => None,
                 };
+                if let Some(k) = failed_at.filter(|k| *k > 0) {
+                    shared.acks.acked(first, first + k as u64 - 1, now_us());
+                }
+                // Every position of the group is finished (acknowledged or failed): wake the
+                // readers waiting on them. Then the ones not on the server are handed out
+                // again, so the resync comes after (it lowers what counts as finished).
+                shared.acks.resolve(last);
                 match newest_id(&shared.coll, &shared.name).await {
                     Ok(newest) => shared.acks.resync(newest.unwrap_or(0)),
                     Err(re) => tracing::warn!(
@@ -313,16 +339,11 @@ async fn write_group(
                     ),
                 }
                 let Some(k) = failed_at else {
-                    shared.acks.resolve(last);
                     for job in group.drain(..) {
                         fail_job(shared, job, map_error(e.clone()));
                     }
                     return;
                 };
-                if k > 0 {
-                    shared.acks.acked(first, first + k as u64 - 1, now_us());
-                }
-                shared.acks.resolve(last);
                 let mut start = 0usize;
                 let mut p = first;
                 while let Some(job) = group.pop_front() {
@@ -610,27 +631,39 @@ pub(crate) struct MongoCapped {
 }
 
 impl MongoCapped {
-    /// The `limit` newest documents matching `query`, newest first (`limit` > 0: MongoDB reads
-    /// 0 as no limit).
-    async fn newest_first(&self, query: BsonDoc, limit: usize) -> Result<Vec<Record>> {
-        let mut cursor = self
-            .shared
-            .coll
-            .find(query)
-            .sort(doc! {"_id": -1})
-            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
-            .await?;
+    /// The `limit` newest documents matching `query` (and `here`, evaluated in this process,
+    /// when given), newest first (`limit` > 0: MongoDB reads 0 as no limit). With `here` the
+    /// server cannot stop at `limit`, so documents are read in batches until enough match.
+    async fn newest_first(
+        &self,
+        query: BsonDoc,
+        here: Option<&Filter>,
+        limit: usize,
+    ) -> Result<Vec<Record>> {
+        let mut find = self.shared.coll.find(query).sort(doc! {"_id": -1});
+        if here.is_none() {
+            find = find.limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        }
+        let mut cursor = find.await?;
         let mut records = Vec::new();
-        while let Some(doc) = cursor.next().await {
+        while records.len() < limit
+            && let Some(doc) = cursor.next().await
+        {
             let doc = doc?;
             let position = position_of(&self.shared.name, &doc)?;
-            records.push(to_record(
-                &self.shared.name,
-                doc,
-                self.shared.acks.lookup(position),
-            )?);
+            let record = to_record(&self.shared.name, doc, self.shared.acks.lookup(position))?;
+            if here.is_none_or(|f| f.matches(&record.doc)) {
+                records.push(record);
+            }
         }
         Ok(records)
+    }
+
+    /// Whether document filters run on the server: only where it evaluates them as MongoDB
+    /// does ([`crate::Capability::ServerFilters`]); elsewhere they run here, with the same
+    /// meaning as on the embedded engine.
+    fn filters_on_server(&self) -> bool {
+        self.inner.capabilities.server_filters.is_yes()
     }
 }
 
@@ -676,8 +709,19 @@ impl Capped for MongoCapped {
     }
 
     fn tail_matching(&self, start: Start, filter: Filter) -> RecordStream {
+        if filter.is_match_all() {
+            return self.tail(start);
+        }
+        if !self.filters_on_server() {
+            let tail = self.tail(start);
+            return tail
+                .filter(move |r| {
+                    futures::future::ready(r.as_ref().map_or(true, |r| filter.matches(&r.doc)))
+                })
+                .boxed();
+        }
         // On the server: the tailable cursor's query, so non-matching documents never travel.
-        let query = (!filter.is_match_all()).then(|| filter_document(&filter));
+        let query = Some(filter_document(&filter));
         tail_stream(self.inner.clone(), self.shared.clone(), start, query)
     }
 
@@ -699,10 +743,15 @@ impl Capped for MongoCapped {
             });
         }
         let mut query = doc! {"_id": {"$lte": newest as i64}};
+        let mut here = None;
         if !filter.is_match_all() {
-            query = doc! {"$and": [query, filter_document(filter)]};
+            if self.filters_on_server() {
+                query = doc! {"$and": [query, filter_document(filter)]};
+            } else {
+                here = Some(filter);
+            }
         }
-        let records = self.newest_first(query, limit).await?;
+        let records = self.newest_first(query, here, limit).await?;
         Ok(NewestMatching { records, as_of })
     }
 
@@ -733,7 +782,7 @@ impl Capped for MongoCapped {
             // MongoDB reads `limit(0)` as "no limit".
             return Ok(Vec::new());
         }
-        self.newest_first(doc! {field: json_to_bson(value)}, limit)
+        self.newest_first(doc! {field: json_to_bson(value)}, None, limit)
             .await
     }
 
@@ -803,7 +852,7 @@ fn tail_stream(
     let mut last: Option<u64> = match start {
         Start::Oldest => None,
         Start::After(p) => Some(p.0),
-        Start::Now => Some(shared.acks.allocated()),
+        Start::Now => Some(shared.acks.now()),
     };
     let mut closed = inner.closed.subscribe();
     let mut written = shared.acks.subscribe();
@@ -901,14 +950,20 @@ fn tail_stream(
                         // The cursor's own position was evicted: re-open after `last`; the
                         // first-document check above decides whether anything was lost.
                         Class::PositionLost => break,
-                        Class::Transient => {
+                        // An outage, or a failure that is neither a bad request nor a missing
+                        // feature (a killed cursor; FerretDB answers a getMore whose position
+                        // was evicted with InternalError): re-open after `last`, where the
+                        // first-document check tells eviction from a hole.
+                        Class::Transient | Class::Other => {
                             tracing::warn!(collection = %shared.name, error = %e, "tail: cursor failed; re-opening");
                             if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
                                 Err(StoreError::Closed)?;
                             }
                             break;
                         }
-                        _ => Err(map_error(e))?,
+                        Class::HistoryLost | Class::Invalid | Class::Unsupported | Class::Closed => {
+                            Err(map_error(e))?
+                        }
                     },
                     Step::Dead => {
                         if !yielded {
@@ -936,6 +991,42 @@ fn tail_stream(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// A group fails (a document the server refuses) while a tail opens at "now": the writer
+    /// re-reads the newest position on the server and hands the failed group's positions to
+    /// the next appends. The tail must start at or before them, and a reader of a re-used
+    /// position must wait for its acknowledgment again.
+    #[tokio::test]
+    async fn a_tail_opened_during_a_failed_group_sees_the_positions_it_frees() {
+        let ring = Arc::new(AckRing::new(16, 10));
+        assert_eq!(ring.allocate(3), (11, 13), "a group in flight");
+        let now = ring.now();
+        // The group failed entirely; the server holds up to 10.
+        ring.resolve(13);
+        ring.resync(10);
+        assert_eq!(
+            ring.allocate(2),
+            (11, 12),
+            "the next group re-uses 11 and 12"
+        );
+        assert!(
+            now < 11,
+            "a tail opened at 'now' ({now}) would skip the re-used positions 11 and 12"
+        );
+        // A tail reading 11 before the writer hears its acknowledgment waits for it.
+        let acker = ring.clone();
+        let ack = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            acker.acked(11, 12, 4242);
+        });
+        let at = ring.committed_at(11, Duration::from_secs(5)).await;
+        ack.await.unwrap();
+        assert_eq!(
+            at,
+            Some(4242),
+            "the re-used position's own acknowledgment time"
+        );
+    }
 
     #[test]
     fn ring_finds_ack_times_by_range_and_forgets_the_oldest() {

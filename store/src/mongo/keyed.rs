@@ -9,16 +9,17 @@ use mongodb::bson::{Document as BsonDoc, doc};
 use mongodb::options::{ChangeStreamPreAndPostImages, WriteConcern};
 use mongodb::{Collection, Database};
 
+use super::Inner;
 use super::capped::collection_info;
 use super::convert::{
-    OplogPos, Token, bson_doc_to_json, doc_to_bson, encode_token, engine_err, error_code,
-    json_to_bson, key_string, regex_escape, update_document, write_concern,
+    Class, OplogPos, Token, bson_doc_to_json, classify, doc_to_bson, encode_token, engine_err,
+    error_code, json_to_bson, key_string, regex_escape, update_document, write_concern,
 };
-use super::{Inner, WIRE_VERSION_6_0};
+use super::probe::reply_of;
 use crate::clock::now_us;
 use crate::{
-    ChangeFilter, ChangeStart, ChangeStream, Document, Durability, Filter, KeyUpdate, Keyed,
-    KeyedDoc, KeyedSnapshot, Result, StoreError,
+    Capabilities, Capability, ChangeFilter, ChangeStart, ChangeStream, Document, Durability,
+    Filter, KeyUpdate, Keyed, KeyedDoc, KeyedSnapshot, Result, StoreError,
 };
 
 /// Documents per batch of a snapshot read: bounds memory whatever the collection's size.
@@ -81,11 +82,18 @@ pub(crate) fn check_existing_keyed(name: &str, info: &BsonDoc) -> Result<bool> {
     Ok(!images)
 }
 
-/// Creates the keyed collection when absent (with pre- and post-images on MongoDB 6.0+, so
-/// change events carry exact before and after documents), and switches the images on for an
-/// existing one that lacks them.
-pub(crate) async fn ensure_keyed(db: &Database, name: &str, wire_version: i32) -> Result<()> {
-    ensure_keyed_collection(db, name, wire_version).await?;
+/// Creates the keyed collection when absent (with pre- and post-images where the server has
+/// them, so change events carry exact before and after documents), and switches the images on
+/// for an existing one that lacks them. A server that refuses to switch them on (`collMod`
+/// needs more than the `readWrite` role; some servers do not implement it) costs the before
+/// images of this collection's changes, which is said once, and the collection is used as it
+/// is.
+pub(crate) async fn ensure_keyed(
+    db: &Database,
+    name: &str,
+    capabilities: &Capabilities,
+) -> Result<()> {
+    ensure_keyed_collection(db, name, capabilities.before_images.is_yes()).await?;
     // Expiry reads the oldest writes first.
     db.collection::<BsonDoc>(name)
         .create_index(
@@ -97,8 +105,7 @@ pub(crate) async fn ensure_keyed(db: &Database, name: &str, wire_version: i32) -
     Ok(())
 }
 
-async fn ensure_keyed_collection(db: &Database, name: &str, wire_version: i32) -> Result<()> {
-    let images = wire_version >= WIRE_VERSION_6_0;
+async fn ensure_keyed_collection(db: &Database, name: &str, images: bool) -> Result<()> {
     match collection_info(db, name).await? {
         None => {
             let mut create = db.create_collection(name);
@@ -113,7 +120,7 @@ async fn ensure_keyed_collection(db: &Database, name: &str, wire_version: i32) -
                 Ok(()) => Ok(()),
                 Err(e) if error_code(&e) == Some(NAMESPACE_EXISTS) => {
                     // Created meanwhile by another process: check it like any existing one.
-                    Box::pin(ensure_keyed_collection(db, name, wire_version)).await
+                    Box::pin(ensure_keyed_collection(db, name, images)).await
                 }
                 Err(e) => Err(e.into()),
             }
@@ -121,18 +128,26 @@ async fn ensure_keyed_collection(db: &Database, name: &str, wire_version: i32) -
         Some(info) => {
             let needs_images = check_existing_keyed(name, &info)?;
             if needs_images && images {
-                db.run_command(doc! {
-                    "collMod": name,
-                    "changeStreamPreAndPostImages": {"enabled": true},
-                })
-                .await?;
-                tracing::info!(collection = %name, "enabled change-stream pre- and post-images");
-            } else if needs_images {
-                tracing::warn!(
-                    collection = %name,
-                    "MongoDB before 6.0: changes of this collection carry no before image, and \
-                     an update's after image is the document when the change is read"
-                );
+                let switched = db
+                    .run_command(doc! {
+                        "collMod": name,
+                        "changeStreamPreAndPostImages": {"enabled": true},
+                    })
+                    .await;
+                match switched {
+                    Ok(_) => {
+                        tracing::info!(collection = %name, "enabled change-stream pre- and post-images");
+                    }
+                    Err(e) if classify(&e) == Class::Transient => return Err(e.into()),
+                    Err(e) => tracing::warn!(
+                        collection = %name,
+                        reply = %reply_of(&e),
+                        "collMod to enable change-stream pre- and post-images was refused: \
+                         changes of this collection carry no before image (old_val), and an \
+                         update's after image is the document when the change is read; a user \
+                         with the dbAdmin role can run it once"
+                    ),
+                }
             }
             Ok(())
         }
@@ -186,7 +201,8 @@ pub(crate) fn snapshot_query(filter: Option<&Filter>) -> BsonDoc {
 /// Applies upserts in order. Several keys go into one transaction, so the batch commits at
 /// once (one journal flush, all or nothing) as the contract's "in one commit" says; one key
 /// needs none (a single-document write is atomic). On a server without transactions (not a
-/// replica set) the keys are written one by one. `Client::bulk_write` would save round trips,
+/// replica set, or one that refuses `startTransaction`: [`crate::Capability::Transactions`]) the
+/// keys are written one by one: each key's write is atomic, the batch is not. `Client::bulk_write` would save round trips,
 /// but it needs MongoDB 8.0 and is not atomic.
 async fn run_updates(
     inner: Arc<Inner>,
@@ -194,7 +210,7 @@ async fn run_updates(
     ops: Vec<(String, BsonDoc)>,
     wc: WriteConcern,
 ) -> Result<()> {
-    if ops.len() == 1 || !inner.replica_set {
+    if ops.len() == 1 || !inner.capabilities.transactions.is_yes() {
         for (key, update) in ops {
             coll.update_one(doc! {"_id": key}, update)
                 .upsert(true)
@@ -263,12 +279,14 @@ impl Keyed for MongoKeyed {
             })
             .collect::<Result<Vec<_>>>()?;
         self.inner.wait_for_opening_streams().await;
-        let write = run_updates(
-            self.inner.clone(),
-            self.coll.clone(),
-            ops,
-            self.wc(durability),
-        );
+        let inner = self.inner.clone();
+        let coll = self.coll.clone();
+        let wc = self.wc(durability);
+        let write = async move {
+            let done = run_updates(inner.clone(), coll, ops, wc).await;
+            inner.keyed_written.send_modify(|n| *n += 1);
+            done
+        };
         if durability.waits() {
             return write.await;
         }
@@ -286,11 +304,15 @@ impl Keyed for MongoKeyed {
         let replacement = replacement(key, &doc, now_us());
         self.inner.wait_for_opening_streams().await;
         let (coll, wc, owned_key) = (self.coll.clone(), self.wc(durability), key.to_string());
+        let inner = self.inner.clone();
         let write = async move {
-            coll.replace_one(doc! {"_id": owned_key}, replacement)
+            let done = coll
+                .replace_one(doc! {"_id": owned_key}, replacement)
                 .upsert(true)
                 .write_concern(wc)
-                .await
+                .await;
+            inner.keyed_written.send_modify(|n| *n += 1);
+            done
         };
         if durability.waits() {
             write.await?;
@@ -309,10 +331,14 @@ impl Keyed for MongoKeyed {
     async fn delete(&self, key: &str, durability: Durability) -> Result<bool> {
         self.inner.wait_for_opening_streams().await;
         let (coll, wc, owned_key) = (self.coll.clone(), self.wc(durability), key.to_string());
+        let inner = self.inner.clone();
         let write = async move {
-            coll.delete_one(doc! {"_id": owned_key})
+            let done = coll
+                .delete_one(doc! {"_id": owned_key})
                 .write_concern(wc)
-                .await
+                .await;
+            inner.keyed_written.send_modify(|n| *n += 1);
+            done
         };
         if durability.waits() {
             return Ok(write.await?.deleted_count > 0);
@@ -364,8 +390,9 @@ impl Keyed for MongoKeyed {
             .coll
             .delete_many(idle)
             .write_concern(self.wc(durability))
-            .await?;
-        Ok(deleted.deleted_count)
+            .await;
+        self.inner.keyed_written.send_modify(|n| *n += 1);
+        Ok(deleted?.deleted_count)
     }
 
     async fn get(&self, key: &str) -> Result<Option<Document>> {
@@ -428,10 +455,19 @@ impl Keyed for MongoKeyed {
     /// `minSnapshotHistoryWindowInSeconds` (300 s by default), so a reader slower than that
     /// gets `SnapshotTooOld` as an error of the stream.
     async fn snapshot(&self, filter: Option<Filter>) -> Result<KeyedSnapshot> {
+        if let Some(e) = self.inner.unsupported(Capability::SnapshotReads) {
+            return Err(e);
+        }
+        // Where the server does not evaluate filters as MongoDB does, it reads the keys and
+        // the filter runs here.
+        let (on_server, here) = match filter {
+            Some(f) if !self.inner.capabilities.server_filters.is_yes() => (None, Some(f)),
+            f => (f, None),
+        };
         let mut session = self.inner.client.start_session().snapshot(true).await?;
         let mut cursor = self
             .coll
-            .find(snapshot_query(filter.as_ref()))
+            .find(snapshot_query(on_server.as_ref()))
             .sort(doc! {"_id": 1})
             .batch_size(SNAPSHOT_BATCH)
             .session(&mut session)
@@ -444,7 +480,10 @@ impl Keyed for MongoKeyed {
             while let Some(doc) = cursor.next(&mut session).await {
                 let doc = doc?;
                 let key = doc.get("_id").map(key_string).unwrap_or_default();
-                yield KeyedDoc { key, doc: keyed_doc_to_json(doc) };
+                let doc = keyed_doc_to_json(doc);
+                if here.as_ref().is_none_or(|f| f.matches(&doc)) {
+                    yield KeyedDoc { key, doc };
+                }
             }
         };
         Ok(KeyedSnapshot {

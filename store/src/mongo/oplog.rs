@@ -28,7 +28,8 @@ use super::keyed::keyed_doc_to_json;
 use super::{BACKOFF_MAX, BACKOFF_MIN, CHECKPOINTS, Inner, sleep_unless_closed};
 use crate::backoff::Backoff;
 use crate::{
-    Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Result, ResumeToken, StoreError,
+    Capability, Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Result, ResumeToken,
+    StoreError,
 };
 
 /// `MaxTimeMSExpired`: a bounded oplog read took too long.
@@ -260,6 +261,9 @@ pub(crate) fn oplog_stream(
     filter: ChangeFilter,
     start: ChangeStart,
 ) -> ChangeStream {
+    if let Some(e) = inner.unsupported(Capability::Oplog) {
+        return ChangeStream::failed(e);
+    }
     let given = match &start {
         ChangeStart::After(t) => Some(t.clone()),
         _ => None,
@@ -314,10 +318,13 @@ pub(crate) fn oplog_stream(
         let mut closed = inner.closed.subscribe();
         let oplog = oplog_collection(&inner);
         let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
+        let mut written = inner.keyed_written.subscribe();
         loop {
             if *closed.borrow() {
                 Err(StoreError::Closed)?;
             }
+            // Marked before opening: a write finishing after this point wakes a dead cursor.
+            written.borrow_and_update();
             if let Some(l) = last {
                 check_history(&inner, l).await?;
             }
@@ -398,19 +405,31 @@ pub(crate) fn oplog_stream(
                     Step::Failed(e) => match classify(&e) {
                         // Overwritten while reading: re-open; `check_history` decides.
                         Class::PositionLost => break,
-                        Class::Transient => {
+                        // An outage, or a failure that is neither a bad request nor a missing
+                        // feature (a killed cursor, an internal error): re-open after `last`.
+                        Class::Transient | Class::Other => {
                             tracing::warn!(error = %e, "oplog watcher: cursor failed; re-opening");
                             if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
                                 Err(StoreError::Closed)?;
                             }
                             break;
                         }
-                        _ => Err(map_error(e))?,
+                        Class::HistoryLost | Class::Invalid | Class::Unsupported | Class::Closed => {
+                            Err(map_error(e))?
+                        }
                     },
                     Step::Dead => {
-                        // The oplog is never empty on a replica-set member; a dead cursor is
-                        // unusual (killed): re-open after a pause.
-                        if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
+                        // MongoDB keeps a tailable cursor on the oplog open, so a dead one
+                        // was killed; a server that closes it whenever it has nothing more
+                        // (FerretDB) makes this a poll. Either way: re-open after a pause, or
+                        // at once when this process writes a keyed collection.
+                        let woke = tokio::select! {
+                            biased;
+                            _ = closed.wait_for(|c| *c) => false,
+                            _ = written.changed() => true,
+                            _ = tokio::time::sleep(backoff.next_wait()) => true,
+                        };
+                        if !woke {
                             Err(StoreError::Closed)?;
                         }
                         break;
@@ -575,6 +594,45 @@ mod tests {
             ops[1].0 < expand(&plain)[0].0,
             "entries order by ts, then index"
         );
+    }
+
+    /// A stream resumed from a whole-entry position (`ChangeStart::Now`, `newest_change`, a
+    /// snapshot's token) has seen all of that entry: none of a transaction's operations at
+    /// that `ts` may be handed over again, and the next entry's may.
+    #[test]
+    fn a_whole_entry_position_covers_every_operation_of_a_transaction() {
+        let entry = doc! {
+            "ts": ts(9, 3), "op": "c", "ns": "admin.$cmd",
+            "o": {"applyOps": [
+                {"op": "u", "ns": "db.rollups", "o": {"$v": 2, "diff": {}}, "o2": {"_id": "a"}},
+                {"op": "u", "ns": "db.rollups", "o": {"$v": 2, "diff": {}}, "o2": {"_id": "b"}},
+                {"op": "u", "ns": "db.rollups", "o": {"$v": 2, "diff": {}}, "o2": {"_id": "c"}},
+            ]},
+        };
+        let last = OplogPos::entry(ts(9, 3));
+        let replayed: Vec<i64> = expand(&entry)
+            .into_iter()
+            .filter(|(pos, _)| *pos > last)
+            .map(|(pos, _)| pos.n)
+            .collect();
+        assert_eq!(
+            replayed,
+            Vec::<i64>::new(),
+            "operations replayed after resuming from the whole entry"
+        );
+        // Part way through: resuming after operation 0 hands over 1 and 2 only.
+        let after_first = expand(&entry)[0].0;
+        let rest: Vec<i64> = expand(&entry)
+            .into_iter()
+            .filter(|(pos, _)| *pos > after_first)
+            .map(|(pos, _)| pos.n)
+            .collect();
+        assert_eq!(rest, vec![1, 2]);
+        // The entry's last operation and the whole entry are the same place.
+        assert_eq!(expand(&entry)[2].0, last);
+        let next = doc! {"ts": ts(9, 4), "op": "i", "ns": "db.rollups", "o": {"_id": "d"}};
+        assert!(expand(&next)[0].0 > last, "the next entry follows");
+        assert!(OplogPos::before(ts(9, 3)) < expand(&entry)[0].0);
     }
 
     #[test]
