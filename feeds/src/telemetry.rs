@@ -43,6 +43,8 @@ pub const BOLLINGER: &str = "tailrace_bollinger";
 pub const TOPK: &str = "tailrace_topk_events";
 /// How long a feed could stop before its resume point is evicted.
 pub const RESUME_HEADROOM: &str = "tailrace_feed_resume_headroom_seconds";
+/// A feed's problems other than restarts and gaps, by feed and error type.
+pub const FEED_ERRORS: &str = "tailrace_feed_errors_total";
 
 /// Registers the descriptions of every feed metric (call once, after installing a recorder).
 pub fn describe() {
@@ -85,6 +87,10 @@ pub fn describe() {
         "Per-source sequence numbers a feed saw more than once."
     );
     describe_counter!(FEED_EVENTS, "Events a feed processed.");
+    describe_counter!(
+        FEED_ERRORS,
+        "A feed's problems other than restarts and gaps, by feed and error_type: checkpoint_ignored (it started from the oldest entry), statistic_reset (one statistic started afresh), write_failed (a checkpoint, stats or gap document not written); each is logged."
+    );
     describe_counter!(
         FEED_CHECKPOINTS,
         "Checkpoints (position + statistics state) a feed saved."
@@ -202,6 +208,10 @@ impl FeedResumed<'_> {
     }
 }
 
+fn feed_error(feed: &str, error_type: &'static str) {
+    counter!(FEED_ERRORS, "feed" => feed.to_string(), "error_type" => error_type).increment(1);
+}
+
 /// A feed's checkpoint could not be used; it starts from the oldest entry.
 pub struct CheckpointIgnored<'a> {
     /// The feed.
@@ -211,8 +221,9 @@ pub struct CheckpointIgnored<'a> {
 }
 
 impl CheckpointIgnored<'_> {
-    /// Logs it.
+    /// Counts and logs it.
     pub fn emit(self) {
+        feed_error(self.feed, "checkpoint_ignored");
         tracing::warn!(feed = %self.feed, why = %self.why, "checkpoint not used; starting from the oldest entry");
     }
 }
@@ -229,8 +240,9 @@ pub struct StatisticReset<'a> {
 }
 
 impl StatisticReset<'_> {
-    /// Logs it.
+    /// Counts and logs it.
     pub fn emit(self) {
+        feed_error(self.feed, "statistic_reset");
         tracing::warn!(feed = %self.feed, statistic = self.statistic, error = %self.error, "saved state of a statistic not restored (saved by another version?); it starts afresh");
     }
 }
@@ -311,8 +323,9 @@ pub struct FeedWriteFailed<'a> {
 }
 
 impl FeedWriteFailed<'_> {
-    /// Logs it.
+    /// Counts and logs it.
     pub fn emit(self) {
+        feed_error(self.feed, "write_failed");
         tracing::warn!(feed = %self.feed, error = %self.error, "could not write the {}", self.what);
     }
 }

@@ -63,6 +63,10 @@ pub const STREAMS_REFUSED: &str = "tailrace_change_streams_refused_total";
 pub const STREAMS_STALLED: &str = "tailrace_change_streams_stalled_total";
 /// Gaps change streams reported (a client resumed after history that was gone), by collection.
 pub const STREAMS_GAPS: &str = "tailrace_change_streams_gaps_total";
+/// Problems of a source that are not a reconnect or a bad record, by source and error type.
+pub const SOURCE_ERRORS: &str = "tailrace_source_errors_total";
+/// Problems of the pipeline's other parts, by component and error type.
+pub const ERRORS: &str = "tailrace_errors_total";
 
 /// Describes the ingest metrics (call once, after installing a recorder).
 pub fn describe() {
@@ -156,6 +160,14 @@ pub fn describe() {
     describe_counter!(
         STREAMS_GAPS,
         "Gap events sent by change streams (a client resumed after history that was no longer kept), by collection."
+    );
+    describe_counter!(
+        SOURCE_ERRORS,
+        "Problems of a source other than reconnects (tailrace_source_reconnects_total) and bad records (tailrace_events_rejected_total), by source and error_type (resume_position, request, io, watch, setup, program); each is logged."
+    );
+    describe_counter!(
+        ERRORS,
+        "Problems of the pipeline's other parts, by component (ingester, retention, ingest_document, change_streams, http, signals) and error_type; each is logged."
     );
 }
 
@@ -500,8 +512,12 @@ impl WriteFailed<'_> {
 pub struct SourceReconnecting<'a> {
     /// The source.
     pub source: &'a str,
+    /// What it connects to, for the log (a URL without its secrets, a program).
+    pub target: &'a str,
     /// Why.
     pub reason: ReconnectReason,
+    /// What happened, in words (`cannot connect: …`, `the server closed the stream`).
+    pub detail: String,
     /// The wait before the next attempt.
     pub delay: Duration,
 }
@@ -511,7 +527,106 @@ impl SourceReconnecting<'_> {
     pub fn emit(self) {
         counter!(SOURCE_RECONNECTS, "source" => self.source.to_string(), "reason" => self.reason.as_str())
             .increment(1);
-        tracing::info!(source = %self.source, reason = self.reason.as_str(), "reconnecting in {:.1} s", self.delay.as_secs_f64());
+        tracing::warn!(source = %self.source, target = %self.target, reason = self.reason.as_str(), "{}; reconnecting in {:.1} s", self.detail, self.delay.as_secs_f64());
+    }
+}
+
+/// What kind of problem a source had (the `error_type` label of [`SOURCE_ERRORS`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceErrorType {
+    /// The position stored with its newest record means nothing to it (or no longer fits
+    /// the file): it starts elsewhere, as the log line says.
+    ResumePosition,
+    /// A request could not be made as configured (a header not sent).
+    Request,
+    /// Opening, seeking or reading a file or standard input failed.
+    Io,
+    /// No file-change notifications: it re-checks on a timer instead.
+    Watch,
+    /// It could not be set up (a client, a URL, a program that does not start).
+    Setup,
+    /// A command source's program, run once, failed (or could not be waited for).
+    Program,
+}
+
+impl SourceErrorType {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceErrorType::ResumePosition => "resume_position",
+            SourceErrorType::Request => "request",
+            SourceErrorType::Io => "io",
+            SourceErrorType::Watch => "watch",
+            SourceErrorType::Setup => "setup",
+            SourceErrorType::Program => "program",
+        }
+    }
+}
+
+/// A source's problem that is neither a reconnect nor a bad record.
+pub struct SourceProblem<'a> {
+    /// The source.
+    pub source: &'a str,
+    /// What kind.
+    pub error_type: SourceErrorType,
+    /// What happened and what the source does now, in words.
+    pub detail: String,
+    /// Whether the source ends because of it (its records stop; the pipeline goes on).
+    pub ends: bool,
+}
+
+impl SourceProblem<'_> {
+    /// Counts and logs it (an error when the source ends, else a warning).
+    pub fn emit(self) {
+        counter!(SOURCE_ERRORS, "source" => self.source.to_string(), "error_type" => self.error_type.as_str())
+            .increment(1);
+        let error_type = self.error_type.as_str();
+        if self.ends {
+            tracing::error!(source = %self.source, error_type, "{}; the source ends", self.detail);
+        } else {
+            tracing::warn!(source = %self.source, error_type, "{}", self.detail);
+        }
+    }
+}
+
+/// A problem of one of the pipeline's other parts (the ingester, the rollup retention, the
+/// `ingest` document, change streams, the HTTP server, signal handling).
+pub struct Problem<'a> {
+    /// The part (`component` label of [`ERRORS`]).
+    pub component: &'static str,
+    /// What kind (`error_type` label): `store_read`, `store_write`, `task_failed`, ...
+    pub error_type: &'static str,
+    /// What happened and what follows, in words.
+    pub detail: &'a str,
+}
+
+impl Problem<'_> {
+    /// Counts it and logs it as an error.
+    pub fn error(self) {
+        self.count();
+        tracing::error!(
+            component = self.component,
+            error_type = self.error_type,
+            "{}",
+            self.detail
+        );
+    }
+
+    /// Counts it and logs it as a warning.
+    pub fn warn(self) {
+        self.count();
+        tracing::warn!(
+            component = self.component,
+            error_type = self.error_type,
+            "{}",
+            self.detail
+        );
+    }
+
+    /// Counts it without a log line (a repeat of one already logged).
+    pub fn count(&self) {
+        counter!(ERRORS, "component" => self.component, "error_type" => self.error_type)
+            .increment(1);
     }
 }
 

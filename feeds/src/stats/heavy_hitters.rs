@@ -78,22 +78,10 @@
 //!   is the one place where `TopK` (which keeps whole keys) differs, and it is
 //!   what makes the checkpoint size a constant.
 //!
-//! Measured with `cargo bench -p feeds --bench topk` (release; 50,000
-//! events/s, one key per event uniform over n values, 60 s window, k 10,
-//! capacity 1024; 2 cores shared with other builds, so ±30 %):
-//!
-//! | distinct values n | 10^2 | 10^4 | 10^6 | 10^7 |
-//! |---|---|---|---|---|
-//! | `record`+`expire`, `TopK` | 145 ns | 468 ns | 4.0 µs | 8.8 µs |
-//! | `record`+`expire`, `HeavyHitters` | 83 ns | 146 ns | 146 ns | 107 ns |
-//! | `top`, `TopK` | 1.5 µs | 0.67 ms | 837 ms | 2.8 s |
-//! | `top`, `HeavyHitters` | 56 µs | 2.4 ms | 3.1 ms | 1.7 ms |
-//! | checkpoint, `TopK` | 73 KB | 7.1 MB | 53 MB | 82 MB |
-//! | checkpoint, `HeavyHitters` | 96 KB | 1.1 MB | 1.2 MB | 1.3 MB |
-//!
-//! (`record` includes ~15–25 ns of making the key in the benchmark.) So
-//! `top` must be called about once per second (a tick), not on every event
-//! as `RollingStats` calls `TopK::top` today.
+//! `cargo bench -p feeds --bench topk` compares it with the exact `TopK` from
+//! 10^2 to 10^7 distinct keys (figures: docs/BENCHMARKS.md, "Micro-benchmarks").
+//! As `top` costs O(W · m), it is called once per publish tick
+//! (`TopKeys::snapshot` and `::publish`), never per event.
 //!
 //! # Determinism
 //!

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::heavy_hitters::HeavyHitters;
-use super::{Event, Statistic, StatsConfig, from_state, to_state};
+use super::{Event, Registration, Statistic, StatsConfig, from_state, to_state};
 use crate::telemetry as t;
 
 /// Microseconds per second, the bucket width.
@@ -171,6 +171,12 @@ fn key_of(v: &Value) -> Option<&str> {
         _ => None,
     }
 }
+
+/// Built for every feed; reads `topk_field`.
+pub const REGISTRATION: Registration = Registration {
+    build: |c, feed| Box::new(TopKeys::new(c, feed)),
+    reads: |c| vec![("topk_field", c.topk_field.clone())],
+};
 
 impl Statistic for TopKeys {
     fn name(&self) -> &'static str {

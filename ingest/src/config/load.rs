@@ -23,8 +23,8 @@ pub const ENV_PREFIX: &str = "TAILRACE_";
 /// Separator between levels in environment variable names (`TAILRACE_STORE__ENGINE`).
 pub const ENV_SEPARATOR: &str = "__";
 /// Variables with [`ENV_PREFIX`] that belong to the CLI, not to the config tree
-/// (`TAILRACE_CONFIG`, `TAILRACE_LOG`), written without the prefix.
-pub const ENV_IGNORED: [&str; 2] = ["config", "log"];
+/// (`TAILRACE_CONFIG`, `TAILRACE_LOG`, `TAILRACE_LOG_FORMAT`), written without the prefix.
+pub const ENV_IGNORED: [&str; 3] = ["config", "log", "log_format"];
 
 /// Name given to the environment provider's metadata, to recognise it in errors.
 pub(super) const ENV_METADATA_NAME: &str = "environment variable";

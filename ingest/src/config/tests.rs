@@ -194,6 +194,7 @@ fn cli_variables_are_not_config_keys() {
         jail.clear_env();
         jail.set_env("TAILRACE_CONFIG", "/nonexistent/tailrace.toml");
         jail.set_env("TAILRACE_LOG", "debug");
+        jail.set_env("TAILRACE_LOG_FORMAT", "json");
         // Keys under [log] are still reachable.
         jail.set_env("TAILRACE_LOG__STATUS_INTERVAL_SECS", "0");
         let config = Config::load(None).unwrap_or_else(|e| panic!("{e}"));
@@ -813,13 +814,13 @@ fn feed_fields_per_kind() {
     );
     let oplog = FeedConfig {
         name: "o".into(),
-        kind: FeedKindConfig::Oplog(ChangeFeedConfig {
+        kind: FeedKindConfig::Oplog(OplogFeedConfig(ChangeFeedConfig {
             collections: vec![],
             filter: Some(ChangeFilterConfig {
                 ops: vec![ChangeOp::Delete, ChangeOp::Delete],
                 key_prefix: Some(String::new()),
             }),
-        }),
+        })),
     };
     assert_eq!(
         problems(&config_with_feed(oplog)),
@@ -876,10 +877,10 @@ fn kind_defaults_are_filled_in_when_loading() {
     assert_eq!(config.feeds[0], FeedConfig::tailable("t", "events"));
     assert_eq!(
         config.feeds[1].kind,
-        FeedKindConfig::Oplog(ChangeFeedConfig {
+        FeedKindConfig::Oplog(OplogFeedConfig(ChangeFeedConfig {
             collections: vec!["rollups".into()],
             filter: None,
-        })
+        }))
     );
 }
 

@@ -49,10 +49,10 @@ pub struct IngestOptions {
     pub max_event_bytes: usize,
     /// Fields whose values get `$inc` counters in `rollups` (`<field>:<value>` keys).
     pub rollup_fields: Vec<String>,
-    /// The numeric field copied into each `source:<name>` rollup (for change feeds).
-    pub value_field: String,
-    /// The top-k field copied into each `source:<name>` rollup (for change feeds).
-    pub topk_field: String,
+    /// The fields (dotted paths) copied from each event into its `source:<name>` rollup, which
+    /// change feeds read instead of the event: the fields the feeds' statistics declare they
+    /// read (`feeds::stats::fields_read`).
+    pub summary_fields: Vec<String>,
     /// Write concern of every write.
     pub durability: Durability,
 }
@@ -81,6 +81,15 @@ pub struct IngestStats {
     pub queue_depth: AtomicI64,
     /// Write latency of `events` batches since the last status line (µs).
     pub write_latency_us: Mutex<Option<hdrhistogram::Histogram<u64>>>,
+}
+
+/// Told of every batch whose events the store acknowledged: how many were stored, at which
+/// durability, and how long the write took as the ingester waited for it (its first
+/// attempt). The one place to watch the ingester's writes (the `ingest` statistics document,
+/// `tailrace bench insert`) without wrapping the collection it writes to.
+pub trait WriteObserver: Send + Sync + 'static {
+    /// One batch's events are stored and acknowledged.
+    fn events_written(&self, events: usize, durability: Durability, latency: Duration);
 }
 
 /// A batch ready for the store.
@@ -131,6 +140,8 @@ pub struct Ingester {
     pub stats: Arc<IngestStats>,
     /// Whether the store takes writes (for `/readyz` and the gauge).
     pub health: Arc<StoreHealth>,
+    /// Told of every batch written, if any.
+    pub observer: Option<Arc<dyn WriteObserver>>,
 }
 
 impl Ingester {
@@ -219,11 +230,14 @@ impl Ingester {
     ) -> Result<(), StoreError> {
         const MAX_REPAIR: u64 = 100_000;
         if behind > MAX_REPAIR {
-            tracing::warn!(
-                source,
-                behind,
-                "rollups are too far behind the events to repair; change feeds will count the difference as missing"
-            );
+            t::Problem {
+                component: "ingester",
+                error_type: "rollups_behind",
+                detail: &format!(
+                    "source {source}: rollups are {behind} events behind the events, too far to repair; change feeds will count the difference as missing"
+                ),
+            }
+            .warn();
             return Ok(());
         }
         let newest_first = self
@@ -319,7 +333,12 @@ impl Ingester {
         drop(to_write);
         for (stage, task) in [("events", writer), ("rollups", roller)] {
             if let Err(e) = task.await {
-                tracing::error!(error = %e, stage, "a writing task of the ingester failed");
+                t::Problem {
+                    component: "ingester",
+                    error_type: "task_failed",
+                    detail: &format!("the {stage} stage of the ingester failed: {e}"),
+                }
+                .error();
             }
         }
         tracing::info!("ingester flushed and stopped");
@@ -353,7 +372,12 @@ impl Ingester {
                                     Ok(s) => break s,
                                     Err(e) => {
                                         let wait = backoff.next_wait();
-                                        tracing::error!(source = %h.source, error = %e, retry_in = ?wait, "cannot read the last sequence number; retrying");
+                                        t::Problem {
+                                            component: "ingester",
+                                            error_type: "store_read",
+                                            detail: &format!("source {}: cannot read the last sequence number ({e}); retrying in {wait:?}", h.source),
+                                        }
+                                        .error();
                                         tokio::time::sleep(wait).await;
                                     }
                                 }
@@ -624,6 +648,9 @@ impl Ingester {
             .emit();
         }
         if let Some(latency) = events.latency {
+            if let Some(o) = &self.observer {
+                o.events_written(stored, d, latency);
+            }
             if let Ok(mut h) = self.stats.write_latency_us.lock()
                 && let Some(h) = h.as_mut()
             {
@@ -658,11 +685,11 @@ impl Ingester {
 }
 
 /// A batch of at most this many events commits its events and rollups together where the
-/// engine can. One commit instead of two pays where commits are many and small: `bench
-/// insert`, single client, six alternating pairs, medians: +21-25 % events/s, -21-26 % CPU per
-/// event, tail notification p50 170 → 60 µs. A large batch keeps two commits: its feeds get
-/// the events while the writer is still on their rollups, and waiting for both cost the
-/// batched runs tail notification p99 9 → 74 ms and gained nothing (-1 to -7 % events/s).
+/// engine can. One commit instead of two pays where commits are many and small (a slow
+/// stream, a single client): half the commits, syncs and wake-ups of the feeds. A large batch
+/// keeps two commits: its feeds get the events while the writer is still on their rollups,
+/// where waiting for both held every event of the batch back by the rollups' commit and
+/// gained no throughput.
 const JOINT_MAX_EVENTS: usize = 64;
 
 /// The durability of a batch's stages before its last (see `write_events`): one log

@@ -6,7 +6,7 @@
 //! two appends; if a dead letter were committed after events the source handed over *after*
 //! it, a crash between the two commits would leave the dead letter out while the newer events
 //! are in, and the restart would resume past the bad record: it would be lost for good (the
-//! torture test, `ingest/tests/torture.rs`, found exactly this). The other way round, a dead
+//! torture test, `tailrace/tests/torture.rs`, found exactly this). The other way round, a dead
 //! letter committed before older events, would lose those events.
 //!
 //! So a batch is written in stages, in hand-over order: the events up to the first rejected
@@ -191,13 +191,13 @@ mod tests {
                 batch_max_wait: Duration::from_millis(50),
                 max_event_bytes: 65_536,
                 rollup_fields: vec![],
-                value_field: "retweet_count".into(),
-                topk_field: "hashtags".into(),
+                summary_fields: vec!["retweet_count".into(), "hashtags".into()],
                 durability: Durability::Acknowledged,
             },
             engine: "embedded",
             stats: Arc::new(IngestStats::default()),
             health: Arc::new(StoreHealth::new()),
+            observer: None,
         }
     }
 
