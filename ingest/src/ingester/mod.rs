@@ -33,7 +33,7 @@ pub use rollups::{coalesce_counters, rollups};
 pub use validate::{Rejection, dead_letter, validate};
 pub use write::StoreHealth;
 
-use write::{Refused, Written, write_isolating, write_together};
+use write::{Refused, Written, write_isolating, write_together, write_until_refused};
 
 use crate::source::{Raw, RejectReason};
 use crate::telemetry as t;
@@ -199,6 +199,16 @@ impl Ingester {
     /// sequence continues after it, and the events that never committed are counted as
     /// missing by tailable feeds.
     async fn recover_source(&self, source: &str) -> Result<u64, StoreError> {
+        /// Newest dead letters looked at for a store-refused event's sequence number (those of
+        /// records that were not events, which carry none, may be newer).
+        const LETTERS_LOOK_BACK: usize = 256;
+        let refused_seq = self
+            .dead_letters
+            .latest("source", &json!(source), LETTERS_LOOK_BACK)
+            .await?
+            .iter()
+            .filter_map(|r| r.doc.get("seq").and_then(Value::as_u64))
+            .max();
         let newest_event = self
             .events
             .latest(STAMP_SOURCE_PATH, &json!(source), 1)
@@ -219,7 +229,10 @@ impl Ingester {
                     .await?;
             }
         }
-        Ok(newest_event.max(rollup_seq).map_or(1, |s| s + 1))
+        Ok(newest_event
+            .max(rollup_seq)
+            .max(refused_seq)
+            .map_or(1, |s| s + 1))
     }
 
     async fn repair_rollups(
@@ -494,13 +507,34 @@ impl Ingester {
         for (i, stage) in stages.iter().enumerate() {
             let last = i + 1 == stages.len();
             let durability = if last { d } else { interim };
-            let part = take_front(&mut docs, stage.events.len());
-            let written = write_isolating(self.events.name(), part, &self.health, |docs| {
-                let events = self.events.clone();
-                async move { events.append(docs, durability).await.map(|_| ()) }
-            })
-            .await;
-            events.absorb(written, stage.events.start);
+            let mut part = take_front(&mut docs, stage.events.len());
+            let mut at = stage.events.start;
+            // An event the store refuses becomes a dead letter before any later event is
+            // written: hand-over order holds for it too.
+            loop {
+                let sent = part.len();
+                let (written, rest) =
+                    write_until_refused(self.events.name(), part, &self.health, |docs| {
+                        let events = self.events.clone();
+                        async move { events.append(docs, durability).await.map(|_| ()) }
+                    })
+                    .await;
+                let letters: Vec<Document> = written
+                    .refused
+                    .iter()
+                    .map(|r| Self::store_rejected_letter(self.events.name(), &r.item, &r.error))
+                    .collect();
+                events.absorb(written, at);
+                if !letters.is_empty() {
+                    let kept = self.write_letters(letters, durability).await;
+                    dead_letters.absorb(kept, 0);
+                }
+                if rest.is_empty() {
+                    break;
+                }
+                at += sent - rest.len();
+                part = rest;
+            }
             let letters = take_front(&mut dead, stage.letters.len());
             let written = self.write_letters(letters, durability).await;
             dead_letters.absorb(written, stage.letters.start);
@@ -525,6 +559,30 @@ impl Ingester {
             updates,
             last_seq,
         })
+    }
+
+    /// The dead letter of an event the store refused (reason `store_rejected`): the stamped
+    /// event as it was sent to the store, and the store's reason.
+    fn store_rejected_letter(collection: &str, doc: &Document, error: &StoreError) -> Document {
+        let stamp = Stamp::of(doc);
+        let source = stamp.as_ref().map_or("", |s| s.source.as_str());
+        let bytes = serde_json::to_vec(doc).unwrap_or_default();
+        let rejection = Rejection {
+            reason: RejectReason::StoreRejected,
+            detail: format!("{collection}: {error}"),
+        };
+        let received = stamp.as_ref().map_or(0, |s| s.received_us);
+        let mut letter = dead_letter(source, &rejection, &bytes, received);
+        if let Some(stamp) = stamp {
+            // Its sequence number was given, and its source moved past it: a restart
+            // continues after both (`stored_position`, `recover_source`), as after a stored
+            // event.
+            letter.insert("seq".into(), json!(stamp.seq));
+            if let Some(p) = stamp.position {
+                letter.insert("position".into(), p);
+            }
+        }
+        letter
     }
 
     /// The third stage: writes the rollups of a batch whose events are written, then accounts
@@ -574,7 +632,8 @@ impl Ingester {
         self.stats
             .written
             .fetch_add(stored as i64, Ordering::Relaxed);
-        let mut letters = Vec::with_capacity(events.refused.len());
+        // Events the store refused: their dead letters were written in their place, in
+        // hand-over order (`write_events`); here they are counted.
         for Refused {
             item: doc, error, ..
         } in &events.refused
@@ -595,26 +654,11 @@ impl Ingester {
                 reason: RejectReason::StoreRejected,
             }
             .emit();
-            let bytes = serde_json::to_vec(doc).unwrap_or_default();
-            let rejection = Rejection {
-                reason: RejectReason::StoreRejected,
-                detail: format!("{events_name}: {error}"),
-            };
-            let received = stamp.as_ref().map_or(0, |s| s.received_us);
-            letters.push(dead_letter(source, &rejection, &bytes, received));
         }
         self.stats
             .rejected
-            .fetch_add(letters.len() as i64, Ordering::Relaxed);
-        let mut lost = dead_letters.refused;
-        if !letters.is_empty() {
-            let more = write_isolating(self.dead_letters.name(), letters, &self.health, |dead| {
-                let letters = self.dead_letters.clone();
-                async move { letters.append(dead, d).await.map(|_| ()) }
-            })
-            .await;
-            lost.extend(more.refused);
-        }
+            .fetch_add(events.refused.len() as i64, Ordering::Relaxed);
+        let lost = dead_letters.refused;
         for Refused {
             item: letter,
             error,
