@@ -335,9 +335,10 @@ pub(crate) fn oplog_stream(
             }
             // Marked before opening: a write finishing after this point wakes a dead cursor.
             written.borrow_and_update();
-            if let Some(l) = last {
-                check_history(&inner, l).await?;
-            }
+            // Whether the entry at `last` is still in the oplog: the query starts at it
+            // (`$gte`), so finding it first proves nothing before it was lost, and only
+            // otherwise is the oldest entry read (a scan of the oplog on some servers).
+            let mut verify = last;
             let (batch, await_time) = inner.tail_cursor();
             let opened = oplog
                 .find(tail_filter(&db, &filter, last))
@@ -371,6 +372,11 @@ pub(crate) fn oplog_stream(
                     Step::Entry(entry) => {
                         backoff.reset();
                         let ts = entry.get_timestamp("ts").ok();
+                        if let Some(l) = verify.take()
+                            && ts.is_none_or(|ts| (ts.time, ts.increment) != (l.t, l.i))
+                        {
+                            check_history(&inner, l).await?;
+                        }
                         let wall = entry.get_datetime("wall").ok().copied();
                         for (pos, op) in expand(&entry) {
                             if last.is_some_and(|l| pos <= l) {
@@ -431,6 +437,9 @@ pub(crate) fn oplog_stream(
                         }
                     },
                     Step::Dead => {
+                        if let Some(l) = verify.take() {
+                            check_history(&inner, l).await?;
+                        }
                         // MongoDB keeps a tailable cursor on the oplog open, so a dead one
                         // was killed; a server that closes it whenever it has nothing more
                         // (FerretDB) makes this a poll. Either way: re-open after a pause, or
