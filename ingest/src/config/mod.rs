@@ -223,6 +223,14 @@ pub struct IngestConfig {
     /// them forever. The per-source summaries are kept.
     #[serde(default = "default_rollup_idle_ttl_secs")]
     pub rollup_idle_ttl_secs: u64,
+    /// When the pipeline stops: how long the writer may take to write what is queued; past it,
+    /// what was not written is reported lost (never acknowledged to a source). At least 1.
+    #[serde(default = "default_stop_flush_timeout_secs")]
+    pub stop_flush_timeout_secs: u64,
+    /// When the pipeline stops: how long the feeds together may take to drain and checkpoint;
+    /// a feed still running past it resumes from its previous checkpoint. At least 1.
+    #[serde(default = "default_stop_checkpoint_timeout_secs")]
+    pub stop_checkpoint_timeout_secs: u64,
 }
 
 fn default_listen() -> SocketAddr {
@@ -291,6 +299,14 @@ fn default_rollup_fields() -> Vec<String> {
 }
 fn default_rollup_idle_ttl_secs() -> u64 {
     86_400
+}
+
+fn default_stop_flush_timeout_secs() -> u64 {
+    10
+}
+
+fn default_stop_checkpoint_timeout_secs() -> u64 {
+    5
 }
 
 impl Default for Config {
@@ -368,6 +384,8 @@ impl Default for IngestConfig {
             max_event_bytes: default_max_event_bytes(),
             rollup_fields: default_rollup_fields(),
             rollup_idle_ttl_secs: default_rollup_idle_ttl_secs(),
+            stop_flush_timeout_secs: default_stop_flush_timeout_secs(),
+            stop_checkpoint_timeout_secs: default_stop_checkpoint_timeout_secs(),
         }
     }
 }

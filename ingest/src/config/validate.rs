@@ -244,6 +244,16 @@ fn validate_ingest(c: &Config, p: &mut Problems) {
         );
     }
     p.at_least("ingest.max_event_bytes", i.max_event_bytes, 64);
+    p.at_least(
+        "ingest.stop_flush_timeout_secs",
+        i.stop_flush_timeout_secs,
+        1,
+    );
+    p.at_least(
+        "ingest.stop_checkpoint_timeout_secs",
+        i.stop_checkpoint_timeout_secs,
+        1,
+    );
     if i.max_event_bytes > c.store.events.max_bytes {
         p.push(
             "ingest.max_event_bytes",

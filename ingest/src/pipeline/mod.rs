@@ -231,6 +231,8 @@ impl Pipeline {
             ingest_done: None,
             feed_stop,
             feed_tasks,
+            flush_within: Duration::from_secs(c.ingest.stop_flush_timeout_secs),
+            checkpoint_within: Duration::from_secs(c.ingest.stop_checkpoint_timeout_secs),
             background,
         })
     }
@@ -335,6 +337,9 @@ pub struct Running {
     ingest_done: Option<Result<(), JoinError>>,
     feed_stop: CancellationToken,
     feed_tasks: Vec<(String, JoinHandle<()>)>,
+    /// How long the stop lets the ingester flush, and the feeds checkpoint.
+    flush_within: Duration,
+    checkpoint_within: Duration,
     /// Tasks that run until the feeds stop (the `ingest` document, rollup retention).
     background: Vec<(&'static str, JoinHandle<()>)>,
 }
@@ -366,8 +371,9 @@ impl Running {
     }
 
     /// Stops, in order: the sources stop; the ingester writes what is queued (at most
-    /// [`stop::FLUSH_DEADLINE`]); every feed drains and checkpoints, all at once (at most
-    /// [`stop::FEEDS_DEADLINE`]); the background writers end; the store closes (when the
+    /// `ingest.stop_flush_timeout_secs`); every feed drains and checkpoints, all at once (at
+    /// most `ingest.stop_checkpoint_timeout_secs`); the background writers end; the store
+    /// closes (when the
     /// pipeline opened it). Logs and returns what could not be done.
     pub async fn stop(mut self) -> StopReport {
         let mut problems = Vec::new();
@@ -382,10 +388,10 @@ impl Running {
         self.source_stop.cancel();
         stop::sources(self.source_tasks, &mut problems).await;
         if let Some(task) = self.ingest_task.take() {
-            stop::flush(task, &self.stats, &mut problems).await;
+            stop::flush(task, self.flush_within, &self.stats, &mut problems).await;
         }
         self.feed_stop.cancel();
-        problems.extend(stop::feeds(self.feed_tasks).await);
+        problems.extend(stop::feeds(self.feed_tasks, self.checkpoint_within).await);
         for (what, task) in self.background {
             if let Err(e) = task.await {
                 problems.push(stop::task_failed(what, &e));

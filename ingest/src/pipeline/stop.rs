@@ -1,7 +1,8 @@
 //! The stop, in the one order that loses nothing acknowledged: the sources stop; the
-//! ingester writes what is queued (bounded by [`FLUSH_DEADLINE`]); every feed drains what is
-//! committed and checkpoints, all at once, under one [`FEEDS_DEADLINE`]; the background
-//! writers end; the store closes. Each step that fails says what it cost.
+//! ingester writes what is queued (bounded by `ingest.stop_flush_timeout_secs`); every feed
+//! drains what is committed and checkpoints, all at once, under one deadline
+//! (`ingest.stop_checkpoint_timeout_secs`); the background writers end; the store closes.
+//! Each step that fails says what it cost.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -10,11 +11,6 @@ use std::time::Duration;
 use tokio::task::{JoinError, JoinHandle};
 
 use crate::ingester::IngestStats;
-
-/// How long the ingester may take to write what is queued when the pipeline stops.
-pub const FLUSH_DEADLINE: Duration = Duration::from_secs(10);
-/// How long the feeds together may take to drain and checkpoint when the pipeline stops.
-pub const FEEDS_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Waits for the source tasks (already told to stop).
 pub(super) async fn sources(tasks: Vec<(String, JoinHandle<()>)>, problems: &mut Vec<String>) {
@@ -25,31 +21,32 @@ pub(super) async fn sources(tasks: Vec<(String, JoinHandle<()>)>, problems: &mut
     }
 }
 
-/// Waits up to [`FLUSH_DEADLINE`] for the ingester to write what is queued (its senders are
-/// gone); aborts it past the deadline and says what was lost.
+/// Waits up to `deadline` for the ingester to write what is queued (its senders are gone);
+/// aborts it past the deadline and says what was lost.
 pub(super) async fn flush(
     mut ingester: JoinHandle<()>,
+    deadline: Duration,
     stats: &Arc<IngestStats>,
     problems: &mut Vec<String>,
 ) {
-    match tokio::time::timeout(FLUSH_DEADLINE, &mut ingester).await {
+    match tokio::time::timeout(deadline, &mut ingester).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => problems.push(task_failed("the ingester", &e)),
         Err(_) => {
             ingester.abort();
             let queued = stats.queue_depth.load(Ordering::Relaxed).max(0);
             problems.push(format!(
-                "the ingester did not flush within {} s: the batch being written and {queued} queued records are lost (not acknowledged to any source)",
-                FLUSH_DEADLINE.as_secs()
+                "the ingester did not flush within {} s (ingest.stop_flush_timeout_secs): the batch being written and {queued} queued records are lost (not acknowledged to any source)",
+                deadline.as_secs()
             ));
         }
     }
 }
 
-/// Waits for every feed (already told to stop) to drain and checkpoint, all at once, under
-/// one deadline; aborts the ones still running at the deadline. Returns what went wrong.
-pub(super) async fn feeds(tasks: Vec<(String, JoinHandle<()>)>) -> Vec<String> {
-    let deadline = tokio::time::Instant::now() + FEEDS_DEADLINE;
+/// Waits for every feed (already told to stop) to drain and checkpoint, all at once, within
+/// `within`; aborts the ones still running then. Returns what went wrong.
+pub(super) async fn feeds(tasks: Vec<(String, JoinHandle<()>)>, within: Duration) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + within;
     let waits = tasks.into_iter().map(|(name, mut task)| async move {
         match tokio::time::timeout_at(deadline, &mut task).await {
             Ok(Ok(())) => None,
@@ -57,8 +54,8 @@ pub(super) async fn feeds(tasks: Vec<(String, JoinHandle<()>)>) -> Vec<String> {
             Err(_) => {
                 task.abort();
                 Some(format!(
-                    "feed {name} did not checkpoint within {} s and was stopped: it resumes from its previous checkpoint (events since are processed again, not lost)",
-                    FEEDS_DEADLINE.as_secs()
+                    "feed {name} did not checkpoint within {} s (ingest.stop_checkpoint_timeout_secs) and was stopped: it resumes from its previous checkpoint (events since are processed again, not lost)",
+                    within.as_secs()
                 ))
             }
         }
@@ -93,16 +90,20 @@ mod tests {
         let stuck = tokio::spawn(std::future::pending::<()>());
         let stuck2 = tokio::spawn(std::future::pending::<()>());
         let started = tokio::time::Instant::now();
-        let problems = feeds(vec![
-            ("quick".into(), quick),
-            ("panics".into(), panics),
-            ("stuck".into(), stuck),
-            ("stuck2".into(), stuck2),
-        ])
+        let within = Duration::from_secs(5);
+        let problems = feeds(
+            vec![
+                ("quick".into(), quick),
+                ("panics".into(), panics),
+                ("stuck".into(), stuck),
+                ("stuck2".into(), stuck2),
+            ],
+            within,
+        )
         .await;
         assert_eq!(
             started.elapsed(),
-            FEEDS_DEADLINE,
+            within,
             "two stuck feeds cost one deadline, not two"
         );
         assert_eq!(problems.len(), 3, "{problems:#?}");
