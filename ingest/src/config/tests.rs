@@ -144,6 +144,23 @@ fn env_overrides_defaults() {
     });
 }
 
+/// The test tools' variables share the prefix but are not config keys: a shell (CI) that
+/// exported them still runs tailrace; a misspelt config key is still refused.
+#[test]
+fn the_test_tools_variables_are_not_config_keys() {
+    Jail::expect_with(|jail| {
+        jail.clear_env();
+        jail.set_env("TAILRACE_TEST_MONGODB_URI", "mongodb://127.0.0.1:1/");
+        jail.set_env("TAILRACE_FERRETDB_BIN", "/cache/ferretdb");
+        jail.set_env("TAILRACE_FERRETDB_HOME", "/tmp/ferretdb");
+        Config::load(None).unwrap_or_else(|e| panic!("{e}"));
+        jail.set_env("TAILRACE_FERRETDB_PORT", "1");
+        let e = Config::load(None).expect_err("an unknown key is refused");
+        assert!(e.to_string().contains("ferretdb_port"), "{e}");
+        Ok(())
+    });
+}
+
 #[test]
 fn env_overrides_file_which_overrides_defaults() {
     Jail::expect_with(|jail| {
