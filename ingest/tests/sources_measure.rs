@@ -80,7 +80,16 @@ async fn http_source_sustained_rate_into_the_embedded_store() {
     let events = store.capped("events", &spec).await.unwrap();
     let ingester = Ingester {
         events: events.clone(),
-        dead_letters: store.capped("dead_letters", &spec).await.unwrap(),
+        dead_letters: store
+            .capped(
+                "dead_letters",
+                &CappedSpec {
+                    indexes: vec!["source".into(), "reason".into()],
+                    ..spec.clone()
+                },
+            )
+            .await
+            .unwrap(),
         rollups: store.keyed("rollups").await.unwrap(),
         options: IngestOptions {
             batch_max_events: 256,

@@ -571,7 +571,11 @@ async fn sse_bad_input_reaches_the_dead_letters_and_good_events_all_arrive() {
         indexes: vec!["_tailrace.source".into()],
     };
     let events = store.capped("events", &spec).await.unwrap();
-    let dead = store.capped("dead_letters", &spec).await.unwrap();
+    let letters_spec = CappedSpec {
+        indexes: vec!["source".into(), "reason".into()],
+        ..spec.clone()
+    };
+    let dead = store.capped("dead_letters", &letters_spec).await.unwrap();
     let ingester = Ingester {
         events: events.clone(),
         dead_letters: dead.clone(),

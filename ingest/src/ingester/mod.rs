@@ -202,10 +202,30 @@ impl Ingester {
         /// Newest dead letters looked at for a store-refused event's sequence number (those of
         /// records that were not events, which carry none, may be newer).
         const LETTERS_LOOK_BACK: usize = 256;
-        let refused_seq = self
+        let letters = match self
             .dead_letters
             .latest("source", &json!(source), LETTERS_LOOK_BACK)
-            .await?
+            .await
+        {
+            Ok(letters) => letters,
+            // A dead-letters collection opened without the index (by a library user; the
+            // pipeline always has it) cannot answer, and asking again will not help: the
+            // sequence then continues after the stored events only.
+            Err(e @ StoreError::NotIndexed { .. }) => {
+                t::Problem {
+                    component: "ingester",
+                    error_type: "store_read",
+                    detail: &format!(
+                        "source {source}: {e}; a store-refused event's sequence number may be \
+                         given again after a restart (index `source` on the dead letters)"
+                    ),
+                }
+                .warn();
+                Vec::new()
+            }
+            Err(e) => return Err(e),
+        };
+        let refused_seq = letters
             .iter()
             .filter_map(|r| r.doc.get("seq").and_then(Value::as_u64))
             .max();

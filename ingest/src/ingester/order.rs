@@ -305,4 +305,37 @@ mod tests {
             "every dead letter once"
         );
     }
+
+    /// Before: a dead-letters collection opened without the `source` index (as a library user
+    /// may) made reading a source's last sequence number fail, and the ingester retried it
+    /// forever without storing an event.
+    #[tokio::test]
+    async fn dead_letters_without_the_source_index_do_not_stop_ingestion() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+        let spec = |indexes: &[&str]| CappedSpec {
+            max_docs: 1000,
+            max_bytes: 1 << 24,
+            indexes: indexes.iter().map(|i| i.to_string()).collect(),
+        };
+        let events = store
+            .capped("events", &spec(&[store::STAMP_SOURCE_PATH]))
+            .await
+            .unwrap();
+        let letters = store.capped("dead_letters", &spec(&[])).await.unwrap();
+        let rollups = store.keyed("rollups").await.unwrap();
+        let (tx, rx) = mpsc::channel(16);
+        for h in file_lines(0) {
+            tx.send(h).await.unwrap();
+        }
+        drop(tx);
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            ingester(&events, letters.clone(), &rollups).run(rx),
+        )
+        .await
+        .expect("the ingester stores the events and ends with its input");
+        assert_eq!(lines(&events, "line").await, [1, 3, 5]);
+        assert_eq!(lines(&letters, "raw").await, [2, 4]);
+    }
 }
