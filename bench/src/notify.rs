@@ -436,6 +436,28 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         kinds.push(Kind::Oplog);
     }
     kinds.push(Kind::Http);
+    let dir = bench.data_dir("notify");
+    let store = bench.open_store("notify").await?;
+    // A kind the server cannot serve is left out, and the report says why.
+    let caps = store.capabilities();
+    let mut left_out = Vec::new();
+    kinds.retain(|kind| {
+        let needs = match kind {
+            Kind::Changes => Some(store::Capability::ChangeStreams),
+            Kind::Oplog => Some(store::Capability::Oplog),
+            Kind::Tailable | Kind::Http => None,
+        };
+        match needs.and_then(|c| caps.get(c).reason().map(|r| (c, r))) {
+            Some((c, reason)) => {
+                left_out.push(format!(
+                    "{} not measured: the server lacks {c} ({reason})",
+                    kind.as_str()
+                ));
+                false
+            }
+            None => true,
+        }
+    });
     let mut report = new_report(
         bench,
         Scenario::Notify,
@@ -449,8 +471,6 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         "durability": d.as_str(), "kinds": kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
         "flat_out_dataset": bench.args.dataset.describe(), "low_rate_dataset": "small",
     });
-    let dir = bench.data_dir("notify");
-    let store = bench.open_store("notify").await?;
     let spec = CappedSpec {
         max_docs: 1_000_000,
         max_bytes: 1 << 30,
@@ -597,6 +617,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         ));
     }
     report.references(&PEERS);
+    report.notes.extend(left_out);
     report.notes.push(
         "the peers (issue #12) were measured in one harness run on this machine: networked clients of each system, p50; the /api/changes client is their counterpart (a separate TCP connection, HTTP framing, JSON)".into(),
     );
