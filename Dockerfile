@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # tailrace with the MongoDB engine. `docker compose up` builds it (see docker-compose.yml); by
-# hand: `docker build -t tailrace .`. Checked without Docker by ingest/tests/stack.rs (copied
+# hand: `docker build -t tailrace .`. Checked without Docker by tailrace/tests/stack.rs (copied
 # paths, crate, binary and feature names, hadolint).
 
 # ---- build ------------------------------------------------------------------------------------
@@ -13,6 +13,9 @@ COPY Cargo.toml Cargo.lock ./
 COPY store ./store
 COPY feeds ./feeds
 COPY ingest ./ingest
+COPY server ./server
+COPY bench ./bench
+COPY tailrace ./tailrace
 COPY config/tailrace.toml ./config/tailrace.toml
 # Cache mounts keep the registry and compiled dependencies between builds (BuildKit, the default
 # builder of current Docker); the binary is copied out of the cached target directory.

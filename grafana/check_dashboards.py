@@ -6,7 +6,7 @@ There is no Grafana to load the dashboards into here, so this is the check that 
 what Grafana's schema describes: every key of the file must survive decoding into the typed
 model and encoding back (a key the model does not know is dropped, and reported here), with the
 same value; and every panel unit must be one of Grafana's unit ids. Run by
-ingest/tests/stack.rs inside the tool environment that .ci/run installs (target/ci-venv).
+tailrace/tests/stack.rs inside the tool environment that .ci/run installs (target/ci-venv).
 """
 
 import json

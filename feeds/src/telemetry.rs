@@ -21,6 +21,8 @@ pub const END_TO_END_LATENCY: &str = "tailrace_end_to_end_latency_seconds";
 pub const FEED_LAG: &str = "tailrace_feed_lag_events";
 /// Feed stream restarts by reason.
 pub const FEED_RESTARTS: &str = "tailrace_feed_restarts_total";
+/// Feeds stopped because the store's server no longer supports what they read.
+pub const FEED_UNSUPPORTED: &str = "tailrace_feed_unsupported_total";
 /// Gaps a feed recorded after being overtaken.
 pub const FEED_GAPS: &str = "tailrace_feed_gaps_total";
 /// Entries a feed skipped over in its gaps, as far as known.
@@ -41,6 +43,8 @@ pub const BOLLINGER: &str = "tailrace_bollinger";
 pub const TOPK: &str = "tailrace_topk_events";
 /// How long a feed could stop before its resume point is evicted.
 pub const RESUME_HEADROOM: &str = "tailrace_feed_resume_headroom_seconds";
+/// A feed's problems other than restarts and gaps, by feed and error type.
+pub const FEED_ERRORS: &str = "tailrace_feed_errors_total";
 
 /// Registers the descriptions of every feed metric (call once, after installing a recorder).
 pub fn describe() {
@@ -63,6 +67,10 @@ pub fn describe() {
         "Feed stream restarts: position_lost, history_lost, cursor_died, error."
     );
     describe_counter!(
+        FEED_UNSUPPORTED,
+        "Feeds stopped because the store's server refused what they read as unsupported (a feed the server cannot serve is refused at startup instead)."
+    );
+    describe_counter!(
         FEED_GAPS,
         "Gaps recorded after a feed was overtaken by eviction."
     );
@@ -79,6 +87,10 @@ pub fn describe() {
         "Per-source sequence numbers a feed saw more than once."
     );
     describe_counter!(FEED_EVENTS, "Events a feed processed.");
+    describe_counter!(
+        FEED_ERRORS,
+        "A feed's problems other than restarts and gaps, by feed and error_type: checkpoint_ignored (it started from the oldest entry), statistic_reset (one statistic started afresh), write_failed (a checkpoint, stats or gap document not written); each is logged."
+    );
     describe_counter!(
         FEED_CHECKPOINTS,
         "Checkpoints (position + statistics state) a feed saved."
@@ -196,6 +208,10 @@ impl FeedResumed<'_> {
     }
 }
 
+fn feed_error(feed: &str, error_type: &'static str) {
+    counter!(FEED_ERRORS, "feed" => feed.to_string(), "error_type" => error_type).increment(1);
+}
+
 /// A feed's checkpoint could not be used; it starts from the oldest entry.
 pub struct CheckpointIgnored<'a> {
     /// The feed.
@@ -205,8 +221,9 @@ pub struct CheckpointIgnored<'a> {
 }
 
 impl CheckpointIgnored<'_> {
-    /// Logs it.
+    /// Counts and logs it.
     pub fn emit(self) {
+        feed_error(self.feed, "checkpoint_ignored");
         tracing::warn!(feed = %self.feed, why = %self.why, "checkpoint not used; starting from the oldest entry");
     }
 }
@@ -223,8 +240,9 @@ pub struct StatisticReset<'a> {
 }
 
 impl StatisticReset<'_> {
-    /// Logs it.
+    /// Counts and logs it.
     pub fn emit(self) {
+        feed_error(self.feed, "statistic_reset");
         tracing::warn!(feed = %self.feed, statistic = self.statistic, error = %self.error, "saved state of a statistic not restored (saved by another version?); it starts afresh");
     }
 }
@@ -247,6 +265,22 @@ impl FeedRestarted<'_> {
         counter!(FEED_RESTARTS, "feed" => self.feed.to_string(), "reason" => self.reason.as_str())
             .increment(1);
         tracing::warn!(feed = %self.feed, reason = self.reason.as_str(), error = %self.error, retry_in = ?self.retry_in, "feed stream stopped; reopening after its last position");
+    }
+}
+
+/// A feed's stream was refused as unsupported by the store's server: the feed stops.
+pub struct FeedUnsupported<'a> {
+    /// The feed.
+    pub feed: &'a str,
+    /// The error, in words (it names the capability and the alternatives).
+    pub error: String,
+}
+
+impl FeedUnsupported<'_> {
+    /// Counts and logs it.
+    pub fn emit(self) {
+        counter!(FEED_UNSUPPORTED, "feed" => self.feed.to_string()).increment(1);
+        tracing::error!(feed = %self.feed, error = %self.error, "feed stopped: the store's server does not support what it reads");
     }
 }
 
@@ -289,8 +323,9 @@ pub struct FeedWriteFailed<'a> {
 }
 
 impl FeedWriteFailed<'_> {
-    /// Logs it.
+    /// Counts and logs it.
     pub fn emit(self) {
+        feed_error(self.feed, "write_failed");
         tracing::warn!(feed = %self.feed, error = %self.error, "could not write the {}", self.what);
     }
 }

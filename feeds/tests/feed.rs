@@ -6,8 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use feeds::kind::changes::ChangeReader;
+use feeds::kind::tailable::Tail;
 use feeds::stats::{Event, RollingStats, StatsConfig};
-use feeds::{Feed, FeedHandle, FeedPosition, FeedSource, FeedSpec, FeedStatus};
+use feeds::{Feed, FeedHandle, FeedPosition, FeedSpec, FeedStatus};
 use serde_json::json;
 use store::embedded::{EmbeddedOptions, EmbeddedStore};
 use store::{
@@ -27,7 +29,7 @@ fn stats() -> StatsConfig {
 fn tail_spec(events: &Arc<dyn Capped>) -> FeedSpec {
     FeedSpec {
         name: "tail".into(),
-        source: FeedSource::Tail(events.clone()),
+        reader: Box::new(Tail::new(events.clone())),
         stats: stats(),
     }
 }
@@ -35,11 +37,11 @@ fn tail_spec(events: &Arc<dyn Capped>) -> FeedSpec {
 fn changes_spec() -> FeedSpec {
     FeedSpec {
         name: "changes".into(),
-        source: FeedSource::Changes(ChangeFilter {
+        reader: Box::new(ChangeReader::changes(ChangeFilter {
             collections: vec!["rollups".into()],
             key_prefix: Some("source:".into()),
             ..ChangeFilter::default()
-        }),
+        })),
         stats: stats(),
     }
 }
@@ -389,7 +391,7 @@ async fn statistics_are_published_often_and_checkpoints_saved_at_their_own_inter
     let stats_docs = store.keyed("stats").await.unwrap();
     let spec = |checkpoint_interval_ms| FeedSpec {
         name: "tail".into(),
-        source: FeedSource::Tail(events.clone()),
+        reader: Box::new(Tail::new(events.clone())),
         stats: StatsConfig {
             period: 5,
             publish_interval_ms: 20,

@@ -28,8 +28,7 @@ fn options() -> IngestOptions {
         batch_max_wait: Duration::from_millis(5),
         max_event_bytes: 64 * 1024,
         rollup_fields: vec!["lang".into(), "hashtags".into()],
-        value_field: "retweet_count".into(),
-        topk_field: "hashtags".into(),
+        summary_fields: vec!["retweet_count".into(), "hashtags".into()],
         durability: Durability::Journaled,
     }
 }

@@ -7,24 +7,20 @@
 //!  "write_us": {"journaled": {"p50": 740, "p99": 1400, "count": 71}}, "updated_us": 1733000000000000}
 //! ```
 //!
-//! `write_us` holds the latency of the `events` appends of the last second, per durability
-//! level, measured by [`TimedEvents`] around the collection the ingester writes to: a window of
-//! its own (the status line resets the ingester's), and without a change to the ingester.
+//! `write_us` holds the latency of the ingester's `events` writes of the last second, per
+//! durability level, told by the ingester ([`WriteObserver`]): a window of its own (the status
+//! line resets the ingester's).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use serde_json::{Map, Value, json};
-use store::{
-    Bounds, Capped, Document, Durability, Filter, KeyUpdate, Keyed, NewestMatching, Position,
-    Record, RecordStream, Start, Usage,
-};
+use store::{Durability, Keyed};
 use tokio_util::sync::CancellationToken;
 
-use crate::ingester::IngestStats;
+use crate::ingester::{IngestStats, WriteObserver};
 
 /// The key of the document in `stats`.
 pub const INGEST_KEY: &str = "ingest";
@@ -69,77 +65,9 @@ impl WriteTimes {
     }
 }
 
-/// The `events` collection as the ingester sees it: every `append` is timed into
-/// [`WriteTimes`]; everything else is the collection itself.
-pub struct TimedEvents {
-    inner: Arc<dyn Capped>,
-    times: Arc<WriteTimes>,
-}
-
-impl TimedEvents {
-    /// Wraps `inner`, recording into `times`.
-    pub fn new(inner: Arc<dyn Capped>, times: Arc<WriteTimes>) -> Self {
-        TimedEvents { inner, times }
-    }
-}
-
-#[async_trait]
-impl Capped for TimedEvents {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    async fn append(&self, docs: Vec<Document>, d: Durability) -> store::Result<Vec<Position>> {
-        let t = Instant::now();
-        let out = self.inner.append(docs, d).await;
-        if out.is_ok() {
-            self.times.record(d, t.elapsed().as_micros() as u64);
-        }
-        out
-    }
-    fn commits_with(&self, keyed: &dyn Keyed) -> bool {
-        self.inner.commits_with(keyed)
-    }
-    async fn append_with_updates(
-        &self,
-        docs: Vec<Document>,
-        keyed: &dyn Keyed,
-        updates: Vec<KeyUpdate>,
-        d: Durability,
-    ) -> store::Result<Vec<Position>> {
-        let t = Instant::now();
-        let out = self
-            .inner
-            .append_with_updates(docs, keyed, updates, d)
-            .await;
-        if out.is_ok() {
-            self.times.record(d, t.elapsed().as_micros() as u64);
-        }
-        out
-    }
-    fn tail(&self, start: Start) -> RecordStream {
-        self.inner.tail(start)
-    }
-    fn tail_matching(&self, start: Start, filter: Filter) -> RecordStream {
-        self.inner.tail_matching(start, filter)
-    }
-    async fn newest_matching(
-        &self,
-        filter: &Filter,
-        limit: usize,
-    ) -> store::Result<NewestMatching> {
-        self.inner.newest_matching(filter, limit).await
-    }
-    async fn get(&self, p: Position) -> store::Result<Option<Record>> {
-        self.inner.get(p).await
-    }
-    async fn latest(&self, f: &str, v: &Value, limit: usize) -> store::Result<Vec<Record>> {
-        self.inner.latest(f, v, limit).await
-    }
-    async fn bounds(&self) -> store::Result<Option<Bounds>> {
-        self.inner.bounds().await
-    }
-    async fn usage(&self) -> store::Result<Usage> {
-        self.inner.usage().await
+impl WriteObserver for WriteTimes {
+    fn events_written(&self, _events: usize, durability: Durability, latency: Duration) {
+        self.record(durability, latency.as_micros() as u64);
     }
 }
 
@@ -182,11 +110,22 @@ pub async fn publish(
                 tracing::info!("the ingest statistics document is written again");
             }
             Ok(()) => {}
-            Err(e) if !failing => {
-                failing = true;
-                tracing::warn!(error = %e, "cannot write the ingest statistics document; retrying every second");
+            Err(e) => {
+                let problem = crate::telemetry::Problem {
+                    component: "ingest_document",
+                    error_type: "store_write",
+                    detail: &format!(
+                        "cannot write the ingest statistics document ({e}); retrying every second"
+                    ),
+                };
+                // Logged once until it is written again; counted every time.
+                if failing {
+                    problem.count();
+                } else {
+                    failing = true;
+                    problem.warn();
+                }
             }
-            Err(_) => {}
         }
     }
 }

@@ -39,6 +39,8 @@ pub const WRITE_LATENCY: &str = "tailrace_write_latency_seconds";
 pub const WRITE_ERRORS: &str = "tailrace_write_errors_total";
 /// 1 while the store takes writes, 0 while a write keeps failing for a transient reason.
 pub const STORE_WRITABLE: &str = "tailrace_store_writable";
+/// What the store's server supports, one series per capability (1 or 0).
+pub const STORE_CAPABILITY: &str = "tailrace_store_capability";
 /// Items the store refused for good (isolated from their batch), by collection.
 pub const STORE_REFUSED: &str = "tailrace_store_refused_total";
 /// Rollup counters removed after going idle, by field.
@@ -61,6 +63,10 @@ pub const STREAMS_REFUSED: &str = "tailrace_change_streams_refused_total";
 pub const STREAMS_STALLED: &str = "tailrace_change_streams_stalled_total";
 /// Gaps change streams reported (a client resumed after history that was gone), by collection.
 pub const STREAMS_GAPS: &str = "tailrace_change_streams_gaps_total";
+/// Problems of a source that are not a reconnect or a bad record, by source and error type.
+pub const SOURCE_ERRORS: &str = "tailrace_source_errors_total";
+/// Problems of the pipeline's other parts, by component and error type.
+pub const ERRORS: &str = "tailrace_errors_total";
 
 /// Describes the ingest metrics (call once, after installing a recorder).
 pub fn describe() {
@@ -109,6 +115,10 @@ pub fn describe() {
         STORE_WRITABLE,
         "1 while the store takes writes; 0 while writes fail for a transient reason (disk full, connection lost, no primary) and are being retried."
     );
+    describe_gauge!(
+        STORE_CAPABILITY,
+        "1 when the store's server supports the capability, 0 when its probe found it missing (reasons in /api/status): change streams, an oplog, transactions, a majority write concern, before images, snapshot reads, documents as sent, capped bounds, server filters, awaiting tails."
+    );
     describe_counter!(
         STORE_REFUSED,
         "Items the store refused for good, isolated from their batch, by collection: events become dead letters (reason store_rejected); a refused rollup update or dead letter is logged."
@@ -150,6 +160,14 @@ pub fn describe() {
     describe_counter!(
         STREAMS_GAPS,
         "Gap events sent by change streams (a client resumed after history that was no longer kept), by collection."
+    );
+    describe_counter!(
+        SOURCE_ERRORS,
+        "Problems of a source other than reconnects (tailrace_source_reconnects_total) and bad records (tailrace_events_rejected_total), by source and error_type (resume_position, request, io, watch, setup, program); each is logged."
+    );
+    describe_counter!(
+        ERRORS,
+        "Problems of the pipeline's other parts, by component (ingester, retention, ingest_document, change_streams, http, signals) and error_type; each is logged."
     );
 }
 
@@ -279,6 +297,83 @@ pub fn queue_depth(depth: i64) {
 /// The gauge of whether the store takes writes.
 pub fn store_writable() -> metrics::Gauge {
     gauge!(STORE_WRITABLE)
+}
+
+/// What the store's server supports, found by its probe when the store opened: each
+/// capability's gauge, and one line per missing one saying what it costs here.
+pub struct StoreCapabilities<'a> {
+    /// The probe's answers.
+    pub capabilities: &'a store::Capabilities,
+    /// The configured durability (a missing majority matters only when it is asked for).
+    pub durability: store::Durability,
+}
+
+impl StoreCapabilities<'_> {
+    /// Sets the gauges and logs what is missing.
+    pub fn emit(self) {
+        use store::Capability as C;
+        for c in C::ALL {
+            let support = self.capabilities.get(c);
+            gauge!(STORE_CAPABILITY, "capability" => capability_label(c))
+                .set(if support.is_yes() { 1.0 } else { 0.0 });
+            let Some(reason) = support.reason() else {
+                continue;
+            };
+            let cost = match c {
+                C::ChangeStreams => {
+                    "feeds of kind changes and /api/changes on keyed collections are refused"
+                }
+                C::Oplog => "feeds of kind oplog are refused",
+                C::Transactions => {
+                    "rollup updates of several keys are written one key at a time: each key's write is atomic, a batch's are not (a crash may leave part of a batch's rollups, repaired at the next start)"
+                }
+                C::Majority if self.durability == store::Durability::Majority => {
+                    "durability = majority waits for this one server only"
+                }
+                C::Majority => continue,
+                C::BeforeImages => "changes carry no before image (old_val)",
+                C::SnapshotReads => {
+                    "/api/changes with include_initial on keyed collections is refused"
+                }
+                C::DocumentsAsSent => {
+                    "events with $-prefixed or dotted keys or nested arrays are refused by the server and kept as dead letters (reason store_rejected)"
+                }
+                C::CappedBounds => {
+                    "capped collections may hold more than their limits until the server's background cleanup, and tails are overtaken later"
+                }
+                C::ServerFilters => {
+                    "filters of /api/changes are evaluated by tailrace on every document read"
+                }
+                C::AwaitingTails => {
+                    "tails poll the server, re-opening their cursor after each batch (up to a second apart on a quiet collection)"
+                }
+                C::Other => continue,
+            };
+            tracing::warn!(
+                capability = c.as_str(),
+                reason,
+                "the store's server lacks {c}: {cost}"
+            );
+        }
+    }
+}
+
+/// The `capability` label of [`STORE_CAPABILITY`].
+fn capability_label(c: store::Capability) -> &'static str {
+    use store::Capability as C;
+    match c {
+        C::ChangeStreams => "change_streams",
+        C::Oplog => "oplog",
+        C::Transactions => "transactions",
+        C::Majority => "majority",
+        C::BeforeImages => "before_images",
+        C::SnapshotReads => "snapshot_reads",
+        C::DocumentsAsSent => "documents_as_sent",
+        C::CappedBounds => "capped_bounds",
+        C::ServerFilters => "server_filters",
+        C::AwaitingTails => "awaiting_tails",
+        C::Other => "other",
+    }
 }
 
 /// Writes started failing for a transient reason; they are retried until they pass.
@@ -417,8 +512,12 @@ impl WriteFailed<'_> {
 pub struct SourceReconnecting<'a> {
     /// The source.
     pub source: &'a str,
+    /// What it connects to, for the log (a URL without its secrets, a program).
+    pub target: &'a str,
     /// Why.
     pub reason: ReconnectReason,
+    /// What happened, in words (`cannot connect: …`, `the server closed the stream`).
+    pub detail: String,
     /// The wait before the next attempt.
     pub delay: Duration,
 }
@@ -428,7 +527,106 @@ impl SourceReconnecting<'_> {
     pub fn emit(self) {
         counter!(SOURCE_RECONNECTS, "source" => self.source.to_string(), "reason" => self.reason.as_str())
             .increment(1);
-        tracing::info!(source = %self.source, reason = self.reason.as_str(), "reconnecting in {:.1} s", self.delay.as_secs_f64());
+        tracing::warn!(source = %self.source, target = %self.target, reason = self.reason.as_str(), "{}; reconnecting in {:.1} s", self.detail, self.delay.as_secs_f64());
+    }
+}
+
+/// What kind of problem a source had (the `error_type` label of [`SOURCE_ERRORS`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceErrorType {
+    /// The position stored with its newest record means nothing to it (or no longer fits
+    /// the file): it starts elsewhere, as the log line says.
+    ResumePosition,
+    /// A request could not be made as configured (a header not sent).
+    Request,
+    /// Opening, seeking or reading a file or standard input failed.
+    Io,
+    /// No file-change notifications: it re-checks on a timer instead.
+    Watch,
+    /// It could not be set up (a client, a URL, a program that does not start).
+    Setup,
+    /// A command source's program, run once, failed (or could not be waited for).
+    Program,
+}
+
+impl SourceErrorType {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceErrorType::ResumePosition => "resume_position",
+            SourceErrorType::Request => "request",
+            SourceErrorType::Io => "io",
+            SourceErrorType::Watch => "watch",
+            SourceErrorType::Setup => "setup",
+            SourceErrorType::Program => "program",
+        }
+    }
+}
+
+/// A source's problem that is neither a reconnect nor a bad record.
+pub struct SourceProblem<'a> {
+    /// The source.
+    pub source: &'a str,
+    /// What kind.
+    pub error_type: SourceErrorType,
+    /// What happened and what the source does now, in words.
+    pub detail: String,
+    /// Whether the source ends because of it (its records stop; the pipeline goes on).
+    pub ends: bool,
+}
+
+impl SourceProblem<'_> {
+    /// Counts and logs it (an error when the source ends, else a warning).
+    pub fn emit(self) {
+        counter!(SOURCE_ERRORS, "source" => self.source.to_string(), "error_type" => self.error_type.as_str())
+            .increment(1);
+        let error_type = self.error_type.as_str();
+        if self.ends {
+            tracing::error!(source = %self.source, error_type, "{}; the source ends", self.detail);
+        } else {
+            tracing::warn!(source = %self.source, error_type, "{}", self.detail);
+        }
+    }
+}
+
+/// A problem of one of the pipeline's other parts (the ingester, the rollup retention, the
+/// `ingest` document, change streams, the HTTP server, signal handling).
+pub struct Problem<'a> {
+    /// The part (`component` label of [`ERRORS`]).
+    pub component: &'static str,
+    /// What kind (`error_type` label): `store_read`, `store_write`, `task_failed`, ...
+    pub error_type: &'static str,
+    /// What happened and what follows, in words.
+    pub detail: &'a str,
+}
+
+impl Problem<'_> {
+    /// Counts it and logs it as an error.
+    pub fn error(self) {
+        self.count();
+        tracing::error!(
+            component = self.component,
+            error_type = self.error_type,
+            "{}",
+            self.detail
+        );
+    }
+
+    /// Counts it and logs it as a warning.
+    pub fn warn(self) {
+        self.count();
+        tracing::warn!(
+            component = self.component,
+            error_type = self.error_type,
+            "{}",
+            self.detail
+        );
+    }
+
+    /// Counts it without a log line (a repeat of one already logged).
+    pub fn count(&self) {
+        counter!(ERRORS, "component" => self.component, "error_type" => self.error_type)
+            .increment(1);
     }
 }
 

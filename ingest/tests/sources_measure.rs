@@ -80,20 +80,29 @@ async fn http_source_sustained_rate_into_the_embedded_store() {
     let events = store.capped("events", &spec).await.unwrap();
     let ingester = Ingester {
         events: events.clone(),
-        dead_letters: store.capped("dead_letters", &spec).await.unwrap(),
+        dead_letters: store
+            .capped(
+                "dead_letters",
+                &CappedSpec {
+                    indexes: vec!["source".into(), "reason".into()],
+                    ..spec.clone()
+                },
+            )
+            .await
+            .unwrap(),
         rollups: store.keyed("rollups").await.unwrap(),
         options: IngestOptions {
             batch_max_events: 256,
             batch_max_wait: Duration::from_millis(5),
             max_event_bytes: 65536,
             rollup_fields: vec!["lang".into(), "hashtags".into()],
-            value_field: "retweet_count".into(),
-            topk_field: "hashtags".into(),
+            summary_fields: vec!["retweet_count".into(), "hashtags".into()],
             durability: Durability::Journaled,
         },
         engine: "embedded",
         stats: Arc::new(IngestStats::default()),
         health: Default::default(),
+        observer: None,
     };
     let (tx, rx) = mpsc::channel::<Handed>(4096);
     tokio::spawn(ingester.run(rx));

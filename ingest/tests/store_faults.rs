@@ -59,13 +59,13 @@ async fn ingest_in_bursts(
             batch_max_wait: Duration::from_millis(2),
             max_event_bytes: 1 << 16,
             rollup_fields: vec!["lang".into()],
-            value_field: "n".into(),
-            topk_field: "tags".into(),
+            summary_fields: vec!["n".into(), "tags".into()],
             durability: Durability::Journaled,
         },
         engine: "embedded",
         stats: Arc::new(IngestStats::default()),
         health: health.clone(),
+        observer: None,
     };
     let (tx, rx) = mpsc::channel::<Handed>(1024);
     let task = tokio::spawn(ingester.run(rx));

@@ -10,9 +10,9 @@ use futures::stream::{BoxStream, Stream, StreamExt};
 use serde_json::Value;
 
 use crate::{
-    Bounds, CappedSpec, Change, ChangeFilter, ChangeStart, Document, Durability, Filter, KeyUpdate,
-    KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record, Result, ResumeToken, Start,
-    StoreError, Usage,
+    Bounds, Capabilities, CappedSpec, Change, ChangeFilter, ChangeStart, Document, Durability,
+    Filter, KeyUpdate, KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record, Result,
+    ResumeToken, Start, StoreError, Usage,
 };
 
 /// A stream of capped-collection documents in insertion order. It never ends on its own while
@@ -73,6 +73,13 @@ impl Stream for ChangeStream {
 pub trait Store: Send + Sync + 'static {
     /// `embedded` or `mongodb` (the `engine` metric label).
     fn engine(&self) -> &'static str;
+
+    /// What the server behind this store supports, probed when it was opened (the embedded
+    /// engine supports everything). Callers check it before opening a feed that needs a
+    /// capability, to fail at startup with the reason instead of with a stream that errors.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::all()
+    }
 
     /// Opens (creating when absent) a capped collection.
     async fn capped(&self, name: &str, spec: &CappedSpec) -> Result<Arc<dyn Capped>>;

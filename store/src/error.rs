@@ -3,7 +3,7 @@
 //! Callers branch on meaning (`is_position_lost`, `is_history_lost`, `is_transient`), not on
 //! engine details: both engines map their own failures onto these variants.
 
-use crate::{Position, ResumeToken};
+use crate::{Capability, Position, ResumeToken};
 
 /// Everything a store operation can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +39,29 @@ pub enum StoreError {
         collection: String,
         /// The unindexed field.
         field: String,
+    },
+    /// The server does not support what the operation needs (change streams on a standalone
+    /// MongoDB or on FerretDB, an oplog that was never created, transactions). Retrying will
+    /// not help; `reply` quotes the server, and the message names the alternative.
+    #[error("the server does not support {capability}: {reply}{}", alternative(*.capability))]
+    Unsupported {
+        /// What is missing.
+        capability: Capability,
+        /// The server's reply (code, name and message) or how the absence was detected.
+        reply: String,
+    },
+    /// A write of several items failed part way, and the engine cannot undo the part that
+    /// was written: the first `written` items are stored (once), the next one failed with
+    /// `error`, and none after it was written. Engines that commit a request all or nothing
+    /// (the embedded engine) never return it; MongoDB's ordered inserts into a capped
+    /// collection, which no transaction can hold, can. Retrying the whole request would store
+    /// the first `written` items twice: retry from the item that failed.
+    #[error("{written} items written, then: {error}")]
+    PartlyWritten {
+        /// How many items, from the first, were written.
+        written: usize,
+        /// Why the next one was not.
+        error: Box<StoreError>,
     },
     /// A name or argument the store cannot accept; the message says which and why.
     #[error("invalid argument: {0}")]
@@ -101,11 +124,20 @@ impl StoreError {
         matches!(self, StoreError::HistoryLost { .. })
     }
 
+    /// The capability the server lacks, when that is why the operation failed.
+    pub fn unsupported(&self) -> Option<Capability> {
+        match self {
+            StoreError::Unsupported { capability, .. } => Some(*capability),
+            _ => None,
+        }
+    }
+
     /// True when the same request may succeed later (retry it with backoff); false when it
     /// will fail again as it is (isolate what it carries) or when the store is closed.
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Unavailable { .. } => true,
+            StoreError::PartlyWritten { error, .. } => error.is_transient(),
             StoreError::Io { source, .. } => !matches!(
                 source.kind(),
                 std::io::ErrorKind::NotFound
@@ -117,6 +149,7 @@ impl StoreError {
             | StoreError::HistoryLost { .. }
             | StoreError::NotIndexed { .. }
             | StoreError::Invalid(_)
+            | StoreError::Unsupported { .. }
             | StoreError::Incompatible { .. }
             | StoreError::Locked(_)
             | StoreError::Closed
@@ -133,6 +166,14 @@ impl StoreError {
         match self {
             StoreError::Closed => StoreError::Closed,
             StoreError::Invalid(m) => StoreError::Invalid(m.clone()),
+            StoreError::Unsupported { capability, reply } => StoreError::Unsupported {
+                capability: *capability,
+                reply: reply.clone(),
+            },
+            StoreError::PartlyWritten { written, error } => StoreError::PartlyWritten {
+                written: *written,
+                error: Box::new(error.duplicate(engine)),
+            },
             StoreError::Unavailable { engine, message } => StoreError::Unavailable {
                 engine,
                 message: message.clone(),
@@ -182,6 +223,54 @@ impl From<mongodb::error::Error> for StoreError {
     /// `CappedPositionLost` needs the reader's position, so the tail maps that one itself.
     fn from(e: mongodb::error::Error) -> Self {
         crate::mongo::map_error(e)
+    }
+}
+
+/// What to do instead, after an [`StoreError::Unsupported`] message.
+fn alternative(capability: Capability) -> &'static str {
+    match capability {
+        Capability::ChangeStreams => {
+            " (change streams need a MongoDB replica set; on a server with an oplog, the \
+             `oplog` feed kind reads the same changes from local.oplog.rs)"
+        }
+        Capability::Oplog => {
+            " (the oplog is local.oplog.rs of a replica-set member; on FerretDB, start it \
+             with --repl-set-name and create the capped collection local.oplog.rs, e.g. \
+             `db.getSiblingDB(\"local\").createCollection(\"oplog.rs\", {capped: true, size: \
+             268435456})`)"
+        }
+        Capability::Transactions => {
+            " (multi-key updates are then written one key at a time: each key's write is \
+             atomic, the batch is not)"
+        }
+        Capability::Majority => {
+            " (a majority write concern needs a replica set with members to acknowledge it; \
+             use durability = \"journaled\")"
+        }
+        Capability::BeforeImages => {
+            " (before images need MongoDB 6.0+ with changeStreamPreAndPostImages on the \
+             collection)"
+        }
+        Capability::SnapshotReads => {
+            " (a keyed collection's initial documents followed by its changes need a \
+             replica set's snapshot reads)"
+        }
+        Capability::DocumentsAsSent => {
+            " (MongoDB 5.0+ stores them; this server refuses such documents, and the \
+             ingester keeps each as a dead letter with the server's reason)"
+        }
+        Capability::CappedBounds => {
+            " (this server evicts in the background: a capped collection may exceed its \
+             limits for a while)"
+        }
+        Capability::ServerFilters => {
+            " (tailrace evaluates document filters itself then, on every document it reads)"
+        }
+        Capability::AwaitingTails => {
+            " (tails then ask the server again after each batch: a poll, up to a second \
+             apart on a quiet collection)"
+        }
+        Capability::Other => "",
     }
 }
 

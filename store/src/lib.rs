@@ -40,6 +40,7 @@
 //! ```
 
 pub mod backoff;
+mod capabilities;
 pub mod clock;
 mod contract;
 pub mod embedded;
@@ -51,6 +52,7 @@ mod stamp;
 mod types;
 pub mod update;
 
+pub use capabilities::{Capabilities, Capability, Support};
 pub use contract::{Capped, ChangeStream, Keyed, RecordStream, Store};
 pub use error::{Result, StoreError};
 pub use filter::Filter;

@@ -29,7 +29,7 @@ fn open(dir: &tempfile::TempDir) -> EmbeddedStore {
 }
 
 macro_rules! contract {
-    ($($name:ident),* $(,)?) => {$(
+    ($($name:ident: [$($need:ident),*]),* $(,)?) => {$(
         #[tokio::test]
         async fn $name() {
             let dir = tempfile::tempdir().unwrap();

@@ -1,31 +1,42 @@
-//! The store contract suite against MongoDB, plus what only MongoDB can show.
+//! The store contract suite against a MongoDB-compatible server, plus what only MongoDB can
+//! show.
 //!
-//! Runs when `TAILRACE_TEST_MONGODB_URI` names a replica set (a single-node one will do, e.g.
-//! `mongodb://localhost:27017/?replicaSet=rs0&serverSelectionTimeoutMS=5000`). Each test uses a
-//! fresh database, `tailrace_test_<pid>_<nanos>_<n>`, dropped at its end. Without the variable
-//! (at build time: `store/build.rs`) every such test is `#[ignore]`d with that reason, so
-//! `cargo test` counts it as ignored, not passed; with it, a server that cannot be reached
-//! fails the test (skip when not configured, fail when configured but broken).
+//! Runs when `TAILRACE_TEST_MONGODB_URI` names a server: a MongoDB replica set (a single-node
+//! one will do, e.g. `mongodb://localhost:27017/?replicaSet=rs0`), or FerretDB
+//! (`scripts/ferretdb.sh start` prints its URI; CI runs the suite against it). Each check uses a
+//! fresh database, `tailrace_test_<pid>_<nanos>_<n>`, dropped at its end.
 //!
-//! The `wire_*` tests at the end always run: they check the commands the engine sends against
-//! a scripted fake server on 127.0.0.1.
+//! This file is its own test harness (`harness = false`, libtest-mimic), because whether a
+//! check can run is only known at run time: before the checks, the engine's capability probe
+//! asks the server what it supports (`Store::capabilities`), and a check that needs something
+//! the server lacks is reported as **ignored**, labelled `[needs <capability>]`, with the
+//! server's reply printed once above the results. Nothing is skipped by the server's name.
+//! Without the variable every server check is ignored with that reason; with it, a server that
+//! cannot be reached fails the run (skip when not configured, fail when configured but broken).
 //!
-//! Build with `cargo test -p store --features mongodb`.
+//! The `wire_*` checks always run: they pin the commands the engine sends against a scripted
+//! stand-in on 127.0.0.1 (options, write concerns, tailable flags, the order of a stream's open
+//! and the writes after it), which a server does not show.
+//!
+//! `cargo test -p store --features mongodb --test mongodb` (or `-- --include-ignored` to run an
+//! ignored check anyway and see it fail).
 
-#![cfg(feature = "mongodb")]
 #![allow(clippy::unwrap_used)]
 
 #[macro_use]
 mod contract;
 
 use std::panic::AssertUnwindSafe;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::FutureExt;
+use futures::future::LocalBoxFuture;
+use libtest_mimic::{Arguments, Trial};
 use mongodb::bson::{Bson, Document as BsonDoc, doc};
 use serde_json::json;
 use store::mongo::{MongoOptions, MongoStore};
-use store::{CappedSpec, Durability, Start, Store, StoreError};
+use store::{Capabilities, Capability, CappedSpec, Durability, Start, Store, StoreError, Support};
 
 const URI_VAR: &str = "TAILRACE_TEST_MONGODB_URI";
 
@@ -50,22 +61,21 @@ fn database_name() -> String {
 }
 
 impl TestDb {
-    /// `None` (after printing why) when the suite is not configured.
-    async fn open(options: MongoOptions) -> Option<TestDb> {
-        let Ok(uri) = std::env::var(URI_VAR) else {
-            eprintln!("skipped: {URI_VAR} is not set (MongoDB contract suite)");
-            return None;
-        };
+    async fn open(uri: &str, options: MongoOptions) -> TestDb {
         let name = database_name();
-        let store = Self::connect(&uri, &name, options).await;
-        Some(TestDb { store, name, uri })
+        let store = Self::connect(uri, &name, options).await;
+        TestDb {
+            store,
+            name,
+            uri: uri.to_string(),
+        }
     }
 
     async fn connect(uri: &str, name: &str, options: MongoOptions) -> MongoStore {
         match MongoStore::connect(uri, name, options).await {
             Ok(store) => store,
             Err(e) => panic!(
-                "{URI_VAR} is set ({uri}) but MongoDB cannot be used there: {e} \
+                "{URI_VAR} is set ({uri}) but the server cannot be used there: {e} \
                  (unset it to skip the MongoDB suite)"
             ),
         }
@@ -83,55 +93,307 @@ impl TestDb {
     }
 }
 
-/// Runs one check of the contract suite on a fresh database.
-macro_rules! contract {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test]
-        #[cfg_attr(not(tailrace_mongodb_uri), ignore = "TAILRACE_TEST_MONGODB_URI is not set (MongoDB contract suite)")]
-        async fn $name() {
-            let Some(t) = TestDb::open(MongoOptions::default()).await else { return };
-            let outcome = AssertUnwindSafe(contract::$name(&t.store)).catch_unwind().await;
-            t.finish(outcome).await;
-        }
-    )*};
+/// A check that needs a server: its name, what it needs, the engine options, and its body.
+struct ServerCheck {
+    name: &'static str,
+    needs: Vec<Need>,
+    options: fn() -> MongoOptions,
+    body: for<'a> fn(&'a TestDb) -> LocalBoxFuture<'a, ()>,
 }
 
-contract::every_check!(contract);
+/// What a check needs of the server.
+#[derive(Clone, Copy, Debug)]
+enum Need {
+    /// A capability the engine's probe reports.
+    Engine(Capability),
+    /// `explain` answering in MongoDB's format (`queryPlanner.winningPlan`), which the check
+    /// reads to see the index used. The harness asks the server itself.
+    MongoExplain,
+}
 
-#[tokio::test]
-#[ignore = "MongoDB's oplog cannot be shrunk below 990 MB, so its history cannot be overrun in a test"]
-async fn history_lost() {
-    // The check needs a retained history it can overrun with a few thousand changes. The
-    // oplog is MongoDB's history, and it cannot be made that small: replSetResizeOplog's
-    // minimum is 990 MB, and overrunning that in a test takes minutes and slows the server
-    // for everyone else. The mapping of ChangeStreamHistoryLost (286) to HistoryLost is
-    // unit-tested in the engine.
-    eprintln!(
-        "skipped: history_lost needs a small retained history; MongoDB's oplog cannot be \
-         shrunk below 990 MB cheaply (MongoDB contract suite)"
+impl Need {
+    fn name(self) -> String {
+        match self {
+            Need::Engine(c) => c.as_str().to_string(),
+            Need::MongoExplain => "MongoDB's explain format".to_string(),
+        }
+    }
+}
+
+fn default_options() -> MongoOptions {
+    MongoOptions::default()
+}
+
+fn raw_oplog_options() -> MongoOptions {
+    MongoOptions {
+        raw_oplog: true,
+        ..MongoOptions::default()
+    }
+}
+
+/// What the server behind the URI supports: the engine's probe, and the harness's own.
+struct Probed {
+    uri: String,
+    capabilities: Capabilities,
+    mongo_explain: Support,
+}
+
+impl Probed {
+    fn support(&self, need: Need) -> &Support {
+        match need {
+            Need::Engine(c) => self.capabilities.get(c),
+            Need::MongoExplain => &self.mongo_explain,
+        }
+    }
+}
+
+/// Connects once, reads the engine's capability probe and checks `explain`'s format; prints
+/// what is missing and why. Panics (failing the run) when the URI is set but unusable.
+async fn probe(uri: &str) -> Probed {
+    let t = TestDb::open(uri, MongoOptions::default()).await;
+    let capabilities = t.store.capabilities();
+    let plan = t
+        .store
+        .database()
+        .run_command(doc! {
+            "explain": {"find": "probe", "filter": {"a": 1_i64}},
+            "verbosity": "queryPlanner",
+        })
+        .await;
+    let mongo_explain = match plan {
+        Ok(p)
+            if p.get_document("queryPlanner")
+                .is_ok_and(|q| q.contains_key("winningPlan")) =>
+        {
+            Support::Yes
+        }
+        Ok(p) => Support::No {
+            reason: format!("explain answered without queryPlanner.winningPlan: {p}"),
+        },
+        Err(e) => Support::No {
+            reason: format!("explain answered {e}"),
+        },
+    };
+    t.finish(Ok(())).await;
+    let probed = Probed {
+        uri: uri.to_string(),
+        capabilities,
+        mongo_explain,
+    };
+    eprintln!("MongoDB contract suite against {uri}");
+    let mut missing = false;
+    for need in Capability::ALL
+        .into_iter()
+        .map(Need::Engine)
+        .chain([Need::MongoExplain])
+    {
+        if let Some(reason) = probed.support(need).reason() {
+            missing = true;
+            eprintln!("  missing {}: {reason}", need.name());
+        }
+    }
+    if missing {
+        eprintln!("  checks that need these are ignored, labelled [needs ...]");
+    } else {
+        eprintln!("  the server supports everything the suite checks");
+    }
+    probed
+}
+
+/// A trial for a server check: ignored (labelled with the first missing need) when the URI is
+/// unset or the server lacks something it needs.
+fn server_trial(check: ServerCheck, probed: Option<&std::sync::Arc<Probed>>) -> Trial {
+    let Some(probed) = probed else {
+        return Trial::test(check.name, || Ok(()))
+            .with_ignored_flag(true)
+            .with_kind(format!("needs {URI_VAR}"));
+    };
+    if let Some(need) = check
+        .needs
+        .iter()
+        .copied()
+        .find(|n| !probed.support(*n).is_yes())
+    {
+        return Trial::test(check.name, || Ok(()))
+            .with_ignored_flag(true)
+            .with_kind(format!("needs {}", need.name()));
+    }
+    let uri = probed.uri.clone();
+    Trial::test(check.name, move || {
+        runtime().block_on(async {
+            let t = TestDb::open(&uri, (check.options)()).await;
+            let outcome = AssertUnwindSafe((check.body)(&t)).catch_unwind().await;
+            t.finish(outcome).await;
+        });
+        Ok(())
+    })
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a test runtime")
+}
+
+/// The contract checks, each with what it needs of the server.
+fn contract_checks() -> Vec<ServerCheck> {
+    let mut checks = Vec::new();
+    macro_rules! add {
+        ($($name:ident: [$($need:ident),*]),* $(,)?) => {$(
+            checks.push(ServerCheck {
+                name: stringify!($name),
+                needs: vec![$(Need::Engine(Capability::$need)),*],
+                options: default_options,
+                body: |t| contract::$name(&t.store).boxed_local(),
+            });
+        )*};
+    }
+    contract::every_check!(add);
+    // The checks whose meaning survives oplog mode (no before images; an update's after image
+    // is read when the change is), again with `raw_oplog`.
+    macro_rules! raw_oplog {
+        ($($test:ident => $name:ident),* $(,)?) => {$(
+            checks.push(ServerCheck {
+                name: stringify!($test),
+                needs: vec![Need::Engine(Capability::Oplog)],
+                options: raw_oplog_options,
+                body: |t| contract::$name(&t.store).boxed_local(),
+            });
+        )*};
+    }
+    raw_oplog!(
+        raw_oplog_resume_from_token => resume_from_token,
+        raw_oplog_across_collections => oplog_across_collections,
+        raw_oplog_resume_token_advances_past_filtered => resume_token_advances_past_filtered,
     );
+    checks
 }
 
-/// The checks whose meaning survives oplog mode (no before images; an update's after image is
-/// read when the change is), run again with `raw_oplog`.
-macro_rules! contract_raw_oplog {
-    ($($test:ident => $name:ident),* $(,)?) => {$(
-        #[tokio::test]
-        #[cfg_attr(not(tailrace_mongodb_uri), ignore = "TAILRACE_TEST_MONGODB_URI is not set (MongoDB contract suite)")]
-        async fn $test() {
-            let options = MongoOptions { raw_oplog: true, ..MongoOptions::default() };
-            let Some(t) = TestDb::open(options).await else { return };
-            let outcome = AssertUnwindSafe(contract::$name(&t.store)).catch_unwind().await;
-            t.finish(outcome).await;
+/// What only a MongoDB-compatible server shows.
+fn server_checks() -> Vec<ServerCheck> {
+    let check = |name, needs: Vec<Need>, body: for<'a> fn(&'a TestDb) -> LocalBoxFuture<'a, ()>| {
+        ServerCheck {
+            name,
+            needs,
+            options: default_options,
+            body,
         }
-    )*};
+    };
+    vec![
+        check("positions_continue_after_a_reopen", vec![], |t| {
+            positions_continue_after_a_reopen(t).boxed_local()
+        }),
+        check(
+            "an_existing_collection_that_is_not_capped_is_refused",
+            vec![],
+            |t| an_existing_collection_that_is_not_capped_is_refused(t).boxed_local(),
+        ),
+        check(
+            "latest_reads_the_index_newest_first_without_sorting",
+            vec![Need::MongoExplain],
+            |t| latest_reads_the_index_newest_first_without_sorting(t).boxed_local(),
+        ),
+        check("a_tail_reports_ack_times_of_this_process", vec![], |t| {
+            a_tail_reports_ack_times_of_this_process(t).boxed_local()
+        }),
+        check(
+            "keyed_collections_open_again_after_a_restart",
+            vec![],
+            |t| keyed_collections_open_again_after_a_restart(t).boxed_local(),
+        ),
+        check(
+            "several_keys_update_where_transactions_are_refused",
+            vec![],
+            |t| several_keys_update_where_transactions_are_refused(t).boxed_local(),
+        ),
+        check(
+            "a_tail_overtaken_by_eviction_reports_position_lost",
+            vec![],
+            |t| a_tail_overtaken_by_eviction_reports_position_lost(t).boxed_local(),
+        ),
+    ]
 }
 
-contract_raw_oplog!(
-    raw_oplog_resume_from_token => resume_from_token,
-    raw_oplog_across_collections => oplog_across_collections,
-    raw_oplog_resume_token_advances_past_filtered => resume_token_advances_past_filtered,
-);
+/// The checks against the scripted stand-in: no server needed.
+fn wire_checks() -> Vec<Trial> {
+    macro_rules! wire {
+        ($($name:ident),* $(,)?) => {
+            vec![$(Trial::test(stringify!($name), || {
+                runtime().block_on($name());
+                Ok(())
+            })),*]
+        };
+    }
+    wire!(
+        wire_capped_create_append_and_tail,
+        wire_keyed_changes_open_before_later_writes,
+        wire_a_reader_overtaken_by_eviction_gets_position_lost,
+    )
+}
+
+fn main() -> ExitCode {
+    let args = Arguments::from_args();
+    let uri = std::env::var(URI_VAR).ok().filter(|u| !u.is_empty());
+    // The probe connects only when a server check is going to run (not for `--list`, nor
+    // when a filter selects only the wire checks).
+    let wanted = |name: &str| {
+        args.filter.as_deref().is_none_or(|f| {
+            if args.exact {
+                name == f
+            } else {
+                name.contains(f)
+            }
+        })
+    };
+    let checks: Vec<ServerCheck> = contract_checks()
+        .into_iter()
+        .chain(server_checks())
+        .collect();
+    let probed = match &uri {
+        Some(uri) if !args.list && checks.iter().any(|c| wanted(c.name)) => {
+            Some(std::sync::Arc::new(runtime().block_on(probe(uri))))
+        }
+        _ => {
+            if uri.is_none() {
+                if std::env::var_os("CI").is_some() {
+                    // CI starts a server (scripts/ferretdb.sh): a suite that silently skips is
+                    // how the engine once went untested.
+                    eprintln!(
+                        "{URI_VAR} is not set under CI: the MongoDB contract suite cannot run \
+                         (.ci/run starts FerretDB with scripts/ferretdb.sh and sets it)"
+                    );
+                    return ExitCode::FAILURE;
+                }
+                eprintln!(
+                    "{URI_VAR} is not set: the MongoDB contract suite is ignored \
+                     (scripts/ferretdb.sh start prints a URI to set it to)"
+                );
+            }
+            None
+        }
+    };
+    let mut trials: Vec<Trial> = checks
+        .into_iter()
+        .map(|c| server_trial(c, probed.as_ref()))
+        .collect();
+    trials.push(
+        Trial::test("history_lost", || Ok(()))
+            .with_ignored_flag(true)
+            .with_kind("needs a history smaller than MongoDB's 990 MB minimum oplog"),
+    );
+    trials.extend(wire_checks());
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+// ---------------------------------------------------------------------------------------------
+// What only a MongoDB-compatible server shows
+// ---------------------------------------------------------------------------------------------
+
+// `history_lost` needs a retained history it can overrun with a few thousand changes. The oplog
+// is MongoDB's history, and it cannot be made that small: replSetResizeOplog's minimum is
+// 990 MB, and overrunning that in a test takes minutes and slows the server for everyone else.
+// The mapping of ChangeStreamHistoryLost (286) to HistoryLost is unit-tested in the engine.
 
 fn spec(indexes: &[&str]) -> CappedSpec {
     CappedSpec {
@@ -141,176 +403,220 @@ fn spec(indexes: &[&str]) -> CappedSpec {
     }
 }
 
-#[tokio::test]
-#[cfg_attr(
-    not(tailrace_mongodb_uri),
-    ignore = "TAILRACE_TEST_MONGODB_URI is not set (MongoDB contract suite)"
-)]
-async fn positions_continue_after_a_reopen() {
-    let Some(t) = TestDb::open(MongoOptions::default()).await else {
-        return;
-    };
-    let outcome = AssertUnwindSafe(async {
-        let c = t.store.capped("events", &spec(&[])).await.unwrap();
-        let first = c
-            .append(vec![contract::doc(json!({"a": 1}))], Durability::Journaled)
-            .await
-            .unwrap()[0];
-        // A second store on the same database: a restarted process.
-        let again = TestDb::connect(&t.uri, &t.name, MongoOptions::default()).await;
-        let c2 = again.capped("events", &spec(&[])).await.unwrap();
-        assert_eq!(c2.get(first).await.unwrap().unwrap().doc["a"], json!(1));
-        let next = c2
-            .append(vec![contract::doc(json!({"a": 2}))], Durability::Journaled)
-            .await
-            .unwrap()[0];
-        assert!(next > first, "positions continue: {first} then {next}");
-        let r = c2.get(next).await.unwrap().unwrap();
-        assert!(
-            r.committed_at_us.is_some(),
-            "this process wrote it: its ack time is known"
-        );
-        let old = c2.get(first).await.unwrap().unwrap();
-        assert_eq!(
-            old.committed_at_us, None,
-            "written by another process: unknown"
-        );
-        again.close().await.unwrap();
-    })
-    .catch_unwind()
-    .await;
-    t.finish(outcome).await;
+async fn positions_continue_after_a_reopen(t: &TestDb) {
+    let c = t.store.capped("events", &spec(&[])).await.unwrap();
+    let first = c
+        .append(vec![contract::doc(json!({"a": 1}))], Durability::Journaled)
+        .await
+        .unwrap()[0];
+    // A second store on the same database: a restarted process.
+    let again = TestDb::connect(&t.uri, &t.name, MongoOptions::default()).await;
+    let c2 = again.capped("events", &spec(&[])).await.unwrap();
+    assert_eq!(c2.get(first).await.unwrap().unwrap().doc["a"], json!(1));
+    let next = c2
+        .append(vec![contract::doc(json!({"a": 2}))], Durability::Journaled)
+        .await
+        .unwrap()[0];
+    assert!(next > first, "positions continue: {first} then {next}");
+    let r = c2.get(next).await.unwrap().unwrap();
+    assert!(
+        r.committed_at_us.is_some(),
+        "this process wrote it: its ack time is known"
+    );
+    let old = c2.get(first).await.unwrap().unwrap();
+    assert_eq!(
+        old.committed_at_us, None,
+        "written by another process: unknown"
+    );
+    again.close().await.unwrap();
 }
 
-#[tokio::test]
-#[cfg_attr(
-    not(tailrace_mongodb_uri),
-    ignore = "TAILRACE_TEST_MONGODB_URI is not set (MongoDB contract suite)"
-)]
-async fn an_existing_collection_that_is_not_capped_is_refused() {
-    let Some(t) = TestDb::open(MongoOptions::default()).await else {
-        return;
-    };
-    let outcome = AssertUnwindSafe(async {
-        t.store.database().create_collection("plain").await.unwrap();
-        let err = t
-            .store
-            .capped("plain", &spec(&[]))
-            .await
-            .err()
-            .expect("refused");
-        assert!(
-            matches!(&err, StoreError::Incompatible { collection, .. } if collection == "plain"),
-            "got {err}"
-        );
-        t.store
-            .database()
-            .create_collection("small")
-            .capped(true)
-            .size(4096)
-            .max(5)
-            .await
-            .unwrap();
-        let err = t
-            .store
-            .capped("small", &spec(&[]))
-            .await
-            .err()
-            .expect("refused");
-        assert!(err.to_string().contains("collMod"), "names the fix: {err}");
-    })
-    .catch_unwind()
-    .await;
-    t.finish(outcome).await;
-}
-
-#[tokio::test]
-#[cfg_attr(
-    not(tailrace_mongodb_uri),
-    ignore = "TAILRACE_TEST_MONGODB_URI is not set (MongoDB contract suite)"
-)]
-async fn latest_reads_the_index_newest_first_without_sorting() {
-    let Some(t) = TestDb::open(MongoOptions::default()).await else {
-        return;
-    };
-    let outcome = AssertUnwindSafe(async {
-        let c = t.store.capped("events", &spec(&["user.id"])).await.unwrap();
-        // Enough documents that the planner can tell the index from an `_id` scan.
-        let docs = (0..50)
-            .map(|i| contract::doc(json!({"user": {"id": i % 10}})))
-            .collect();
-        c.append(docs, Durability::Acknowledged).await.unwrap();
-        let plan = t
-            .store
-            .database()
-            .run_command(doc! {
-                "explain": {
-                    "find": "events",
-                    "filter": {"user.id": 7_i64},
-                    "sort": {"_id": -1},
-                    "limit": 20,
-                },
-                "verbosity": "queryPlanner",
-            })
-            .await
-            .unwrap();
-        let winning = plan
-            .get_document("queryPlanner")
-            .and_then(|q| q.get_document("winningPlan"))
-            .map(BsonDoc::to_string)
-            .unwrap_or_else(|_| plan.to_string());
-        assert!(
-            winning.contains("tailrace_latest_user.id"),
-            "the plan should use the latest index: {winning}"
-        );
-        assert!(
-            !winning.contains("\"SORT\""),
-            "newest-first must come from the index, not a sort: {winning}"
-        );
-    })
-    .catch_unwind()
-    .await;
-    t.finish(outcome).await;
-}
-
-#[tokio::test]
-#[cfg_attr(
-    not(tailrace_mongodb_uri),
-    ignore = "TAILRACE_TEST_MONGODB_URI is not set (MongoDB contract suite)"
-)]
-async fn a_tail_reports_ack_times_of_this_process() {
-    let Some(t) = TestDb::open(MongoOptions::default()).await else {
-        return;
-    };
-    let outcome = AssertUnwindSafe(async {
-        let c = t.store.capped("events", &spec(&[])).await.unwrap();
-        let mut tail = c.tail(Start::Now);
-        let before = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_micros() as i64;
-        c.append(
-            vec![contract::doc(json!({"n": 1}))],
-            Durability::Acknowledged,
-        )
+async fn an_existing_collection_that_is_not_capped_is_refused(t: &TestDb) {
+    t.store.database().create_collection("plain").await.unwrap();
+    let err = t
+        .store
+        .capped("plain", &spec(&[]))
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(&err, StoreError::Incompatible { collection, .. } if collection == "plain"),
+        "got {err}"
+    );
+    t.store
+        .database()
+        .create_collection("small")
+        .capped(true)
+        .size(4096)
+        .max(5)
         .await
         .unwrap();
-        let r = tokio::time::timeout(contract::WAIT, futures::StreamExt::next(&mut tail))
+    let err = t
+        .store
+        .capped("small", &spec(&[]))
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("collMod"), "names the fix: {err}");
+}
+
+async fn latest_reads_the_index_newest_first_without_sorting(t: &TestDb) {
+    let c = t.store.capped("events", &spec(&["user.id"])).await.unwrap();
+    // Enough documents that the planner can tell the index from an `_id` scan.
+    let docs = (0..50)
+        .map(|i| contract::doc(json!({"user": {"id": i % 10}})))
+        .collect();
+    c.append(docs, Durability::Acknowledged).await.unwrap();
+    let plan = t
+        .store
+        .database()
+        .run_command(doc! {
+            "explain": {
+                "find": "events",
+                "filter": {"user.id": 7_i64},
+                "sort": {"_id": -1},
+                "limit": 20,
+            },
+            "verbosity": "queryPlanner",
+        })
+        .await
+        .unwrap();
+    let winning = plan
+        .get_document("queryPlanner")
+        .and_then(|q| q.get_document("winningPlan"))
+        .map(BsonDoc::to_string)
+        .unwrap_or_else(|_| plan.to_string());
+    assert!(
+        winning.contains("tailrace_latest_user.id"),
+        "the plan should use the latest index: {winning}"
+    );
+    assert!(
+        !winning.contains("\"SORT\""),
+        "newest-first must come from the index, not a sort: {winning}"
+    );
+}
+
+/// A keyed collection opens again, in this process and in a restarted one, whatever the
+/// server thinks of switching pre- and post-images on (`collMod` needs more than the readWrite
+/// role, and some servers do not implement it): a refusal costs before images, not the open.
+async fn keyed_collections_open_again_after_a_restart(t: &TestDb) {
+    let k = t.store.keyed("rollups").await.unwrap();
+    k.update(
+        vec![store::KeyUpdate::new("a", store::Update::inc("n", 1))],
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    t.store.keyed("rollups").await.expect("opens again");
+    let again = TestDb::connect(&t.uri, &t.name, MongoOptions::default()).await;
+    let k2 = again.keyed("rollups").await.expect("opens after a restart");
+    assert_eq!(k2.get("a").await.unwrap().unwrap()["n"], json!(1));
+    again.close().await.unwrap();
+}
+
+/// An update of several keys lands whole, in one transaction where the server runs them and
+/// one key at a time where it refuses them (the probe decides).
+async fn several_keys_update_where_transactions_are_refused(t: &TestDb) {
+    let k = t.store.keyed("rollups").await.unwrap();
+    let ku = store::KeyUpdate::new;
+    k.update(
+        vec![
+            ku("a", store::Update::inc("n", 1)),
+            ku("b", store::Update::inc("n", 2)),
+            ku("a", store::Update::inc("n", 3).and_set("tag", "x")),
+        ],
+        Durability::Journaled,
+    )
+    .await
+    .expect("the update is taken");
+    let a = k.get("a").await.unwrap().unwrap();
+    assert_eq!((&a["n"], &a["tag"]), (&json!(4), &json!("x")));
+    assert_eq!(k.get("b").await.unwrap().unwrap()["n"], json!(2));
+}
+
+/// A tail whose next document is evicted while it waits reports `PositionLost`, on a server
+/// that evicts at insert (MongoDB) and on one that evicts in the background (FerretDB, whose
+/// `compact` runs that cleanup now; it answers the tail's next getMore with an InternalError,
+/// after which the tail re-opens and finds the position gone).
+async fn a_tail_overtaken_by_eviction_reports_position_lost(t: &TestDb) {
+    let spec = CappedSpec {
+        max_docs: 200,
+        max_bytes: 1 << 20,
+        indexes: vec![],
+    };
+    let c = t.store.capped("small", &spec).await.unwrap();
+    let docs = |from: i64, n: i64| {
+        (from..from + n)
+            .map(|i| contract::doc(json!({"n": i})))
+            .collect::<Vec<_>>()
+    };
+    // More than a first batch (101), so the server keeps the cursor open and the loss shows
+    // on a getMore, not only when the tail re-opens.
+    c.append(docs(0, 150), Durability::Acknowledged)
+        .await
+        .unwrap();
+    let mut tail = c.tail(Start::Oldest);
+    let first = tokio::time::timeout(contract::WAIT, futures::StreamExt::next(&mut tail))
+        .await
+        .expect("the tail yields")
+        .expect("the tail does not end")
+        .unwrap();
+    assert_eq!(first.doc["n"], json!(0));
+    c.append(docs(150, 300), Durability::Acknowledged)
+        .await
+        .unwrap();
+    // MongoDB has evicted already; a server that evicts in the background does it now.
+    let _ = t
+        .store
+        .database()
+        .run_command(doc! {"compact": "small", "force": true})
+        .await;
+    let deadline = tokio::time::Instant::now() + contract::WAIT;
+    loop {
+        let next = tokio::time::timeout_at(deadline, futures::StreamExt::next(&mut tail))
             .await
-            .expect("tail yields")
-            .expect("tail does not end")
-            .unwrap();
-        let at = r
-            .committed_at_us
-            .expect("ack time of a document this process wrote");
-        assert!(
-            at >= before,
-            "ack time {at} is after the append began {before}"
-        );
-    })
-    .catch_unwind()
-    .await;
-    t.finish(outcome).await;
+            .expect("the tail reports the loss within the timeout")
+            .expect("the tail does not end");
+        match next {
+            Err(e) => {
+                assert!(e.is_position_lost(), "PositionLost, not: {e}");
+                break;
+            }
+            // Documents still there when the tail read them are fine; the loss must follow.
+            Ok(r) => assert!(
+                r.doc["n"].as_i64().is_some_and(|n| n < 150),
+                "a document after the evicted ones came without PositionLost first: {:?}",
+                r.doc
+            ),
+        }
+    }
+}
+
+async fn a_tail_reports_ack_times_of_this_process(t: &TestDb) {
+    let c = t.store.capped("events", &spec(&[])).await.unwrap();
+    let mut tail = c.tail(Start::Now);
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    c.append(
+        vec![contract::doc(json!({"n": 1}))],
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    let r = tokio::time::timeout(contract::WAIT, futures::StreamExt::next(&mut tail))
+        .await
+        .expect("tail yields")
+        .expect("tail does not end")
+        .unwrap();
+    let at = r
+        .committed_at_us
+        .expect("ack time of a document this process wrote");
+    assert!(
+        at >= before,
+        "ack time {at} is after the append began {before}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -376,6 +682,15 @@ mod fake {
                 .filter(|c| c.keys().next().is_some_and(|k| k == name))
                 .cloned()
                 .collect()
+        }
+
+        /// The `create` command of collection `name` (the capability probe creates its own
+        /// scratch collection first).
+        pub fn created(&self, name: &str) -> BsonDoc {
+            self.commands("create")
+                .into_iter()
+                .find(|c| c.get_str("create").ok() == Some(name))
+                .unwrap_or_else(|| panic!("no create of {name}"))
         }
 
         /// Names of all commands, in order (heartbeats left out).
@@ -541,6 +856,11 @@ mod fake {
                 BsonDoc::new()
             }
             "createIndexes" => doc! {"numIndexesBefore": 1, "numIndexesAfter": 2},
+            "listIndexes" => {
+                doc! {"cursor": {"id": 0_i64, "ns": "t.$cmd.listIndexes", "firstBatch": [
+                    {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+                ]}}
+            }
             "insert" => {
                 let coll = cmd.get_str("insert").unwrap().to_string();
                 let docs: Vec<BsonDoc> = cmd
@@ -673,7 +993,6 @@ async fn fake_store(fake: &fake::Fake) -> MongoStore {
         .expect("connect to the fake server")
 }
 
-#[tokio::test]
 async fn wire_capped_create_append_and_tail() {
     let fake = fake::Fake::start().await;
     let store = fake_store(&fake).await;
@@ -684,7 +1003,7 @@ async fn wire_capped_create_append_and_tail() {
     };
     let c = store.capped("events", &spec).await.unwrap();
 
-    let create = &fake.commands("create")[0];
+    let create = &fake.created("events");
     assert_eq!(create.get_bool("capped").ok(), Some(true), "{create}");
     assert_eq!(create.get_i64("size").ok(), Some(1 << 20), "{create}");
     assert_eq!(create.get_i64("max").ok(), Some(100), "{create}");
@@ -712,7 +1031,12 @@ async fn wire_capped_create_append_and_tail() {
         .await
         .unwrap();
     assert_eq!(p, vec![store::Position(1), store::Position(2)]);
-    let insert = &fake.commands("insert")[0];
+    let inserts: Vec<BsonDoc> = fake
+        .commands("insert")
+        .into_iter()
+        .filter(|i| i.get_str("insert").ok() == Some("events"))
+        .collect();
+    let insert = &inserts[0];
     assert_eq!(
         insert.get_bool("ordered").ok(),
         Some(true),
@@ -763,7 +1087,13 @@ async fn wire_capped_create_append_and_tail() {
         (r.position, r.doc["n"].clone()),
         (store::Position(3), json!(2))
     );
-    let unack = &fake.commands("insert")[1];
+    let unack = fake
+        .commands("insert")
+        .into_iter()
+        .filter(|i| i.get_str("insert").ok() == Some("events"))
+        .nth(1)
+        .expect("the unacknowledged insert");
+    let unack = &unack;
     assert_eq!(
         unack
             .get_document("writeConcern")
@@ -789,12 +1119,13 @@ async fn wire_capped_create_append_and_tail() {
         .unwrap();
 }
 
-#[tokio::test]
 async fn wire_keyed_changes_open_before_later_writes() {
     let fake = fake::Fake::start().await;
     let store = fake_store(&fake).await;
     let k = store.keyed("k").await.unwrap();
-    let create = &fake.commands("create")[0];
+    // What the connect's capability probe sent is not this check's business.
+    let opened = fake.names().len();
+    let create = &fake.created("k");
     assert_eq!(
         create.get_document("changeStreamPreAndPostImages").unwrap(),
         &doc! {"enabled": true}
@@ -811,7 +1142,7 @@ async fn wire_keyed_changes_open_before_later_writes() {
     )
     .await
     .unwrap();
-    let names = fake.names();
+    let names = fake.names().split_off(opened);
     let agg = names
         .iter()
         .position(|n| n == "aggregate")
@@ -825,7 +1156,11 @@ async fn wire_keyed_changes_open_before_later_writes() {
         "a write after changes(Now) waits for the stream to open: {names:?}"
     );
 
-    let aggregate = &fake.commands("aggregate")[0];
+    let aggregate = fake
+        .commands("aggregate")
+        .pop()
+        .expect("the stream's aggregate");
+    let aggregate = &aggregate;
     let pipeline = aggregate.get_array("pipeline").unwrap();
     let stage = pipeline[0]
         .as_document()
@@ -852,7 +1187,8 @@ async fn wire_keyed_changes_open_before_later_writes() {
         &doc! {"$type": "string", "$regex": "^yes:"}
     );
 
-    let update = &fake.commands("update")[0];
+    let update = fake.commands("update").pop().expect("the update");
+    let update = &update;
     let statement = update.get_array("updates").unwrap()[0]
         .as_document()
         .unwrap();
@@ -901,16 +1237,37 @@ async fn wire_keyed_changes_open_before_later_writes() {
     )
     .await
     .unwrap();
-    let txn: Vec<BsonDoc> = fake.commands("update").into_iter().skip(1).collect();
-    assert_eq!(txn.len(), 2);
+    let txn: Vec<BsonDoc> = fake
+        .commands("update")
+        .into_iter()
+        .filter(|u| u.get_str("update").ok() == Some("k"))
+        .skip(1)
+        .collect();
+    assert_eq!(txn.len(), 1, "one update command for the batch: {txn:?}");
     assert_eq!(
         txn[0].get_bool("startTransaction").ok(),
         Some(true),
         "{}",
         txn[0]
     );
-    assert!(txn[1].get("startTransaction").is_none());
-    let commit = &fake.commands("commitTransaction")[0];
+    let keys: Vec<&str> = txn[0]
+        .get_array("updates")
+        .unwrap()
+        .iter()
+        .filter_map(|u| u.as_document()?.get_document("q").ok()?.get_str("_id").ok())
+        .collect();
+    assert_eq!(keys, ["a", "b"], "one ordered statement per key");
+    assert_eq!(txn[0].get_bool("ordered").ok(), Some(true));
+    assert!(
+        txn[0].get("writeConcern").is_none(),
+        "inside a transaction the commit carries the write concern: {}",
+        txn[0]
+    );
+    let commit = fake
+        .commands("commitTransaction")
+        .pop()
+        .expect("the transaction's commit");
+    let commit = &commit;
     assert_eq!(
         commit
             .get_document("writeConcern")
@@ -944,7 +1301,6 @@ async fn wire_keyed_changes_open_before_later_writes() {
         .unwrap();
 }
 
-#[tokio::test]
 async fn wire_a_reader_overtaken_by_eviction_gets_position_lost() {
     let fake = fake::Fake::start().await;
     let store = fake_store(&fake).await;

@@ -4,8 +4,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use store::{Position, ResumeToken};
 
-use super::FeedKind;
-
 /// Where a feed is in its stream: the last entry it processed.
 ///
 /// Stored untagged (a tail position is a JSON number, a resume token a string), so the
@@ -32,7 +30,8 @@ impl std::fmt::Display for FeedPosition {
 /// statistics always agree.
 #[derive(Serialize, Deserialize)]
 pub(crate) struct Checkpoint {
-    pub kind: FeedKind,
+    /// The kind of feed that saved it (`tailable`, `changes`, ...).
+    pub kind: String,
     /// `None` before the first event.
     pub position: Option<FeedPosition>,
     /// [`crate::stats::RollingStats::save`].

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use super::{FeedKind, FeedPosition};
+use super::FeedPosition;
 use crate::stats::Snapshot;
 
 /// What a feed shows the API and the status line; refreshed every checkpoint interval.
@@ -38,8 +38,8 @@ pub struct FeedStatus {
 pub struct FeedHandle {
     /// Feed name.
     pub name: String,
-    /// Feed kind.
-    pub kind: FeedKind,
+    /// Feed kind (`tailable`, `changes`, ...).
+    pub kind: &'static str,
     pub(super) status: Arc<Mutex<FeedStatus>>,
     /// Notification latencies (µs) since the status line last took them.
     pub(super) latency_us: Arc<Mutex<hdrhistogram::Histogram<u64>>>,
@@ -49,7 +49,7 @@ pub struct FeedHandle {
 impl FeedHandle {
     pub(super) fn new(
         name: &str,
-        kind: FeedKind,
+        kind: &'static str,
         status: FeedStatus,
     ) -> Result<Self, hdrhistogram::CreationError> {
         let (events, _) = broadcast::channel(1024);

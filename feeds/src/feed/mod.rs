@@ -6,8 +6,9 @@
 //! the gap (a document in `gaps`, counters, one log line) and continues from the oldest
 //! retained entry: it neither crash-loops nor skips silently.
 //!
-//! Layout: this file runs the loop; [`reader`] opens the stream and measures lag for each kind
-//! of feed; [`checkpoint`] is what is saved; [`handle`] is what the outside sees.
+//! Layout: this file runs the loop; [`reader`] is what every kind of feed implements to open
+//! its stream and measure its lag (the kinds: [`crate::kind`]); [`checkpoint`] is what is
+//! saved; [`handle`] is what the outside sees.
 
 mod checkpoint;
 mod handle;
@@ -17,55 +18,40 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::stream::{BoxStream, StreamExt};
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use store::backoff::Backoff;
 use store::clock::now_us;
-use store::{Document, Durability, Keyed, ResumeToken, Stamp, Store, StoreError};
+use store::{Capability, Document, Durability, Keyed, ResumeToken, Stamp, Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
 pub use checkpoint::FeedPosition;
 pub use handle::{FeedHandle, FeedStatus};
-pub use reader::FeedSource;
+pub use reader::{Item, Lag, Opened, Reader};
 
 use crate::stats::{Event, RollingStats, StatsConfig};
 use crate::telemetry::{self as t, FeedMeters, RestartReason};
 use checkpoint::Checkpoint;
-use reader::{Item, Lag};
 
 /// While draining at a stop, how long to wait for the next item before looking at the lag
 /// again (see `drain`).
 const DRAIN_SLICE: Duration = Duration::from_millis(20);
 
-/// The kind of stream a feed reads (the config's `kind`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FeedKind {
-    /// A tailable cursor on a capped collection.
-    Tailable,
-    /// A change stream on changefeed-backed collections.
-    Changes,
-    /// The op-log watcher (the same changes, read at the log level).
-    Oplog,
-}
-
-impl FeedKind {
-    /// The lowercase name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FeedKind::Tailable => "tailable",
-            FeedKind::Changes => "changes",
-            FeedKind::Oplog => "oplog",
-        }
-    }
+/// Told of every entry a feed takes from its stream, as the feed starts processing it (the
+/// moment its notification latency is measured): the document its statistics read and the
+/// entry's commit time. For watching a feed from outside (`tailrace bench`) without wrapping
+/// the store it reads.
+pub trait FeedObserver: Send + Sync + 'static {
+    /// An entry: its document (a record, or a change's post-image; a delete's pre-image) and
+    /// when it was committed, where the engine says.
+    fn entry(&self, doc: Option<&Document>, committed_at_us: Option<i64>);
 }
 
 /// Everything a feed needs to know, built from configuration.
 pub struct FeedSpec {
     /// Unique feed name (metric label, checkpoint key).
     pub name: String,
-    /// What it reads.
-    pub source: FeedSource,
+    /// What it reads (a kind's reader: [`crate::kind`]).
+    pub reader: Box<dyn Reader>,
     /// Its statistics, how often it checkpoints (`checkpoint_interval_ms`) and how often it
     /// publishes them (`publish_interval_ms`).
     pub stats: StatsConfig,
@@ -102,6 +88,24 @@ pub enum FeedError {
         /// Why.
         source: StoreError,
     },
+    /// The store's server cannot serve this kind of feed (found by its capability probe).
+    #[error(
+        "feed {feed} (kind = \"{kind}\") needs {capability}, which the store's server does not \
+         support: {reason}; {}",
+        alternatives(kind, *oplog)
+    )]
+    Unsupported {
+        /// The feed.
+        feed: String,
+        /// Its kind.
+        kind: &'static str,
+        /// What it needs.
+        capability: Capability,
+        /// Why the server is thought to lack it (its reply).
+        reason: String,
+        /// Whether the server has an oplog (so the `oplog` kind is an alternative).
+        oplog: bool,
+    },
     /// The feed's latency histogram could not be created.
     #[error("feed {feed}: latency histogram: {source}")]
     Histogram {
@@ -112,10 +116,30 @@ pub enum FeedError {
     },
 }
 
+/// What to do instead, for [`FeedError::Unsupported`].
+fn alternatives(kind: &str, oplog: bool) -> &'static str {
+    match (kind, oplog) {
+        ("changes", true) => {
+            "use kind = \"oplog\" (the same changes, read from this server's local.oplog.rs), \
+             or run tailrace on a MongoDB replica set"
+        }
+        ("changes", false) => {
+            "run tailrace on a MongoDB replica set (a single-node one will do: mongod --replSet \
+             rs0, then rs.initiate()), or drop this feed (the tailable kind works on any server)"
+        }
+        ("oplog", _) => {
+            "the oplog is local.oplog.rs of a replica-set member; on FerretDB, start it with \
+             --repl-set-name and create it once: db.getSiblingDB(\"local\").createCollection(\
+             \"oplog.rs\", {capped: true, size: 268435456})"
+        }
+        _ => "the tailable kind works on any server",
+    }
+}
+
 /// A feed ready to run.
 pub struct Feed {
     name: String,
-    source: FeedSource,
+    reader: Box<dyn Reader>,
     checkpoint_interval: Duration,
     publish_interval: Duration,
     /// When the checkpoint was last saved (or the feed started).
@@ -144,6 +168,8 @@ pub struct Feed {
     /// Notification latencies (µs) since the last `stats` document, which publishes their
     /// p50/p99 (`notify_us`): a window of its own, as the status line resets the handle's.
     notify_window: hdrhistogram::Histogram<u64>,
+    /// Told of every entry, if any.
+    observer: Option<Arc<dyn FeedObserver>>,
 }
 
 /// What one tick writes, and where: run as a task of its own (see `Feed::on_tick`).
@@ -203,14 +229,26 @@ impl Feed {
     pub async fn new(spec: FeedSpec, store: Arc<dyn Store>) -> Result<Feed, FeedError> {
         let FeedSpec {
             name,
-            source,
+            reader,
             stats: config,
         } = spec;
         let err = |source| FeedError::Store {
             feed: name.clone(),
             source,
         };
-        let kind = source.kind();
+        let kind = reader.kind();
+        let caps = store.capabilities();
+        if let Some(capability) = reader.needs()
+            && let Some(reason) = caps.get(capability).reason()
+        {
+            return Err(FeedError::Unsupported {
+                feed: name,
+                kind,
+                capability,
+                reason: reason.to_string(),
+                oplog: caps.oplog.is_yes(),
+            });
+        }
         let gaps = store.keyed("gaps").await.map_err(err)?;
         let stats_docs = store.keyed("stats").await.map_err(err)?;
         let saved = store.load_checkpoint(&name).await.map_err(err)?;
@@ -240,8 +278,7 @@ impl Feed {
                 feed: &name,
                 why: format!(
                     "it was saved by a {} feed and this one is {}",
-                    cp.kind.as_str(),
-                    kind.as_str()
+                    cp.kind, kind
                 ),
             }
             .emit(),
@@ -255,7 +292,7 @@ impl Feed {
         let snapshot = stats.snapshot();
         let status = FeedStatus {
             name: name.clone(),
-            kind: kind.as_str().into(),
+            kind: kind.into(),
             events: snapshot.events,
             stats: Some(snapshot),
             position: position.clone(),
@@ -273,7 +310,7 @@ impl Feed {
         })?;
         Ok(Feed {
             name,
-            source,
+            reader,
             checkpoint_interval: Duration::from_millis(config.checkpoint_interval_ms.max(1)),
             publish_interval: Duration::from_millis(config.publish_interval_ms.max(1)),
             checkpointed_at: tokio::time::Instant::now(),
@@ -292,6 +329,7 @@ impl Feed {
             read_up_to: None,
             restarts: 0,
             notify_window,
+            observer: None,
         })
     }
 
@@ -300,13 +338,18 @@ impl Feed {
         self.handle.clone()
     }
 
+    /// Tells `observer` of every entry this feed takes, from now on.
+    pub fn observe(&mut self, observer: Arc<dyn FeedObserver>) {
+        self.observer = Some(observer);
+    }
+
     fn open(&mut self, from_oldest: bool) -> BoxStream<'static, Result<Item, StoreError>> {
         let after = if from_oldest {
             None
         } else {
             self.position.as_ref()
         };
-        let opened = reader::open(&self.source, &*self.store, after);
+        let opened = self.reader.open(&*self.store, after);
         self.read_up_to = opened.read_up_to;
         opened.stream
     }
@@ -340,6 +383,13 @@ impl Feed {
                             self.restarts += 1;
                             from_oldest = true;
                             continue 'outer;
+                        }
+                        // The server stopped supporting what this feed reads (it was checked
+                        // at start): retrying would only repeat the refusal, so the feed stops
+                        // and says why; the rest of the pipeline goes on.
+                        Some(Err(e)) if e.unsupported().is_some() => {
+                            t::FeedUnsupported { feed: &self.name, error: e.to_string() }.emit();
+                            break 'outer;
                         }
                         other => {
                             if cancel.is_cancelled() {
@@ -380,7 +430,7 @@ impl Feed {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
         loop {
             self.advance_read_position();
-            match reader::lag(&self.source, &*self.store, self.position.as_ref()).await {
+            match self.reader.lag(&*self.store, self.position.as_ref()).await {
                 Lag::Entries(0) | Lag::Unknown => return,
                 Lag::Entries(_) | Lag::Behind => {}
             }
@@ -401,6 +451,9 @@ impl Feed {
     fn process(&mut self, item: Item) {
         let now = now_us();
         let committed = item.committed_at_us();
+        if let Some(o) = &self.observer {
+            o.entry(item.doc(), committed);
+        }
         let empty = Document::new();
         let doc = item.doc().unwrap_or(&empty);
         let stamp = Stamp::of(doc);
@@ -469,7 +522,7 @@ impl Feed {
         // changes themselves, and a change feed reading past its own writes must not loop.
         let moved = self.advance_read_position();
         let now = now_us();
-        let lag = reader::lag(&self.source, &*self.store, self.position.as_ref()).await;
+        let lag = self.reader.lag(&*self.store, self.position.as_ref()).await;
         if lag == Lag::Entries(0) && now - self.last_event_us > 1_000_000 {
             // A quiet, caught-up stream: let the rate fall to zero and old top-k keys expire.
             // Never while catching up, or replayed events would land in the wrong seconds.
@@ -489,10 +542,9 @@ impl Feed {
         // The checkpoint and the `stats` document are written by a task of their own, one
         // tick's at a time, while the feed goes on with its events: each waits its turn at the
         // store's writer, which may be committing a large batch, and a feed that waited with
-        // it held back every event committed meanwhile (`bench insert` batched, tailable
-        // feed: notification p99 15.1 ms with the writes not awaited, 68.7 ms awaited). A tick
-        // that finds the last one's writes still under way leaves its own to the next tick;
-        // a stop waits for them and writes its own.
+        // it held back every event committed meanwhile (its notification latency's tail). A
+        // tick that finds the last one's writes still under way leaves its own to the next
+        // tick; a stop waits for them and writes its own.
         if let Some(writing) = self.writing.take() {
             if stopping || writing.is_finished() {
                 self.written(writing).await;
@@ -504,7 +556,7 @@ impl Feed {
             let checkpoint = (self.unsaved
                 && (stopping || self.checkpointed_at.elapsed() >= self.checkpoint_interval))
                 .then(|| Checkpoint {
-                    kind: self.source.kind(),
+                    kind: self.reader.kind().into(),
                     position: self.position.clone(),
                     stats: self.stats.save(),
                     saved_at_us: now,
@@ -512,7 +564,7 @@ impl Feed {
             let stats_doc = self.unpublished.then(|| {
                 json!({
                     "feed": self.name,
-                    "kind": self.source.kind().as_str(),
+                    "kind": self.reader.kind(),
                     "stats": snap,
                     "lag": lag.entries(),
                     "position": self.position,
@@ -554,7 +606,7 @@ impl Feed {
 
     /// Seconds between the oldest retained entry and now, less the feed's own lag in time.
     async fn headroom(&self, lag: Lag, now: i64) -> Option<f64> {
-        let oldest_us = reader::oldest_entry_us(&self.source, &*self.store).await?;
+        let oldest_us = self.reader.oldest_entry_us(&*self.store).await?;
         let behind_us = if lag == Lag::Entries(0) {
             0
         } else {
@@ -606,7 +658,7 @@ impl Feed {
         }
         .emit();
         let now = now_us();
-        let doc = json!({"feed": self.name, "kind": self.source.kind().as_str(), "reason": reason.as_str(),
+        let doc = json!({"feed": self.name, "kind": self.reader.kind(), "reason": reason.as_str(),
                          "from": from, "to": to, "missed": missed, "at_us": now});
         if let Value::Object(doc) = doc
             && let Err(e) = self

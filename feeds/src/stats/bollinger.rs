@@ -13,7 +13,7 @@ use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value, json};
 
-use super::{Event, Statistic, StatsConfig, from_state, to_state};
+use super::{Event, Registration, Statistic, StatsConfig, from_state, to_state};
 use crate::telemetry as t;
 
 /// One evaluation of the bands; a plain value so callers can copy it into
@@ -313,6 +313,12 @@ impl ValueBands {
         }
     }
 }
+
+/// Built for every feed; reads `value_field`.
+pub const REGISTRATION: Registration = Registration {
+    build: |c, feed| Box::new(ValueBands::new(c, feed)),
+    reads: |c| vec![("value_field", c.value_field.clone())],
+};
 
 impl Statistic for ValueBands {
     fn name(&self) -> &'static str {

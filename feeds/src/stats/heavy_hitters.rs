@@ -78,22 +78,10 @@
 //!   is the one place where `TopK` (which keeps whole keys) differs, and it is
 //!   what makes the checkpoint size a constant.
 //!
-//! Measured with `cargo bench -p feeds --bench topk` (release; 50,000
-//! events/s, one key per event uniform over n values, 60 s window, k 10,
-//! capacity 1024; 2 cores shared with other builds, so ±30 %):
-//!
-//! | distinct values n | 10^2 | 10^4 | 10^6 | 10^7 |
-//! |---|---|---|---|---|
-//! | `record`+`expire`, `TopK` | 145 ns | 468 ns | 4.0 µs | 8.8 µs |
-//! | `record`+`expire`, `HeavyHitters` | 83 ns | 146 ns | 146 ns | 107 ns |
-//! | `top`, `TopK` | 1.5 µs | 0.67 ms | 837 ms | 2.8 s |
-//! | `top`, `HeavyHitters` | 56 µs | 2.4 ms | 3.1 ms | 1.7 ms |
-//! | checkpoint, `TopK` | 73 KB | 7.1 MB | 53 MB | 82 MB |
-//! | checkpoint, `HeavyHitters` | 96 KB | 1.1 MB | 1.2 MB | 1.3 MB |
-//!
-//! (`record` includes ~15–25 ns of making the key in the benchmark.) So
-//! `top` must be called about once per second (a tick), not on every event
-//! as `RollingStats` calls `TopK::top` today.
+//! `cargo bench -p feeds --bench topk` compares it with the exact `TopK` from
+//! 10^2 to 10^7 distinct keys (figures: docs/BENCHMARKS.md, "Micro-benchmarks").
+//! As `top` costs O(W · m), it is called once per publish tick
+//! (`TopKeys::snapshot` and `::publish`), never per event.
 //!
 //! # Determinism
 //!
@@ -111,7 +99,6 @@ use std::hash::{BuildHasher, RandomState};
 
 use hashbrown::HashTable;
 
-use serde::ser::SerializeSeq;
 use serde::{Deserialize, Serialize, Serializer};
 
 /// Microseconds per second, the bucket width.
@@ -198,8 +185,9 @@ pub enum StateError {
     },
 }
 
-/// One closed second: its Space-Saving counters, frozen.
+/// One closed second: its Space-Saving counters, frozen. Saved as [`BucketForm`].
 #[derive(Serialize, Deserialize, Clone)]
+#[serde(into = "BucketForm", try_from = "BucketForm")]
 struct Bucket {
     /// Whole second since the Unix epoch.
     sec: i64,
@@ -214,6 +202,67 @@ struct Bucket {
     /// process, and a restore recomputes them.
     #[serde(skip)]
     hashes: Vec<u64>,
+}
+
+/// A second as a checkpoint holds it: the counters as three parallel arrays rather than an
+/// array of `[key, count, error]` triples, so the document holds no array inside an array
+/// (servers that speak MongoDB's protocol without being MongoDB refuse those) and no key
+/// becomes a field name (a hashtag may start with `$` or hold a dot).
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BucketForm {
+    sec: i64,
+    floor: u64,
+    keys: Vec<String>,
+    counts: Vec<u64>,
+    errors: Vec<u64>,
+}
+
+impl From<Bucket> for BucketForm {
+    fn from(b: Bucket) -> Self {
+        let mut form = BucketForm {
+            sec: b.sec,
+            floor: b.floor,
+            keys: Vec::with_capacity(b.counters.len()),
+            counts: Vec::with_capacity(b.counters.len()),
+            errors: Vec::with_capacity(b.counters.len()),
+        };
+        for (key, count, error) in b.counters {
+            form.keys.push(key);
+            form.counts.push(count);
+            form.errors.push(error);
+        }
+        form
+    }
+}
+
+impl TryFrom<BucketForm> for Bucket {
+    type Error = String;
+
+    fn try_from(f: BucketForm) -> Result<Self, String> {
+        if f.keys.len() != f.counts.len() || f.keys.len() != f.errors.len() {
+            return Err(format!(
+                "second {}: {} keys, {} counts, {} errors",
+                f.sec,
+                f.keys.len(),
+                f.counts.len(),
+                f.errors.len()
+            ));
+        }
+        let counters = f
+            .keys
+            .into_iter()
+            .zip(f.counts)
+            .zip(f.errors)
+            .map(|((k, c), e)| (k, c, e))
+            .collect();
+        Ok(Bucket {
+            sec: f.sec,
+            floor: f.floor,
+            counters,
+            hashes: Vec::new(),
+        })
+    }
 }
 
 impl PartialEq for Bucket {
@@ -454,30 +503,19 @@ impl fmt::Debug for Live {
 /// replacement order.
 impl Serialize for Live {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        /// The counters as a JSON array of `[key, count, error]`.
-        struct Counters<'a>(&'a Live);
-        impl Serialize for Counters<'_> {
-            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                let mut seq = s.serialize_seq(Some(self.0.slots.len()))?;
-                for c in self.0.counters() {
-                    seq.serialize_element(&c)?;
-                }
-                seq.end()
-            }
-        }
-        /// Field for field the shape of [`Bucket`].
-        #[derive(Serialize)]
-        struct View<'a> {
-            sec: i64,
-            floor: u64,
-            counters: Counters<'a>,
-        }
-        View {
+        let mut form = BucketForm {
             sec: self.sec,
             floor: self.floor,
-            counters: Counters(self),
+            keys: Vec::with_capacity(self.slots.len()),
+            counts: Vec::with_capacity(self.slots.len()),
+            errors: Vec::with_capacity(self.slots.len()),
+        };
+        for (key, count, error) in self.counters() {
+            form.keys.push(key.to_string());
+            form.counts.push(count);
+            form.errors.push(error);
         }
-        .serialize(s)
+        form.serialize(s)
     }
 }
 
@@ -1140,23 +1178,30 @@ mod tests {
         assert_eq!(back, t, "a valid state restores");
 
         type Corrupt = fn(&mut serde_json::Value);
-        let cases: [(&str, Corrupt); 7] = [
+        let cases: [(&str, Corrupt); 8] = [
             ("zero capacity", |v| v["capacity"] = 0.into()),
             ("duplicate key", |v| {
-                v["closed"][0]["counters"][1][0] = "a".into();
+                v["closed"][0]["keys"][1] = "a".into();
             }),
             ("unsorted live counters", |v| {
-                v["live"]["counters"][1][1] = 3.into();
+                v["live"]["counts"][1] = 3.into();
             }),
             ("too many counters", |v| {
-                v["closed"][0]["counters"]
-                    .as_array_mut()
-                    .unwrap()
-                    .push(serde_json::json!(["z", 1, 0]));
+                let b = &mut v["closed"][0];
+                for (field, value) in [
+                    ("keys", serde_json::json!("z")),
+                    ("counts", 1.into()),
+                    ("errors", 0.into()),
+                ] {
+                    b[field].as_array_mut().unwrap().push(value);
+                }
             }),
             ("seconds out of order", |v| v["live"]["sec"] = 0.into()),
             ("error not below count", |v| {
-                v["closed"][0]["counters"][0][2] = 2.into();
+                v["closed"][0]["errors"][0] = 2.into();
+            }),
+            ("arrays of different lengths", |v| {
+                v["closed"][0]["errors"].as_array_mut().unwrap().pop();
             }),
             ("unknown field", |v| v["extra"] = 1.into()),
         ];
@@ -1169,6 +1214,40 @@ mod tests {
                 "{what}: expected an error, restored {r:?} from {v}"
             );
         }
+    }
+
+    /// A checkpoint must be storable by any MongoDB-compatible server: no array directly
+    /// inside an array, and no key of the stream (which may start with `$` or hold a dot)
+    /// as a field name.
+    #[test]
+    fn the_saved_state_holds_no_nested_array_and_no_key_as_a_field_name() {
+        let mut t = HeavyHitters::new(3, 60, 4);
+        t.record(0, ["$price", "user.name", "a"]);
+        t.record(S, ["$price", "b"]);
+        let v = serde_json::to_value(&t).unwrap();
+        fn check(v: &serde_json::Value, path: &str) {
+            match v {
+                serde_json::Value::Array(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        assert!(!item.is_array(), "{path}[{i}] is an array inside an array");
+                        check(item, &format!("{path}[{i}]"));
+                    }
+                }
+                serde_json::Value::Object(m) => {
+                    for (k, item) in m {
+                        assert!(
+                            !k.starts_with('$') && !k.contains('.'),
+                            "{path}: field name {k:?}"
+                        );
+                        check(item, &format!("{path}.{k}"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        check(&v, "state");
+        let back: HeavyHitters = serde_json::from_value(v).unwrap();
+        assert_eq!(back, t);
     }
 
     // ----- long-tail streams against an exact reference -----

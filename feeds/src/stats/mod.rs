@@ -1,21 +1,27 @@
 //! Rolling statistics recomputed on every event of a feed.
 //!
-//! A statistic is one file: a pure, synchronous core (table-tested against reference values)
-//! and an implementation of [`Statistic`] that reads its field from each event, adds its
-//! figures to the feed's [`Snapshot`], publishes its metrics and saves its state in the feed's
-//! checkpoint. [`build`] lists them; adding a statistic is one file plus one line there (and
-//! its parameters in [`StatsConfig`], if it has any).
+//! A statistic is one file: a pure, synchronous core (table-tested against reference values),
+//! an implementation of [`Statistic`] that reads its field from each event, adds its figures
+//! to the feed's [`Snapshot`], publishes its metrics and saves its state in the feed's
+//! checkpoint, and its [`Registration`]: how to build it, and which event fields it reads.
+//! [`STATISTICS`] lists them; adding a statistic is one file plus one line there (and its
+//! parameters in [`StatsConfig`], if it has any).
+//!
+//! Change feeds do not read the events: they read each source's `source:<name>` summary in
+//! `rollups`, which the ingester updates once per event with the stamp and a copy of every
+//! field a statistic declares ([`fields_read`]). So a statistic on a new field works on every
+//! kind of feed without a change to the ingester.
 //!
 //! Every state is serde-serializable, so restoring a checkpoint and continuing gives exactly
 //! the same results as never stopping, and bounded by the configured windows, not by the
 //! length of the stream.
 //!
-//! | file | statistic | snapshot fields | metrics |
-//! |---|---|---|---|
-//! | [`rate`] | events per closed second, Bollinger bands over it | `rate`, `rate_bands` | `tailrace_rate_events_per_second`, `tailrace_bollinger{series="rate"}` |
-//! | [`bollinger`] | Bollinger bands over `value_field` | `value_bands` | `tailrace_bollinger{series="value"}` |
-//! | [`topk`] (counted by [`heavy_hitters`]) | top-k values of `topk_field` over a sliding window | `top` | `tailrace_topk_events` |
-//! | [`sequence`] | per-source sequence completeness | `missing`, `duplicates`, `last_outcome` | `tailrace_feed_missing_events_total`, `tailrace_feed_duplicate_events_total` |
+//! | file | statistic | reads | snapshot fields | metrics |
+//! |---|---|---|---|---|
+//! | [`rate`] | events per closed second, Bollinger bands over it | the stamp | `rate`, `rate_bands` | `tailrace_rate_events_per_second`, `tailrace_bollinger{series="rate"}` |
+//! | [`bollinger`] | Bollinger bands over `value_field` | `value_field` | `value_bands` | `tailrace_bollinger{series="value"}` |
+//! | [`topk`] (counted by [`heavy_hitters`]) | top-k values of `topk_field` over a sliding window | `topk_field` | `top` | `tailrace_topk_events` |
+//! | [`sequence`] | per-source sequence completeness | the stamp | `missing`, `duplicates`, `last_outcome` | `tailrace_feed_missing_events_total`, `tailrace_feed_duplicate_events_total` |
 
 pub mod bollinger;
 pub mod heavy_hitters;
@@ -74,14 +80,44 @@ pub trait Statistic: Send + Sync + 'static {
     fn restore(&mut self, state: &Value) -> Result<(), String>;
 }
 
-/// Every statistic of one feed, built from the configuration. The one registration point.
+/// A statistic as registered: how to build it for a feed, and which fields of an event it
+/// reads.
+pub struct Registration {
+    /// Builds it for one feed (`feed` labels its metrics).
+    pub build: fn(&StatsConfig, &str) -> Box<dyn Statistic>,
+    /// The event fields it reads, as (its key in `[stats]`, the dotted path). The stamp
+    /// (`_tailrace`) is always there and need not be named.
+    pub reads: fn(&StatsConfig) -> Vec<(&'static str, String)>,
+}
+
+/// Every statistic: the one registration point.
+pub const STATISTICS: [Registration; 4] = [
+    rate::REGISTRATION,
+    bollinger::REGISTRATION,
+    topk::REGISTRATION,
+    sequence::REGISTRATION,
+];
+
+/// For a statistic that reads nothing but the stamp.
+pub(crate) fn reads_nothing(_: &StatsConfig) -> Vec<(&'static str, String)> {
+    Vec::new()
+}
+
+/// Every statistic of one feed, built from the configuration.
 pub fn build(config: &StatsConfig, feed: &str) -> Vec<Box<dyn Statistic>> {
-    vec![
-        Box::new(rate::Rate::new(config, feed)),
-        Box::new(bollinger::ValueBands::new(config, feed)),
-        Box::new(topk::TopKeys::new(config, feed)),
-        Box::new(sequence::Completeness::new(feed)),
-    ]
+    STATISTICS.iter().map(|r| (r.build)(config, feed)).collect()
+}
+
+/// The event fields the statistics read, as (`[stats]` key, dotted path), each path once, in
+/// registration order: what the ingester copies into every `source:<name>` summary.
+pub fn fields_read(config: &StatsConfig) -> Vec<(&'static str, String)> {
+    let mut out: Vec<(&'static str, String)> = Vec::new();
+    for (key, path) in STATISTICS.iter().flat_map(|r| (r.reads)(config)) {
+        if !out.iter().any(|(_, p)| *p == path) {
+            out.push((key, path));
+        }
+    }
+    out
 }
 
 fn default_period() -> usize {
@@ -106,9 +142,9 @@ fn default_topk_capacity() -> usize {
     heavy_hitters::DEFAULT_CAPACITY
 }
 /// 10 s: a checkpoint carries the whole top-k window (tens of KB on a long-tail stream) and
-/// is a journaled commit, so at 70 events/s saving it every second was a fifth of the
-/// process's CPU (4.1 % against 3.4 % of a core at 10 s). A restart replays what came after
-/// the checkpoint, which a feed does at 180,000+ events/s: 10 s of a 70/s stream is a few ms.
+/// is a journaled commit, so saving it every second cost a slow stream a good share of its
+/// CPU. A restart replays what came after the checkpoint, which a feed reads far faster than
+/// a source writes: ten seconds of a slow stream take milliseconds.
 fn default_checkpoint_interval_ms() -> u64 {
     10_000
 }
@@ -402,11 +438,39 @@ mod tests {
     }
 
     fn top(snap: &Snapshot) -> Vec<(String, u64)> {
-        serde_json::from_value(snap.get("top").cloned().unwrap()).unwrap()
+        snap.get("top")
+            .and_then(Value::as_array)
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["key"].as_str().unwrap().to_string(),
+                    e["count"].as_u64().unwrap(),
+                )
+            })
+            .collect()
     }
 
     fn outcome(snap: &Snapshot) -> Option<SeqOutcome> {
         serde_json::from_value(snap.get("last_outcome").cloned().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_fields_read_are_declared_by_the_statistics_each_path_once() {
+        let c = StatsConfig::default();
+        assert_eq!(
+            fields_read(&c),
+            [
+                ("value_field", "retweet_count".to_string()),
+                ("topk_field", "hashtags".to_string())
+            ]
+        );
+        let same = StatsConfig {
+            value_field: "n".into(),
+            topk_field: "n".into(),
+            ..c
+        };
+        assert_eq!(fields_read(&same), [("value_field", "n".to_string())]);
     }
 
     #[test]
@@ -521,6 +585,53 @@ mod tests {
             "totals"
         );
         assert_eq!(s.snapshot(), snaps[4], "snapshot() is stable");
+    }
+
+    /// What a feed writes (its `stats` document, its checkpoint) must be storable by any
+    /// MongoDB-compatible server, whatever the stream's keys: no array directly inside an
+    /// array, and no value of the stream as a field name (a hashtag may start with `$` or hold
+    /// a dot).
+    #[test]
+    fn snapshots_and_saved_states_hold_no_nested_array_and_no_stream_key_as_a_field() {
+        fn check(v: &Value, path: &str) {
+            match v {
+                Value::Array(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        assert!(!item.is_array(), "{path}[{i}] is an array inside an array");
+                        check(item, &format!("{path}[{i}]"));
+                    }
+                }
+                Value::Object(m) => {
+                    for (k, item) in m {
+                        assert!(
+                            !k.starts_with('$') && !k.contains('.'),
+                            "{path}: field name {k:?}"
+                        );
+                        check(item, &format!("{path}.{k}"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        let config = StatsConfig {
+            period: 3,
+            ..StatsConfig::default()
+        };
+        let mut s = RollingStats::new(&config, "test");
+        for i in 0..50_i64 {
+            let keys = ["$price", "user.name", "東京", "rust"];
+            feed(
+                &mut s,
+                &ev(
+                    i * S / 4,
+                    Some(i as u64 + 1),
+                    Some(json!(i % 7)),
+                    &keys[..(i % 4) as usize + 1],
+                ),
+            );
+        }
+        check(&serde_json::to_value(s.snapshot()).unwrap(), "snapshot");
+        check(&s.save(), "saved state");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use metrics::Gauge;
 use serde_json::{Map, Value, json};
 
 use super::bollinger::{BandGauges, Bands, Bollinger};
-use super::{Event, Statistic, StatsConfig, from_state, to_state};
+use super::{Event, Registration, Statistic, StatsConfig, from_state, to_state};
 use crate::telemetry as t;
 
 /// Microseconds per second, the bucket width.
@@ -148,6 +148,12 @@ impl Rate {
         }
     }
 }
+
+/// Built for every feed; reads the event time only (the stamp).
+pub const REGISTRATION: Registration = Registration {
+    build: |c, feed| Box::new(Rate::new(c, feed)),
+    reads: super::reads_nothing,
+};
 
 impl Statistic for Rate {
     fn name(&self) -> &'static str {

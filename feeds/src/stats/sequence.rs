@@ -6,7 +6,7 @@ use metrics::Counter;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use super::{Event, Statistic, from_state, to_state};
+use super::{Event, Registration, Statistic, from_state, to_state};
 use crate::telemetry as t;
 
 /// How one sequence number compared with what its source was expected to
@@ -127,6 +127,12 @@ impl Completeness {
         }
     }
 }
+
+/// Built for every feed; reads the stamp only.
+pub const REGISTRATION: Registration = Registration {
+    build: |_, feed| Box::new(Completeness::new(feed)),
+    reads: super::reads_nothing,
+};
 
 impl Statistic for Completeness {
     fn name(&self) -> &'static str {

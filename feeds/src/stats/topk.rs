@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::heavy_hitters::HeavyHitters;
-use super::{Event, Statistic, StatsConfig, from_state, to_state};
+use super::{Event, Registration, Statistic, StatsConfig, from_state, to_state};
 use crate::telemetry as t;
 
 /// Microseconds per second, the bucket width.
@@ -130,7 +130,9 @@ impl TopK {
 
 /// The top-k statistic: the most frequent values of `topk_field` (a string, a number, an
 /// object's `text` — tweet entities look like that — or an array of those) over a sliding
-/// window. Snapshot field `top` (`[[key, count], ...]`); metric `tailrace_topk_events{key}`,
+/// window. Snapshot field `top` (`[{"key": .., "count": ..}, ...]`: objects, so the `stats`
+/// document holds no array inside an array, which some MongoDB-compatible servers refuse);
+/// metric `tailrace_topk_events{key}`,
 /// set to 0 for a key that left the top.
 ///
 /// Counted by [`HeavyHitters`]: per-event cost and saved state do not grow with the number
@@ -170,6 +172,12 @@ fn key_of(v: &Value) -> Option<&str> {
     }
 }
 
+/// Built for every feed; reads `topk_field`.
+pub const REGISTRATION: Registration = Registration {
+    build: |c, feed| Box::new(TopKeys::new(c, feed)),
+    reads: |c| vec![("topk_field", c.topk_field.clone())],
+};
+
 impl Statistic for TopKeys {
     fn name(&self) -> &'static str {
         "topk"
@@ -200,7 +208,13 @@ impl Statistic for TopKeys {
     }
 
     fn snapshot(&self, out: &mut Map<String, Value>) {
-        out.insert("top".into(), json!(self.top.top()));
+        let top: Vec<Value> = self
+            .top
+            .top()
+            .into_iter()
+            .map(|(key, count)| json!({"key": key, "count": count}))
+            .collect();
+        out.insert("top".into(), Value::Array(top));
     }
 
     fn publish(&mut self) {
@@ -427,7 +441,12 @@ mod tests {
         stat.snapshot(&mut out);
         assert_eq!(
             out["top"],
-            json!([["5", 1], ["a", 1], ["b", 1], ["東京", 1]]),
+            json!([
+                {"key": "5", "count": 1},
+                {"key": "a", "count": 1},
+                {"key": "b", "count": 1},
+                {"key": "東京", "count": 1},
+            ]),
             "every usable element counted once, case-folded"
         );
     }
@@ -459,7 +478,11 @@ mod tests {
         stat.snapshot(&mut out);
         assert_eq!(
             out["top"],
-            json!([["rust", 2], ["fediverse", 1], ["wins", 1]]),
+            json!([
+                {"key": "rust", "count": 2},
+                {"key": "fediverse", "count": 1},
+                {"key": "wins", "count": 1},
+            ]),
             "tags counted by name (case-folded); `text` first when both exist; no name, no key"
         );
     }

@@ -22,9 +22,18 @@ use super::{
 pub const ENV_PREFIX: &str = "TAILRACE_";
 /// Separator between levels in environment variable names (`TAILRACE_STORE__ENGINE`).
 pub const ENV_SEPARATOR: &str = "__";
-/// Variables with [`ENV_PREFIX`] that belong to the CLI, not to the config tree
-/// (`TAILRACE_CONFIG`, `TAILRACE_LOG`), written without the prefix.
-pub const ENV_IGNORED: [&str; 2] = ["config", "log"];
+/// Variables with [`ENV_PREFIX`] that are not config keys, written without the prefix: the
+/// CLI's own (`TAILRACE_CONFIG`, `TAILRACE_LOG`, `TAILRACE_LOG_FORMAT`) and the test tools'
+/// (`TAILRACE_TEST_MONGODB_URI`, and `TAILRACE_FERRETDB_BIN`/`_HOME` of
+/// `scripts/ferretdb.sh`), so a shell that exported those can still run tailrace.
+pub const ENV_IGNORED: [&str; 6] = [
+    "config",
+    "log",
+    "log_format",
+    "test_mongodb_uri",
+    "ferretdb_bin",
+    "ferretdb_home",
+];
 
 /// Name given to the environment provider's metadata, to recognise it in errors.
 pub(super) const ENV_METADATA_NAME: &str = "environment variable";

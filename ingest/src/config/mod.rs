@@ -7,14 +7,16 @@
 //! 2. the TOML file, if a path is given (a missing file is an error),
 //! 3. environment variables `TAILRACE_<KEY>` with `__` between levels, e.g.
 //!    `TAILRACE_STORE__ENGINE=mongodb` or `TAILRACE_HTTP__LISTEN=127.0.0.1:0`.
-//!    `TAILRACE_CONFIG` and `TAILRACE_LOG` belong to the CLI and are not config keys.
+//!    `TAILRACE_CONFIG`, `TAILRACE_LOG` and `TAILRACE_LOG_FORMAT` belong to the CLI and are not
+//!    config keys.
 //!
 //! Every error is one line that names the dotted key (`store.durability`,
 //! `sources[0].rate_per_sec`), what was found, what is allowed, and where the value
 //! came from (file or environment variable) when that is known.
 //!
 //! Layout: this file holds the tree and its defaults; each source kind's settings live in
-//! its own file under [`crate::source`], each feed kind's in [`feeds`], the statistics' in
+//! its own file under [`crate::source`], each feed kind's in `feeds::kind` (crate `feeds`;
+//! the `[[feeds]]` table in [`feeds`]), the statistics' in
 //! [`feeds::stats::StatsConfig`] (crate `feeds`). [`load`] layers and reads the sources,
 //! [`validate`] checks the rules serde cannot express, [`errors`] renders problems,
 //! [`redact`] hides secrets for printing, [`interpolate`] resolves `${VAR}` in header values,
@@ -35,7 +37,12 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use self::feeds::{ChangeFeedConfig, ChangeFilterConfig, FeedConfig, FeedKindConfig};
+pub use self::feeds::FeedConfig;
+/// Each feed kind's settings: the feeds crate's own types (one file per kind in `feeds::kind`).
+pub use ::feeds::kind::changes::{ChangeFeedConfig, ChangeFilterConfig};
+pub use ::feeds::kind::oplog::OplogFeedConfig;
+pub use ::feeds::kind::tailable::TailableFeedConfig;
+pub use ::feeds::kind::{FeedKindConfig, FeedSettings};
 pub use errors::ConfigError;
 pub use interpolate::interpolate_env;
 pub use load::{ENV_IGNORED, ENV_PREFIX, ENV_SEPARATOR};
@@ -43,8 +50,6 @@ pub use redact::REDACTED;
 pub use validate::Problems;
 
 pub use crate::source::{SourceConfig, SourceKind};
-/// How a feed reads the store (tailable | changes | oplog): the feeds crate's own type.
-pub use ::feeds::FeedKind;
 /// The statistics every feed computes: the feeds crate's own type.
 pub use ::feeds::stats::StatsConfig;
 /// A kind of change a change feed can select (insert | update | replace | delete): the
@@ -218,6 +223,14 @@ pub struct IngestConfig {
     /// them forever. The per-source summaries are kept.
     #[serde(default = "default_rollup_idle_ttl_secs")]
     pub rollup_idle_ttl_secs: u64,
+    /// When the pipeline stops: how long the writer may take to write what is queued; past it,
+    /// what was not written is reported lost (never acknowledged to a source). At least 1.
+    #[serde(default = "default_stop_flush_timeout_secs")]
+    pub stop_flush_timeout_secs: u64,
+    /// When the pipeline stops: how long the feeds together may take to drain and checkpoint;
+    /// a feed still running past it resumes from its previous checkpoint. At least 1.
+    #[serde(default = "default_stop_checkpoint_timeout_secs")]
+    pub stop_checkpoint_timeout_secs: u64,
 }
 
 fn default_listen() -> SocketAddr {
@@ -266,10 +279,9 @@ fn default_dead_letters_max_bytes() -> u64 {
     16 * 1024 * 1024
 }
 /// 1,024: on long-tail data each event dirties its own pages of every index, and a commit
-/// writes each dirty page once however many of its events share it, so four times the events
-/// per commit wrote 15.3 → 8.3 KB per event and ingested 14-16k → 19k events/s flat out
-/// (`bench insert`, realistic; docs/BENCHMARKS.md). A batch fills only when events wait:
-/// at 70 events/s each still goes alone, after `batch_max_wait_ms`.
+/// writes each dirty page once however many of its events share it, so larger batches write
+/// fewer bytes per event and ingest more flat out. A batch fills only when events wait: a
+/// slow stream's events still go alone, after `batch_max_wait_ms`.
 fn default_batch_max_events() -> usize {
     1024
 }
@@ -287,6 +299,14 @@ fn default_rollup_fields() -> Vec<String> {
 }
 fn default_rollup_idle_ttl_secs() -> u64 {
     86_400
+}
+
+fn default_stop_flush_timeout_secs() -> u64 {
+    10
+}
+
+fn default_stop_checkpoint_timeout_secs() -> u64 {
+    5
 }
 
 impl Default for Config {
@@ -364,6 +384,8 @@ impl Default for IngestConfig {
             max_event_bytes: default_max_event_bytes(),
             rollup_fields: default_rollup_fields(),
             rollup_idle_ttl_secs: default_rollup_idle_ttl_secs(),
+            stop_flush_timeout_secs: default_stop_flush_timeout_secs(),
+            stop_checkpoint_timeout_secs: default_stop_checkpoint_timeout_secs(),
         }
     }
 }

@@ -144,6 +144,23 @@ fn env_overrides_defaults() {
     });
 }
 
+/// The test tools' variables share the prefix but are not config keys: a shell (CI) that
+/// exported them still runs tailrace; a misspelt config key is still refused.
+#[test]
+fn the_test_tools_variables_are_not_config_keys() {
+    Jail::expect_with(|jail| {
+        jail.clear_env();
+        jail.set_env("TAILRACE_TEST_MONGODB_URI", "mongodb://127.0.0.1:1/");
+        jail.set_env("TAILRACE_FERRETDB_BIN", "/cache/ferretdb");
+        jail.set_env("TAILRACE_FERRETDB_HOME", "/tmp/ferretdb");
+        Config::load(None).unwrap_or_else(|e| panic!("{e}"));
+        jail.set_env("TAILRACE_FERRETDB_PORT", "1");
+        let e = Config::load(None).expect_err("an unknown key is refused");
+        assert!(e.to_string().contains("ferretdb_port"), "{e}");
+        Ok(())
+    });
+}
+
 #[test]
 fn env_overrides_file_which_overrides_defaults() {
     Jail::expect_with(|jail| {
@@ -194,6 +211,7 @@ fn cli_variables_are_not_config_keys() {
         jail.clear_env();
         jail.set_env("TAILRACE_CONFIG", "/nonexistent/tailrace.toml");
         jail.set_env("TAILRACE_LOG", "debug");
+        jail.set_env("TAILRACE_LOG_FORMAT", "json");
         // Keys under [log] are still reachable.
         jail.set_env("TAILRACE_LOG__STATUS_INTERVAL_SECS", "0");
         let config = Config::load(None).unwrap_or_else(|e| panic!("{e}"));
@@ -813,13 +831,13 @@ fn feed_fields_per_kind() {
     );
     let oplog = FeedConfig {
         name: "o".into(),
-        kind: FeedKindConfig::Oplog(ChangeFeedConfig {
+        kind: FeedKindConfig::Oplog(OplogFeedConfig(ChangeFeedConfig {
             collections: vec![],
             filter: Some(ChangeFilterConfig {
                 ops: vec![ChangeOp::Delete, ChangeOp::Delete],
                 key_prefix: Some(String::new()),
             }),
-        }),
+        })),
     };
     assert_eq!(
         problems(&config_with_feed(oplog)),
@@ -876,10 +894,10 @@ fn kind_defaults_are_filled_in_when_loading() {
     assert_eq!(config.feeds[0], FeedConfig::tailable("t", "events"));
     assert_eq!(
         config.feeds[1].kind,
-        FeedKindConfig::Oplog(ChangeFeedConfig {
+        FeedKindConfig::Oplog(OplogFeedConfig(ChangeFeedConfig {
             collections: vec!["rollups".into()],
             filter: None,
-        })
+        }))
     );
 }
 

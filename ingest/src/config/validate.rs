@@ -244,6 +244,16 @@ fn validate_ingest(c: &Config, p: &mut Problems) {
         );
     }
     p.at_least("ingest.max_event_bytes", i.max_event_bytes, 64);
+    p.at_least(
+        "ingest.stop_flush_timeout_secs",
+        i.stop_flush_timeout_secs,
+        1,
+    );
+    p.at_least(
+        "ingest.stop_checkpoint_timeout_secs",
+        i.stop_checkpoint_timeout_secs,
+        1,
+    );
     if i.max_event_bytes > c.store.events.max_bytes {
         p.push(
             "ingest.max_event_bytes",
@@ -263,22 +273,19 @@ fn validate_ingest(c: &Config, p: &mut Problems) {
         }
     }
     // The `source:<name>` rollup of each source is updated once per event with `$inc count`
-    // and `$set` of the stamp, the value field and the top-k field: a field the update also
+    // and `$set` of the stamp and of every field the statistics read: a field the update also
     // writes (or one inside another) would make every later update of it fail.
     let own = [
         ("count", "the rollup's event counter"),
         ("_id", "the rollup's key"),
         (store::STAMP_FIELD, "the ingest stamp"),
     ];
-    let stats = [
-        ("stats.value_field", &c.stats.value_field),
-        ("stats.topk_field", &c.stats.topk_field),
-    ];
-    for (key, path) in stats {
+    let stats = ::feeds::stats::fields_read(&c.stats);
+    for (key, path) in &stats {
         for (field, what) in own {
             if overlaps(path, field) {
                 p.push(
-                    key,
+                    format!("stats.{key}"),
                     format!(
                         "{path:?} collides with `{field}`, {what}, in each source:<name> rollup (both are written on every event); choose another field"
                     ),
@@ -286,14 +293,17 @@ fn validate_ingest(c: &Config, p: &mut Problems) {
             }
         }
     }
-    let (value, topk) = (&c.stats.value_field, &c.stats.topk_field);
-    if value != topk && overlaps(value, topk) {
-        p.push(
-            "stats.topk_field",
-            format!(
-                "{topk:?} and stats.value_field {value:?} nest one inside the other: both are copied into each source:<name> rollup, so one would overwrite the other's parent; choose fields side by side"
-            ),
-        );
+    for (i, (key, path)) in stats.iter().enumerate() {
+        for (earlier_key, earlier) in &stats[..i] {
+            if overlaps(path, earlier) {
+                p.push(
+                    format!("stats.{key}"),
+                    format!(
+                        "{path:?} and stats.{earlier_key} {earlier:?} nest one inside the other: both are copied into each source:<name> rollup, so one would overwrite the other's parent; choose fields side by side"
+                    ),
+                );
+            }
+        }
     }
 }
 

@@ -33,7 +33,7 @@ pub use rollups::{coalesce_counters, rollups};
 pub use validate::{Rejection, dead_letter, validate};
 pub use write::StoreHealth;
 
-use write::{Refused, Written, write_isolating, write_together};
+use write::{Refused, Written, write_isolating, write_together, write_until_refused};
 
 use crate::source::{Raw, RejectReason};
 use crate::telemetry as t;
@@ -49,10 +49,10 @@ pub struct IngestOptions {
     pub max_event_bytes: usize,
     /// Fields whose values get `$inc` counters in `rollups` (`<field>:<value>` keys).
     pub rollup_fields: Vec<String>,
-    /// The numeric field copied into each `source:<name>` rollup (for change feeds).
-    pub value_field: String,
-    /// The top-k field copied into each `source:<name>` rollup (for change feeds).
-    pub topk_field: String,
+    /// The fields (dotted paths) copied from each event into its `source:<name>` rollup, which
+    /// change feeds read instead of the event: the fields the feeds' statistics declare they
+    /// read (`feeds::stats::fields_read`).
+    pub summary_fields: Vec<String>,
     /// Write concern of every write.
     pub durability: Durability,
 }
@@ -81,6 +81,15 @@ pub struct IngestStats {
     pub queue_depth: AtomicI64,
     /// Write latency of `events` batches since the last status line (µs).
     pub write_latency_us: Mutex<Option<hdrhistogram::Histogram<u64>>>,
+}
+
+/// Told of every batch whose events the store acknowledged: how many were stored, at which
+/// durability, and how long the write took as the ingester waited for it (its first
+/// attempt). The one place to watch the ingester's writes (the `ingest` statistics document,
+/// `tailrace bench insert`) without wrapping the collection it writes to.
+pub trait WriteObserver: Send + Sync + 'static {
+    /// One batch's events are stored and acknowledged.
+    fn events_written(&self, events: usize, durability: Durability, latency: Duration);
 }
 
 /// A batch ready for the store.
@@ -131,6 +140,8 @@ pub struct Ingester {
     pub stats: Arc<IngestStats>,
     /// Whether the store takes writes (for `/readyz` and the gauge).
     pub health: Arc<StoreHealth>,
+    /// Told of every batch written, if any.
+    pub observer: Option<Arc<dyn WriteObserver>>,
 }
 
 impl Ingester {
@@ -188,6 +199,36 @@ impl Ingester {
     /// sequence continues after it, and the events that never committed are counted as
     /// missing by tailable feeds.
     async fn recover_source(&self, source: &str) -> Result<u64, StoreError> {
+        /// Newest dead letters looked at for a store-refused event's sequence number (those of
+        /// records that were not events, which carry none, may be newer).
+        const LETTERS_LOOK_BACK: usize = 256;
+        let letters = match self
+            .dead_letters
+            .latest("source", &json!(source), LETTERS_LOOK_BACK)
+            .await
+        {
+            Ok(letters) => letters,
+            // A dead-letters collection opened without the index (by a library user; the
+            // pipeline always has it) cannot answer, and asking again will not help: the
+            // sequence then continues after the stored events only.
+            Err(e @ StoreError::NotIndexed { .. }) => {
+                t::Problem {
+                    component: "ingester",
+                    error_type: "store_read",
+                    detail: &format!(
+                        "source {source}: {e}; a store-refused event's sequence number may be \
+                         given again after a restart (index `source` on the dead letters)"
+                    ),
+                }
+                .warn();
+                Vec::new()
+            }
+            Err(e) => return Err(e),
+        };
+        let refused_seq = letters
+            .iter()
+            .filter_map(|r| r.doc.get("seq").and_then(Value::as_u64))
+            .max();
         let newest_event = self
             .events
             .latest(STAMP_SOURCE_PATH, &json!(source), 1)
@@ -208,7 +249,10 @@ impl Ingester {
                     .await?;
             }
         }
-        Ok(newest_event.max(rollup_seq).map_or(1, |s| s + 1))
+        Ok(newest_event
+            .max(rollup_seq)
+            .max(refused_seq)
+            .map_or(1, |s| s + 1))
     }
 
     async fn repair_rollups(
@@ -219,11 +263,14 @@ impl Ingester {
     ) -> Result<(), StoreError> {
         const MAX_REPAIR: u64 = 100_000;
         if behind > MAX_REPAIR {
-            tracing::warn!(
-                source,
-                behind,
-                "rollups are too far behind the events to repair; change feeds will count the difference as missing"
-            );
+            t::Problem {
+                component: "ingester",
+                error_type: "rollups_behind",
+                detail: &format!(
+                    "source {source}: rollups are {behind} events behind the events, too far to repair; change feeds will count the difference as missing"
+                ),
+            }
+            .warn();
             return Ok(());
         }
         let newest_first = self
@@ -319,7 +366,12 @@ impl Ingester {
         drop(to_write);
         for (stage, task) in [("events", writer), ("rollups", roller)] {
             if let Err(e) = task.await {
-                tracing::error!(error = %e, stage, "a writing task of the ingester failed");
+                t::Problem {
+                    component: "ingester",
+                    error_type: "task_failed",
+                    detail: &format!("the {stage} stage of the ingester failed: {e}"),
+                }
+                .error();
             }
         }
         tracing::info!("ingester flushed and stopped");
@@ -353,7 +405,12 @@ impl Ingester {
                                     Ok(s) => break s,
                                     Err(e) => {
                                         let wait = backoff.next_wait();
-                                        tracing::error!(source = %h.source, error = %e, retry_in = ?wait, "cannot read the last sequence number; retrying");
+                                        t::Problem {
+                                            component: "ingester",
+                                            error_type: "store_read",
+                                            detail: &format!("source {}: cannot read the last sequence number ({e}); retrying in {wait:?}", h.source),
+                                        }
+                                        .error();
                                         tokio::time::sleep(wait).await;
                                     }
                                 }
@@ -470,13 +527,34 @@ impl Ingester {
         for (i, stage) in stages.iter().enumerate() {
             let last = i + 1 == stages.len();
             let durability = if last { d } else { interim };
-            let part = take_front(&mut docs, stage.events.len());
-            let written = write_isolating(self.events.name(), part, &self.health, |docs| {
-                let events = self.events.clone();
-                async move { events.append(docs, durability).await.map(|_| ()) }
-            })
-            .await;
-            events.absorb(written, stage.events.start);
+            let mut part = take_front(&mut docs, stage.events.len());
+            let mut at = stage.events.start;
+            // An event the store refuses becomes a dead letter before any later event is
+            // written: hand-over order holds for it too.
+            loop {
+                let sent = part.len();
+                let (written, rest) =
+                    write_until_refused(self.events.name(), part, &self.health, |docs| {
+                        let events = self.events.clone();
+                        async move { events.append(docs, durability).await.map(|_| ()) }
+                    })
+                    .await;
+                let letters: Vec<Document> = written
+                    .refused
+                    .iter()
+                    .map(|r| Self::store_rejected_letter(self.events.name(), &r.item, &r.error))
+                    .collect();
+                events.absorb(written, at);
+                if !letters.is_empty() {
+                    let kept = self.write_letters(letters, durability).await;
+                    dead_letters.absorb(kept, 0);
+                }
+                if rest.is_empty() {
+                    break;
+                }
+                at += sent - rest.len();
+                part = rest;
+            }
             let letters = take_front(&mut dead, stage.letters.len());
             let written = self.write_letters(letters, durability).await;
             dead_letters.absorb(written, stage.letters.start);
@@ -501,6 +579,30 @@ impl Ingester {
             updates,
             last_seq,
         })
+    }
+
+    /// The dead letter of an event the store refused (reason `store_rejected`): the stamped
+    /// event as it was sent to the store, and the store's reason.
+    fn store_rejected_letter(collection: &str, doc: &Document, error: &StoreError) -> Document {
+        let stamp = Stamp::of(doc);
+        let source = stamp.as_ref().map_or("", |s| s.source.as_str());
+        let bytes = serde_json::to_vec(doc).unwrap_or_default();
+        let rejection = Rejection {
+            reason: RejectReason::StoreRejected,
+            detail: format!("{collection}: {error}"),
+        };
+        let received = stamp.as_ref().map_or(0, |s| s.received_us);
+        let mut letter = dead_letter(source, &rejection, &bytes, received);
+        if let Some(stamp) = stamp {
+            // Its sequence number was given, and its source moved past it: a restart
+            // continues after both (`stored_position`, `recover_source`), as after a stored
+            // event.
+            letter.insert("seq".into(), json!(stamp.seq));
+            if let Some(p) = stamp.position {
+                letter.insert("position".into(), p);
+            }
+        }
+        letter
     }
 
     /// The third stage: writes the rollups of a batch whose events are written, then accounts
@@ -550,7 +652,8 @@ impl Ingester {
         self.stats
             .written
             .fetch_add(stored as i64, Ordering::Relaxed);
-        let mut letters = Vec::with_capacity(events.refused.len());
+        // Events the store refused: their dead letters were written in their place, in
+        // hand-over order (`write_events`); here they are counted.
         for Refused {
             item: doc, error, ..
         } in &events.refused
@@ -571,26 +674,11 @@ impl Ingester {
                 reason: RejectReason::StoreRejected,
             }
             .emit();
-            let bytes = serde_json::to_vec(doc).unwrap_or_default();
-            let rejection = Rejection {
-                reason: RejectReason::StoreRejected,
-                detail: format!("{events_name}: {error}"),
-            };
-            let received = stamp.as_ref().map_or(0, |s| s.received_us);
-            letters.push(dead_letter(source, &rejection, &bytes, received));
         }
         self.stats
             .rejected
-            .fetch_add(letters.len() as i64, Ordering::Relaxed);
-        let mut lost = dead_letters.refused;
-        if !letters.is_empty() {
-            let more = write_isolating(self.dead_letters.name(), letters, &self.health, |dead| {
-                let letters = self.dead_letters.clone();
-                async move { letters.append(dead, d).await.map(|_| ()) }
-            })
-            .await;
-            lost.extend(more.refused);
-        }
+            .fetch_add(events.refused.len() as i64, Ordering::Relaxed);
+        let lost = dead_letters.refused;
         for Refused {
             item: letter,
             error,
@@ -624,6 +712,9 @@ impl Ingester {
             .emit();
         }
         if let Some(latency) = events.latency {
+            if let Some(o) = &self.observer {
+                o.events_written(stored, d, latency);
+            }
             if let Ok(mut h) = self.stats.write_latency_us.lock()
                 && let Some(h) = h.as_mut()
             {
@@ -658,11 +749,11 @@ impl Ingester {
 }
 
 /// A batch of at most this many events commits its events and rollups together where the
-/// engine can. One commit instead of two pays where commits are many and small: `bench
-/// insert`, single client, six alternating pairs, medians: +21-25 % events/s, -21-26 % CPU per
-/// event, tail notification p50 170 → 60 µs. A large batch keeps two commits: its feeds get
-/// the events while the writer is still on their rollups, and waiting for both cost the
-/// batched runs tail notification p99 9 → 74 ms and gained nothing (-1 to -7 % events/s).
+/// engine can. One commit instead of two pays where commits are many and small (a slow
+/// stream, a single client): half the commits, syncs and wake-ups of the feeds. A large batch
+/// keeps two commits: its feeds get the events while the writer is still on their rollups,
+/// where waiting for both held every event of the batch back by the rollups' commit and
+/// gained no throughput.
 const JOINT_MAX_EVENTS: usize = 64;
 
 /// The durability of a batch's stages before its last (see `write_events`): one log

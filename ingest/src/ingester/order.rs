@@ -6,7 +6,7 @@
 //! two appends; if a dead letter were committed after events the source handed over *after*
 //! it, a crash between the two commits would leave the dead letter out while the newer events
 //! are in, and the restart would resume past the bad record: it would be lost for good (the
-//! torture test, `ingest/tests/torture.rs`, found exactly this). The other way round, a dead
+//! torture test, `tailrace/tests/torture.rs`, found exactly this). The other way round, a dead
 //! letter committed before older events, would lose those events.
 //!
 //! So a batch is written in stages, in hand-over order: the events up to the first rejected
@@ -191,13 +191,13 @@ mod tests {
                 batch_max_wait: Duration::from_millis(50),
                 max_event_bytes: 65_536,
                 rollup_fields: vec![],
-                value_field: "retweet_count".into(),
-                topk_field: "hashtags".into(),
+                summary_fields: vec!["retweet_count".into(), "hashtags".into()],
                 durability: Durability::Acknowledged,
             },
             engine: "embedded",
             stats: Arc::new(IngestStats::default()),
             health: Arc::new(StoreHealth::new()),
+            observer: None,
         }
     }
 
@@ -304,5 +304,38 @@ mod tests {
             [2, 4],
             "every dead letter once"
         );
+    }
+
+    /// Before: a dead-letters collection opened without the `source` index (as a library user
+    /// may) made reading a source's last sequence number fail, and the ingester retried it
+    /// forever without storing an event.
+    #[tokio::test]
+    async fn dead_letters_without_the_source_index_do_not_stop_ingestion() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+        let spec = |indexes: &[&str]| CappedSpec {
+            max_docs: 1000,
+            max_bytes: 1 << 24,
+            indexes: indexes.iter().map(|i| i.to_string()).collect(),
+        };
+        let events = store
+            .capped("events", &spec(&[store::STAMP_SOURCE_PATH]))
+            .await
+            .unwrap();
+        let letters = store.capped("dead_letters", &spec(&[])).await.unwrap();
+        let rollups = store.keyed("rollups").await.unwrap();
+        let (tx, rx) = mpsc::channel(16);
+        for h in file_lines(0) {
+            tx.send(h).await.unwrap();
+        }
+        drop(tx);
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            ingester(&events, letters.clone(), &rollups).run(rx),
+        )
+        .await
+        .expect("the ingester stores the events and ends with its input");
+        assert_eq!(lines(&events, "line").await, [1, 3, 5]);
+        assert_eq!(lines(&letters, "raw").await, [2, 4]);
     }
 }

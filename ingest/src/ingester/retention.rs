@@ -48,7 +48,12 @@ pub async fn sweep_rollups(
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(field = %field, error = %e, "could not remove idle rollup keys; trying again later");
+                        t::Problem {
+                            component: "retention",
+                            error_type: "store_write",
+                            detail: &format!("could not remove idle rollup keys of {field} ({e}); trying again later"),
+                        }
+                        .warn();
                         break;
                     }
                 }

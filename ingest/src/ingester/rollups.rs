@@ -1,7 +1,7 @@
 //! The `rollups` collection: per-value `$inc` counters of the configured fields, and one
-//! `source:<name>` summary per source that change feeds read (its stamp, value and top-k
-//! fields are copied from each event, so a change feed computes the statistics a tailable
-//! feed computes).
+//! `source:<name>` summary per source that change feeds read (its stamp and the fields the
+//! statistics read are copied from each event, so a change feed computes the statistics a
+//! tailable feed computes).
 
 use std::collections::HashMap;
 
@@ -23,11 +23,13 @@ pub fn rollups(doc: &Document, source: &str, o: &IngestOptions, out: &mut Vec<Ke
         }
         summary = summary.and_set(STAMP_FIELD, stamp);
     }
-    // When one field lies inside the other (`a` and `a.b`), a null for the outer one would
-    // make setting the inner one fail: such fields are only set when present, as before.
-    let nested =
-        is_inside(&o.value_field, &o.topk_field) || is_inside(&o.topk_field, &o.value_field);
-    for field in [&o.value_field, &o.topk_field] {
+    for field in &o.summary_fields {
+        // When one field lies inside another (`a` and `a.b`), a null for the outer one would
+        // make setting the inner one fail: such fields are only set when present.
+        let nested = o
+            .summary_fields
+            .iter()
+            .any(|other| is_inside(field, other) || is_inside(other, field));
         match get_path(doc, field) {
             Some(v) => summary = summary.and_set(field.clone(), v.clone()),
             // An event without the field sets it to null: left alone, the summary would keep
@@ -160,8 +162,7 @@ mod tests {
             batch_max_wait: Duration::ZERO,
             max_event_bytes: 1000,
             rollup_fields: vec!["lang".into(), "hashtags".into()],
-            value_field: "retweet_count".into(),
-            topk_field: "hashtags".into(),
+            summary_fields: vec!["retweet_count".into(), "hashtags".into()],
             durability: Durability::Acknowledged,
         };
         let doc = json!({"lang": "EN", "hashtags": ["Rust", "db"], "retweet_count": 4,
@@ -194,8 +195,7 @@ mod tests {
             batch_max_wait: Duration::ZERO,
             max_event_bytes: 1000,
             rollup_fields: vec![],
-            value_field: "length.new".into(),
-            topk_field: "tags".into(),
+            summary_fields: vec!["length.new".into(), "tags".into()],
             durability: Durability::Acknowledged,
         };
         let edit = json!({"length": {"old": 10, "new": 12}, "tags": [{"name": "rust"}]});
@@ -216,8 +216,7 @@ mod tests {
 
         // Nested fields (`a` and `a.b`): an absent one is left alone, so the update applies.
         let nested = IngestOptions {
-            value_field: "a.b".into(),
-            topk_field: "a".into(),
+            summary_fields: vec!["a.b".into(), "a".into()],
             ..o
         };
         let mut summary = Document::new();

@@ -140,8 +140,43 @@ pub(super) async fn write_isolating<T, F, Fut>(
     collection: &str,
     items: Vec<T>,
     health: &Arc<StoreHealth>,
-    mut write: F,
+    write: F,
 ) -> Written<T>
+where
+    T: Clone,
+    F: FnMut(Vec<T>) -> Fut,
+    Fut: Future<Output = Result<(), StoreError>>,
+{
+    write_ordered(collection, items, health, write, false)
+        .await
+        .0
+}
+
+/// [`write_isolating`] up to the first item the store refuses: every item before it is
+/// written, it is in the answer's `refused`, and the items after it come back unwritten, in
+/// order. A caller that must keep something of the refused item before the later ones are
+/// written (a dead letter, in hand-over order) does that and calls again with the rest.
+pub(super) async fn write_until_refused<T, F, Fut>(
+    collection: &str,
+    items: Vec<T>,
+    health: &Arc<StoreHealth>,
+    write: F,
+) -> (Written<T>, Vec<T>)
+where
+    T: Clone,
+    F: FnMut(Vec<T>) -> Fut,
+    Fut: Future<Output = Result<(), StoreError>>,
+{
+    write_ordered(collection, items, health, write, true).await
+}
+
+async fn write_ordered<T, F, Fut>(
+    collection: &str,
+    items: Vec<T>,
+    health: &Arc<StoreHealth>,
+    mut write: F,
+    stop_at_refusal: bool,
+) -> (Written<T>, Vec<T>)
 where
     T: Clone,
     F: FnMut(Vec<T>) -> Fut,
@@ -153,16 +188,44 @@ where
         unwritten: 0,
     };
     if items.is_empty() {
-        return out;
+        return (out, Vec::new());
     }
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     // Ranges still to write, in order (the next one last).
     let mut todo: Vec<Range<usize>> = Vec::with_capacity(8);
     todo.push(0..items.len());
     let mut refused: Vec<(usize, StoreError)> = Vec::new();
-    while let Some(range) = todo.pop() {
+    while let Some(mut range) = todo.pop() {
+        if stop_at_refusal && !refused.is_empty() {
+            todo.push(range);
+            break;
+        }
         let started = Instant::now();
-        match write(items[range.clone()].to_vec()).await {
+        let mut result = write(items[range.clone()].to_vec()).await;
+        if let Err(StoreError::PartlyWritten { written, error }) = result {
+            // The first `written` items are stored for good (an engine that cannot undo a
+            // partial write): never write them again. The next one failed with `error`.
+            let written = written.min(range.len());
+            if written > 0 {
+                health.succeeded(collection);
+                out.latency.get_or_insert(started.elapsed());
+            }
+            range.start += written;
+            if range.is_empty() {
+                continue;
+            }
+            if !error.is_transient() && !matches!(*error, StoreError::Closed) {
+                // Ordered: the first item of what is left is the one refused.
+                health.succeeded(collection);
+                refused.push((range.start, *error));
+                if range.len() > 1 {
+                    todo.push(range.start + 1..range.end);
+                }
+                continue;
+            }
+            result = Err(*error);
+        }
+        match result {
             Ok(()) => {
                 health.succeeded(collection);
                 backoff.reset();
@@ -170,6 +233,7 @@ where
             }
             Err(StoreError::Closed) => {
                 out.unwritten += range.len() + todo.iter().map(|r| r.len()).sum::<usize>();
+                todo.clear();
                 break;
             }
             Err(e) if e.is_transient() => {
@@ -213,7 +277,13 @@ where
             error,
         })
         .collect();
-    out
+    // What is left, in order: the ranges still to write, the next one last.
+    let rest = todo
+        .iter()
+        .rev()
+        .flat_map(|r| items[r.clone()].iter().cloned())
+        .collect();
+    (out, rest)
 }
 
 /// Writes a batch's events and their rollup updates in one commit: one commit (one sync, one
@@ -348,6 +418,99 @@ mod tests {
             .unwrap();
         assert!(out.refused.is_empty());
         assert_eq!(health.unwritable_reason(), None);
+    }
+
+    /// An engine that writes in order and cannot undo a partial write (MongoDB's ordered
+    /// inserts into a capped collection) stores everything before a refused item; that part
+    /// is never written again, the refused item is the one after it, and a write that fails
+    /// for a passing reason part way resumes after what it stored.
+    #[tokio::test(start_paused = true)]
+    async fn what_a_partial_write_stored_is_never_written_again() {
+        let health = Arc::new(StoreHealth::new());
+        let stored: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+        let outage = Mutex::new(true);
+        let items: Vec<u32> = (0..10).collect();
+        let out = write_isolating("events", items, &health, |chunk: Vec<u32>| {
+            let mut result = Ok(());
+            let mut written = 0;
+            for item in &chunk {
+                if *item == 4 {
+                    result = Err(engine("invalid key: \"$x\""));
+                    break;
+                }
+                if *item == 7 && std::mem::replace(&mut *outage.lock().unwrap(), false) {
+                    result = Err(StoreError::Unavailable {
+                        engine: "mongodb",
+                        message: "connection lost".into(),
+                    });
+                    break;
+                }
+                stored.lock().unwrap().push(*item);
+                written += 1;
+            }
+            let result = result.map_err(|error| StoreError::PartlyWritten {
+                written,
+                error: Box::new(error),
+            });
+            async move { result }
+        })
+        .await;
+        let refused: Vec<u32> = out.refused.iter().map(|r| r.item).collect();
+        assert_eq!(
+            refused,
+            [4],
+            "the item after the stored ones is the refused one"
+        );
+        let expected: Vec<u32> = (0..10).filter(|i| *i != 4).collect();
+        assert_eq!(
+            *stored.lock().unwrap(),
+            expected,
+            "each stored once, in order"
+        );
+        assert_eq!(out.unwritten, 0);
+        assert_eq!(health.unwritable_reason(), None);
+    }
+
+    /// Up to the first refusal, on an engine that commits all or nothing (halves) and on one
+    /// that stores a prefix: the items before the refused one are written, the ones after it
+    /// come back unwritten, in order.
+    #[tokio::test]
+    async fn writing_stops_at_the_first_refused_item_and_hands_back_the_rest() {
+        for partial in [false, true] {
+            let health = Arc::new(StoreHealth::new());
+            let stored: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+            let items: Vec<u32> = (0..10).collect();
+            let (out, rest) = write_until_refused("events", items, &health, |chunk: Vec<u32>| {
+                let result = match chunk.iter().position(|i| *i == 3 || *i == 8) {
+                    None => {
+                        stored.lock().unwrap().extend(&chunk);
+                        Ok(())
+                    }
+                    Some(at) if partial => {
+                        stored.lock().unwrap().extend(&chunk[..at]);
+                        Err(StoreError::PartlyWritten {
+                            written: at,
+                            error: Box::new(engine("refused")),
+                        })
+                    }
+                    Some(_) => Err(engine("refused")),
+                };
+                async move { result }
+            })
+            .await;
+            let refused: Vec<u32> = out.refused.iter().map(|r| r.item).collect();
+            assert_eq!(
+                refused,
+                [3],
+                "partial={partial}: stops at the first refusal"
+            );
+            assert_eq!(*stored.lock().unwrap(), [0, 1, 2], "partial={partial}");
+            assert_eq!(
+                rest,
+                [4, 5, 6, 7, 8, 9],
+                "partial={partial}: the rest, in order"
+            );
+        }
     }
 
     #[tokio::test]

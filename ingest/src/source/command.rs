@@ -137,12 +137,13 @@ fn run(name: String, o: CommandOptions) -> impl Stream<Item = Raw> + Send + 'sta
             let mut child = match spawned {
                 Ok(c) => c,
                 Err(e) => {
-                    tracing::error!(source = %name, program = %o.program, error = %e, "cannot start the program");
+                    let detail = format!("cannot start the program: {e}");
                     if !o.restart {
+                        t::SourceProblem { source: &name, error_type: t::SourceErrorType::Setup, detail, ends: true }.emit();
                         return;
                     }
                     let delay = backoff.next_wait();
-                    t::SourceReconnecting { source: &name, reason: ReconnectReason::Exited, delay }.emit();
+                    t::SourceReconnecting { source: &name, target: &o.program, reason: ReconnectReason::Exited, detail, delay }.emit();
                     tokio::time::sleep(delay).await;
                     continue;
                 }
@@ -181,16 +182,22 @@ fn run(name: String, o: CommandOptions) -> impl Stream<Item = Raw> + Send + 'sta
             // Standard output closed: the program exited or is about to.
             let status = child.wait().await;
             running.down();
-            match &status {
-                Ok(s) if s.success() => tracing::info!(source = %name, program = %o.program, "program exited"),
-                Ok(s) => tracing::warn!(source = %name, program = %o.program, status = %s, "program failed"),
-                Err(e) => tracing::warn!(source = %name, program = %o.program, error = %e, "cannot wait for the program"),
-            }
+            let detail = match &status {
+                Ok(s) if s.success() => "program exited".to_owned(),
+                Ok(s) => format!("program failed ({s})"),
+                Err(e) => format!("cannot wait for the program: {e}"),
+            };
             if !o.restart {
+                if matches!(&status, Ok(s) if s.success()) {
+                    // A program run once ends its source when it exits: not a problem.
+                    tracing::info!(source = %name, program = %o.program, "{detail}; the source ends");
+                } else {
+                    t::SourceProblem { source: &name, error_type: t::SourceErrorType::Program, detail, ends: true }.emit();
+                }
                 return;
             }
             let delay = backoff.next_wait();
-            t::SourceReconnecting { source: &name, reason: ReconnectReason::Exited, delay }.emit();
+            t::SourceReconnecting { source: &name, target: &o.program, reason: ReconnectReason::Exited, detail, delay }.emit();
             tokio::time::sleep(delay).await;
         }
     }

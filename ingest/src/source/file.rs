@@ -37,6 +37,7 @@ use tokio::io::AsyncSeekExt;
 use super::framing::{self, LineFramer};
 use super::{BuildContext, Positioned, Raw, Source, SourceError, SourceSettings};
 use crate::config::Problems;
+use crate::telemetry as t;
 
 /// How fast a file source replays its events (`pace`).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
@@ -288,9 +289,15 @@ impl Source for FileSource {
     fn resume(&mut self, position: &serde_json::Value) {
         match FilePosition::deserialize(position) {
             Ok(p) => self.options.start = Some(p),
-            Err(e) => {
-                tracing::warn!(source = %self.name, error = %e, "the stored position is not a file position; reading from the start")
+            Err(e) => t::SourceProblem {
+                source: &self.name,
+                error_type: t::SourceErrorType::ResumePosition,
+                detail: format!(
+                    "the stored position is not a file position ({e}); reading from the start"
+                ),
+                ends: false,
             }
+            .emit(),
         }
     }
 }
@@ -306,7 +313,7 @@ fn start_offset(name: &str, o: &FileOptions, id: (u64, u64), len: u64, gz: bool)
         return 0;
     }
     if !gz && p.offset > len {
-        tracing::warn!(source = %name, path = %o.path.display(), offset = p.offset, len, "the file is shorter than the stored position (truncated); reading it from the start");
+        t::SourceProblem { source: name, error_type: t::SourceErrorType::ResumePosition, detail: format!("{}: the file ({len} bytes) is shorter than the stored position ({}): truncated; reading it from the start", o.path.display(), p.offset), ends: false }.emit();
         return 0;
     }
     tracing::info!(source = %name, path = %o.path.display(), offset = p.offset, "continuing after the stored position");
@@ -323,7 +330,7 @@ fn once(name: String, o: FileOptions) -> impl Stream<Item = Positioned> + Send +
         let mut file = match tokio::fs::File::open(&o.path).await {
             Ok(f) => f,
             Err(e) => {
-                tracing::error!(source = %name, path = %o.path.display(), error = %e, "cannot open the file; the source ends");
+                t::SourceProblem { source: &name, error_type: t::SourceErrorType::Io, detail: format!("{}: cannot open the file: {e}", o.path.display()), ends: true }.emit();
                 return;
             }
         };
@@ -333,7 +340,7 @@ fn once(name: String, o: FileOptions) -> impl Stream<Item = Positioned> + Send +
         let gz = is_gz(&o.path);
         let start = start_offset(&name, &o, id, len, gz);
         if start > 0 && !gz && let Err(e) = file.seek(std::io::SeekFrom::Start(start)).await {
-            tracing::error!(source = %name, path = %o.path.display(), error = %e, "cannot seek to the stored position; the source ends");
+            t::SourceProblem { source: &name, error_type: t::SourceErrorType::Io, detail: format!("{}: cannot seek to the stored position: {e}", o.path.display()), ends: true }.emit();
             return;
         }
         tracing::info!(source = %name, path = %o.path.display(), "replaying");
@@ -348,7 +355,7 @@ fn once(name: String, o: FileOptions) -> impl Stream<Item = Positioned> + Send +
             // A compressed stream cannot seek: decompress up to the position.
             let skipped = tokio::io::copy(&mut (&mut reader).take(start), &mut tokio::io::sink()).await;
             if !matches!(skipped, Ok(n) if n == start) {
-                tracing::error!(source = %name, path = %o.path.display(), "the file ends before the stored position; the source ends");
+                t::SourceProblem { source: &name, error_type: t::SourceErrorType::ResumePosition, detail: format!("{}: the file ends before the stored position", o.path.display()), ends: true }.emit();
                 return;
             }
         }
@@ -359,7 +366,7 @@ fn once(name: String, o: FileOptions) -> impl Stream<Item = Positioned> + Send +
             let frame = match frame {
                 Ok(f) => f,
                 Err(e) => {
-                    tracing::error!(source = %name, path = %o.path.display(), error = %e, "read failed; the source ends here");
+                    t::SourceProblem { source: &name, error_type: t::SourceErrorType::Io, detail: format!("{}: read failed: {e}", o.path.display()), ends: true }.emit();
                     break;
                 }
             };
@@ -415,7 +422,13 @@ fn watch(name: &str, path: &Path) -> (Option<notify::RecommendedWatcher>, mpsc::
     match watcher {
         Ok(w) => (Some(w), rx),
         Err(e) => {
-            tracing::warn!(source = %name, error = %e, "no file change notifications; re-checking every 5 s");
+            t::SourceProblem {
+                source: name,
+                error_type: t::SourceErrorType::Watch,
+                detail: format!("no file change notifications ({e}); re-checking every 5 s"),
+                ends: false,
+            }
+            .emit();
             (None, rx)
         }
     }
@@ -447,7 +460,7 @@ fn follow(name: String, mut o: FileOptions) -> impl Stream<Item = Positioned> + 
                 }
                 Err(e) => {
                     if !waiting_logged {
-                        tracing::warn!(source = %name, path = %o.path.display(), error = %e, "cannot open the file yet; waiting for it");
+                        t::SourceProblem { source: &name, error_type: t::SourceErrorType::Io, detail: format!("{}: cannot open the file yet ({e}); waiting for it", o.path.display()), ends: false }.emit();
                         waiting_logged = true;
                     }
                     wait_for_change(&mut changed, watcher.is_some()).await;
@@ -460,7 +473,7 @@ fn follow(name: String, mut o: FileOptions) -> impl Stream<Item = Positioned> + 
             let start = start_offset(&name, &o, fid, len, false);
             o.start = None;
             if start > 0 && let Err(e) = file.seek(std::io::SeekFrom::Start(start)).await {
-                tracing::error!(source = %name, path = %o.path.display(), error = %e, "cannot seek to the stored position; reading from the start");
+                t::SourceProblem { source: &name, error_type: t::SourceErrorType::Io, detail: format!("{}: cannot seek to the stored position ({e}); reading from the start", o.path.display()), ends: false }.emit();
             }
             tracing::info!(source = %name, path = %o.path.display(), "following");
             let mut framer = LineFramer::new(o.max_line);
@@ -513,7 +526,7 @@ fn follow(name: String, mut o: FileOptions) -> impl Stream<Item = Positioned> + 
                         }
                     }
                     Err(e) => {
-                        tracing::error!(source = %name, path = %o.path.display(), error = %e, "read failed; reopening");
+                        t::SourceProblem { source: &name, error_type: t::SourceErrorType::Io, detail: format!("{}: read failed ({e}); reopening", o.path.display()), ends: false }.emit();
                         wait_for_change(&mut changed, watcher.is_some()).await;
                         break 'read;
                     }

@@ -18,6 +18,7 @@ use tokio::io::AsyncRead;
 use tokio_util::codec::{Decoder, FramedRead};
 
 use super::{Raw, RejectReason};
+use crate::telemetry as t;
 
 /// Bytes of an over-long line or event kept in its dead letter (the dead letter keeps at
 /// most 4096 bytes anyway).
@@ -234,7 +235,13 @@ where
             let go = match r {
                 Ok(_) => true,
                 Err(e) => {
-                    tracing::error!(source = %source, error = %e, "read failed; the source ends here");
+                    t::SourceProblem {
+                        source: &source,
+                        error_type: t::SourceErrorType::Io,
+                        detail: format!("read failed: {e}"),
+                        ends: true,
+                    }
+                    .emit();
                     false
                 }
             };

@@ -413,15 +413,25 @@ impl Source for HttpSource {
     fn resume(&mut self, position: &serde_json::Value) {
         match (self.options.format, position.as_str()) {
             (HttpFormat::Sse, Some(id)) => self.options.last_event_id = Some(id.to_owned()),
-            (HttpFormat::Sse, None) => {
-                tracing::warn!(source = %self.name, "the stored position is not an SSE event id; starting without Last-Event-ID")
+            (HttpFormat::Sse, None) => t::SourceProblem {
+                source: &self.name,
+                error_type: t::SourceErrorType::ResumePosition,
+                detail:
+                    "the stored position is not an SSE event id; starting without Last-Event-ID"
+                        .into(),
+                ends: false,
             }
+            .emit(),
             (HttpFormat::Ndjson, _) if self.options.resume.is_none() => {}
             (HttpFormat::Ndjson, _) => match stored_cursor(position) {
                 Some(c) => self.options.start = Some(c),
-                None => {
-                    tracing::warn!(source = %self.name, "the stored position is not a cursor; connecting without one")
+                None => t::SourceProblem {
+                    source: &self.name,
+                    error_type: t::SourceErrorType::ResumePosition,
+                    detail: "the stored position is not a cursor; connecting without one".into(),
+                    ends: false,
                 }
+                .emit(),
             },
         }
     }
@@ -493,7 +503,7 @@ fn idle_bounded(
 
 /// The request headers: tailrace's `User-Agent`, then the configured ones (which may replace
 /// it); configured values are marked sensitive, so they are never printed.
-pub(crate) fn header_map(headers: &[(String, String)]) -> HeaderMap {
+pub(crate) fn header_map(source: &str, headers: &[(String, String)]) -> HeaderMap {
     let mut map = HeaderMap::new();
     map.insert(header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
     for (name, value) in headers {
@@ -505,7 +515,13 @@ pub(crate) fn header_map(headers: &[(String, String)]) -> HeaderMap {
             v.set_sensitive(true);
             map.insert(n, v);
         } else {
-            tracing::error!(header = %name, "invalid header name or value; not sent");
+            t::SourceProblem {
+                source,
+                error_type: t::SourceErrorType::Request,
+                detail: format!("header {name:?}: invalid name or value; not sent"),
+                ends: false,
+            }
+            .emit();
         }
     }
     map
@@ -541,11 +557,17 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Positioned> + Send + 
         {
             Ok(c) => c,
             Err(e) => {
-                tracing::error!(source = %name, error = %chain(e), "cannot build the HTTP client; the source stops");
+                t::SourceProblem {
+                    source: &name,
+                    error_type: t::SourceErrorType::Setup,
+                    detail: format!("cannot build the HTTP client: {}", chain(e)),
+                    ends: true,
+                }
+                .emit();
                 return;
             }
         };
-        let headers = header_map(&o.headers);
+        let headers = header_map(&name, &o.headers);
         let connected = t::SourceLink::new(&name);
         let mut backoff = Backoff::new(o.reconnect_min, o.reconnect_max);
         let mut sse = SseAssembler::new(o.max_line, o.last_event_id.clone()).with_events(o.events.clone());
@@ -578,15 +600,14 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Positioned> + Send + 
                     req = req.header(header::ACCEPT, "application/x-ndjson, application/jsonl, application/json;q=0.9, */*;q=0.5");
                 }
             }
-            let (ended, wait): (ReconnectReason, Option<Duration>) = match tokio::time::timeout(o.idle_timeout, req.send()).await {
+            let (ended, detail, wait): (ReconnectReason, String, Option<Duration>) = match tokio::time::timeout(o.idle_timeout, req.send()).await {
                 Err(_) => {
-                    tracing::warn!(source = %name, url = %shown_url, "no response headers within {} ms", o.idle_timeout.as_millis());
-                    (ReconnectReason::ConnectError, None)
+                    let detail = format!("no response headers within {} ms", o.idle_timeout.as_millis());
+                    (ReconnectReason::ConnectError, detail, None)
                 }
                 Ok(Err(e)) => {
                     let first = if ever_connected { "" } else { " (never connected yet: check the url and that the server is up)" };
-                    tracing::warn!(source = %name, url = %shown_url, error = %chain(e), "cannot connect{first}");
-                    (ReconnectReason::ConnectError, None)
+                    (ReconnectReason::ConnectError, format!("cannot connect{first}: {}", chain(e)), None)
                 }
                 Ok(Ok(mut resp)) if !resp.status().is_success() => {
                     let status = resp.status();
@@ -597,8 +618,8 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Positioned> + Send + 
                         .and_then(|v| retry_after(v, SystemTime::now()))
                         .map(|d| d.min(MAX_RETRY_AFTER));
                     let body = excerpt(&mut resp, o.idle_timeout).await;
-                    tracing::warn!(source = %name, url = %shown_url, status = %status, body = %body, retry_after = ?hint, "the server answered with an error");
-                    (ReconnectReason::HttpStatus, hint)
+                    let detail = format!("the server answered with an error: {status} {body}");
+                    (ReconnectReason::HttpStatus, detail, hint)
                 }
                 Ok(Ok(resp)) => {
                     ever_connected = true;
@@ -639,23 +660,20 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Positioned> + Send + 
                                     yield Positioned { position: at(&sse, &cursor), raw };
                                 }
                                 if e.kind() == std::io::ErrorKind::TimedOut {
-                                    tracing::warn!(source = %name, url = %shown_url, "stream stalled: {e}; reconnecting");
-                                    break ReconnectReason::IdleTimeout;
+                                    break (ReconnectReason::IdleTimeout, format!("stream stalled: {e}"));
                                 }
-                                tracing::warn!(source = %name, url = %shown_url, error = %e, "stream broke; reconnecting");
-                                break ReconnectReason::ReadError;
+                                break (ReconnectReason::ReadError, format!("stream broke: {e}"));
                             }
                             None => {
                                 if let Some(raw) = sse_finish(o.format, &mut sse, &mut skipped) {
                                     yield Positioned { position: at(&sse, &cursor), raw };
                                 }
-                                tracing::warn!(source = %name, url = %shown_url, "the server closed the stream; reconnecting");
-                                break ReconnectReason::Closed;
+                                break (ReconnectReason::Closed, "the server closed the stream".to_owned());
                             }
                         }
                     };
                     connected.down();
-                    (ended, None)
+                    (ended.0, ended.1, None)
                 }
             };
             let delay = match (wait, sse.retry()) {
@@ -663,7 +681,7 @@ fn run(name: String, o: HttpOptions) -> impl Stream<Item = Positioned> + Send + 
                 (None, Some(retry)) => backoff.next_from(retry),
                 (None, None) => backoff.next_wait(),
             };
-            t::SourceReconnecting { source: &name, reason: ended, delay }.emit();
+            t::SourceReconnecting { source: &name, target: &shown_url, reason: ended, detail, delay }.emit();
             tokio::time::sleep(delay).await;
         }
     }
@@ -781,7 +799,7 @@ mod tests {
 
     #[test]
     fn header_values_are_sensitive() {
-        let map = header_map(&[("authorization".into(), "Bearer s3cret".into())]);
+        let map = header_map("s", &[("authorization".into(), "Bearer s3cret".into())]);
         let v = map.get("authorization").unwrap();
         assert!(v.is_sensitive());
         assert!(!format!("{map:?}").contains("s3cret"));

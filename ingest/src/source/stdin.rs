@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::framing;
 use super::{BuildContext, Raw, Source, SourceError, SourceSettings};
 use crate::config::Problems;
+use crate::telemetry as t;
 
 /// Settings of the stdin source (`kind = "stdin"`): none beyond the name.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -81,7 +82,13 @@ impl Source for StdinSource {
                 }
             });
         if let Err(e) = spawned {
-            tracing::error!(source = %name, error = %e, "cannot start the stdin reader; the source ends");
+            t::SourceProblem {
+                source: &name,
+                error_type: t::SourceErrorType::Setup,
+                detail: format!("cannot start the stdin reader: {e}"),
+                ends: true,
+            }
+            .emit();
             return futures::stream::empty().boxed();
         }
         tracing::info!(source = %name, "reading standard input");

@@ -415,9 +415,13 @@ impl Source for WebSocketSource {
         }
         match stored_cursor(position) {
             Some(c) => self.options.start = Some(c),
-            None => {
-                tracing::warn!(source = %self.name, "the stored position is not a cursor; connecting without one")
+            None => t::SourceProblem {
+                source: &self.name,
+                error_type: t::SourceErrorType::ResumePosition,
+                detail: "the stored position is not a cursor; connecting without one".into(),
+                ends: false,
             }
+            .emit(),
         }
     }
 }
@@ -568,6 +572,7 @@ fn excerpt(body: &[u8]) -> String {
 /// The upgrade request: the URL (with the cursor), the default `User-Agent`, the headers
 /// (sensitive).
 fn request(
+    source: &str,
     url: &str,
     headers: &[(String, String)],
 ) -> Result<tungstenite::handshake::client::Request, tungstenite::Error> {
@@ -584,7 +589,13 @@ fn request(
                 v.set_sensitive(true);
                 map.insert(n, v);
             }
-            _ => tracing::error!(header = %name, "invalid header name or value; not sent"),
+            _ => t::SourceProblem {
+                source,
+                error_type: t::SourceErrorType::Request,
+                detail: format!("header {name:?}: invalid name or value; not sent"),
+                ends: false,
+            }
+            .emit(),
         }
     }
     Ok(req)
@@ -630,7 +641,13 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Positioned> + Se
         let target = match Target::parse(&o.url) {
             Ok(t) => t,
             Err(e) => {
-                tracing::error!(source = %name, url = %shown_url, error = %e, "the source stops");
+                t::SourceProblem {
+                    source: &name,
+                    error_type: t::SourceErrorType::Setup,
+                    detail: format!("{shown_url}: {e}"),
+                    ends: true,
+                }
+                .emit();
                 return;
             }
         };
@@ -654,33 +671,30 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Positioned> + Se
                 },
                 None => o.url.clone(),
             };
-            let (ended, wait): (ReconnectReason, Option<Duration>) = match request(&url, &o.headers) {
+            let (ended, detail, wait): (ReconnectReason, String, Option<Duration>) = match request(&name, &url, &o.headers) {
                 Err(e) => {
                     // Not a transient failure, but the stream must not end: log, back off, retry.
-                    tracing::error!(source = %name, url = %shown_url, error = %e, "cannot build the upgrade request");
-                    (ReconnectReason::ConnectError, None)
+                    (ReconnectReason::ConnectError, format!("cannot build the upgrade request: {e}"), None)
                 }
                 Ok(req) => match connect(&target, req, max_frame, o.connect_timeout).await {
                     Err(ConnectError::Status { status, retry_after, body }) => {
-                        tracing::warn!(source = %name, url = %shown_url, status = %status, body = %body, retry_after = ?retry_after, "the server refused the WebSocket upgrade");
-                        (ReconnectReason::HttpStatus, retry_after)
+                        let detail = format!("the server refused the WebSocket upgrade: {status} {body}");
+                        (ReconnectReason::HttpStatus, detail, retry_after)
                     }
                     Err(e) => {
                         let first = if ever_connected { "" } else { " (never connected yet: check the url and that the server is up)" };
-                        tracing::warn!(source = %name, url = %shown_url, error = %e, "cannot connect{first}");
-                        (ReconnectReason::ConnectError, None)
+                        (ReconnectReason::ConnectError, format!("cannot connect{first}: {e}"), None)
                     }
                     Ok(mut ws) => {
                         ever_connected = true;
                         connected.up();
                         tracing::info!(source = %name, url = %shown_url, "connected");
                         let mut healthy = false;
-                        let mut subscribed = true;
+                        let mut unsubscribed = None;
                         if let Some(sub) = &o.subscribe
                             && let Err(e) = ws.send(Message::text(sub.as_str())).await
                         {
-                            tracing::warn!(source = %name, url = %shown_url, error = %e, "cannot send the subscribe message; reconnecting");
-                            subscribed = false;
+                            unsubscribed = Some(format!("cannot send the subscribe message: {e}"));
                         }
                         let mut ping = o.ping_interval.filter(|p| !p.is_zero()).map(|p| {
                             let mut i = tokio::time::interval_at(Instant::now() + p, p);
@@ -689,8 +703,8 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Positioned> + Se
                         });
                         let mut deadline = Instant::now() + o.idle_timeout;
                         let ended = loop {
-                            if !subscribed {
-                                break ReconnectReason::ReadError;
+                            if let Some(detail) = unsubscribed.take() {
+                                break (ReconnectReason::ReadError, detail);
                             }
                             let next = tokio::select! {
                                 biased;
@@ -698,8 +712,7 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Positioned> + Se
                                 _ = tokio::time::sleep_until(deadline) => None,
                                 _ = async { match &mut ping { Some(p) => { p.tick().await; } None => std::future::pending().await } } => {
                                     if let Err(e) = ws.send(Message::Ping(Default::default())).await {
-                                        tracing::warn!(source = %name, url = %shown_url, error = %e, "cannot send a ping; reconnecting");
-                                        break ReconnectReason::ReadError;
+                                        break (ReconnectReason::ReadError, format!("cannot send a ping: {e}"));
                                     }
                                     continue;
                                 }
@@ -709,12 +722,11 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Positioned> + Se
                                     if let Some(cut) = ws.get_mut().tracker.take_cut() {
                                         yield Positioned { raw: finding_record(Some(cut), RejectReason::Truncated), position: at(&resumer) };
                                     }
-                                    tracing::warn!(source = %name, url = %shown_url, "no frame for {} ms: the connection is stalled; reconnecting", o.idle_timeout.as_millis());
-                                    break ReconnectReason::IdleTimeout;
+                                    let detail = format!("no frame for {} ms: the connection is stalled", o.idle_timeout.as_millis());
+                                    break (ReconnectReason::IdleTimeout, detail);
                                 }
                                 Some(None) => {
-                                    tracing::warn!(source = %name, url = %shown_url, "the connection ended; reconnecting");
-                                    break ReconnectReason::Closed;
+                                    break (ReconnectReason::Closed, "the connection ended".to_owned());
                                 }
                                 Some(Some(Ok(m))) => m,
                                 Some(Some(Err(e))) => {
@@ -723,11 +735,11 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Positioned> + Se
                                         tap.fill_prefix(o.idle_timeout.min(PREFIX_WAIT)).await;
                                     }
                                     let tracker = &mut tap.tracker;
-                                    match e {
+                                    let detail = match e {
                                         tungstenite::Error::Capacity(CapacityError::MessageTooLong { size, max_size }) => {
                                             let found = tracker.take_bad().filter(|f| matches!(f, Finding::TooLarge { .. }));
                                             yield Positioned { raw: finding_record(found, RejectReason::TooLarge), position: at(&resumer) };
-                                            tracing::warn!(source = %name, url = %shown_url, "a message of {size} bytes is over the limit of {max_size}; kept its first bytes as a dead letter; reconnecting (tungstenite cannot skip the rest of it)");
+                                            format!("a message of {size} bytes is over the limit of {max_size}; kept its first bytes as a dead letter (tungstenite cannot skip the rest of it)")
                                         }
                                         tungstenite::Error::Utf8(detail) => {
                                             // The tap finds every text message that is not UTF-8; what else
@@ -735,14 +747,13 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Positioned> + Se
                                             match tracker.take_bad().filter(|f| matches!(f, Finding::InvalidUtf8(_))) {
                                                 Some(found) => {
                                                     yield Positioned { raw: finding_record(Some(found), RejectReason::InvalidUtf8), position: at(&resumer) };
-                                                    tracing::warn!(source = %name, url = %shown_url, "a text message is not UTF-8 ({detail}); kept it as a dead letter; reconnecting (the protocol requires closing)");
+                                                    format!("a text message is not UTF-8 ({detail}); kept it as a dead letter (the protocol requires closing)")
                                                 }
-                                                None => tracing::warn!(source = %name, url = %shown_url, "the server closed the connection with a reason that is not UTF-8; reconnecting"),
+                                                None => "the server closed the connection with a reason that is not UTF-8".to_owned(),
                                             }
                                         }
                                         tungstenite::Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) if !tracker.mid_frame() => {
-                                            tracing::warn!(source = %name, url = %shown_url, "the server closed the connection without a close frame; reconnecting");
-                                            break ReconnectReason::Closed;
+                                            break (ReconnectReason::Closed, "the server closed the connection without a close frame".to_owned());
                                         }
                                         e => {
                                             if let Some(cut) = tracker.take_cut() {
@@ -753,10 +764,10 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Positioned> + Se
                                             } else {
                                                 e.to_string()
                                             };
-                                            tracing::warn!(source = %name, url = %shown_url, "read failed: {how}; reconnecting");
+                                            format!("read failed: {how}")
                                         }
-                                    }
-                                    break ReconnectReason::ReadError;
+                                    };
+                                    break (ReconnectReason::ReadError, detail);
                                 }
                             };
                             match message {
@@ -780,10 +791,9 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Positioned> + Se
                                         let reason: String = f.reason.chars().take(123).collect();
                                         format!("{} {}", u16::from(f.code), reason)
                                     }).unwrap_or_else(|| "no code".into());
-                                    tracing::warn!(source = %name, url = %shown_url, close = %why.trim_end(), "the server closed the connection; reconnecting");
                                     // Sends tungstenite's reply to the close and waits for the end.
                                     let _ = tokio::time::timeout(CLOSE_GRACE, ws.close(None)).await;
-                                    break ReconnectReason::Closed;
+                                    break (ReconnectReason::Closed, format!("the server closed the connection ({})", why.trim_end()));
                                 }
                                 Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => {}
                             }
@@ -797,12 +807,12 @@ fn run(name: String, o: WebSocketOptions) -> impl Stream<Item = Positioned> + Se
                             deadline = Instant::now() + o.idle_timeout;
                         };
                         connected.down();
-                        (ended, None)
+                        (ended.0, ended.1, None)
                     }
                 },
             };
             let delay = wait.unwrap_or_else(|| backoff.next_wait());
-            t::SourceReconnecting { source: &name, reason: ended, delay }.emit();
+            t::SourceReconnecting { source: &name, target: &shown_url, reason: ended, detail, delay }.emit();
             tokio::time::sleep(delay).await;
         }
     }

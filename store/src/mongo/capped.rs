@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use mongodb::action::Action;
 use mongodb::bson::{Bson, Document as BsonDoc, doc};
 use mongodb::error::ErrorKind;
 use mongodb::options::{CursorType, IndexOptions};
@@ -57,8 +58,11 @@ struct AckRange {
 pub(crate) struct AckRing {
     ranges: Mutex<VecDeque<AckRange>>,
     capacity: usize,
-    /// The highest position handed to an insert (what `Start::Now` starts after).
+    /// The highest position handed to an insert.
     allocated: AtomicU64,
+    /// The highest position acknowledged by the server (or found there at open): what
+    /// `Start::Now` starts after.
+    committed: AtomicU64,
     /// The highest position whose insert has finished, acknowledged or failed: a tail that
     /// reads a document before its writer heard the acknowledgment waits on this.
     resolved: watch::Sender<u64>,
@@ -71,6 +75,7 @@ impl AckRing {
             ranges: Mutex::new(VecDeque::new()),
             capacity: capacity.max(1),
             allocated: AtomicU64::new(newest),
+            committed: AtomicU64::new(newest),
             resolved: watch::Sender::new(newest),
         }
     }
@@ -80,6 +85,15 @@ impl AckRing {
         self.allocated.load(Ordering::Acquire)
     }
 
+    /// Where a tail opened "now" starts after: the newest position known to be on the
+    /// server. Not [`AckRing::allocated`]: positions in flight may be handed out again when
+    /// their insert fails (see [`AckRing::resync`]), and a tail starting after them would
+    /// never see the documents that re-use them. A group in flight that succeeds is then
+    /// yielded by such a tail, which is right: it was not visible when the tail opened.
+    pub(crate) fn now(&self) -> u64 {
+        self.committed.load(Ordering::Acquire)
+    }
+
     /// Hands out `n` consecutive positions. Only the collection's writer task calls this.
     pub(crate) fn allocate(&self, n: u64) -> (u64, u64) {
         let first = self.allocated.fetch_add(n, Ordering::AcqRel) + 1;
@@ -87,13 +101,19 @@ impl AckRing {
     }
 
     /// After a failed insert: continue after what the server really holds, so a failed group
-    /// leaves no gap (a gap right after a reader's position would look like eviction).
+    /// leaves no gap (a gap right after a reader's position would look like eviction). The
+    /// positions above it will be handed out again, so they are no longer "finished": a reader
+    /// of one waits for its new insert. (Nobody waits for the failed ones themselves: those
+    /// documents are not on the server, so no tail reads them.)
     pub(crate) fn resync(&self, newest_on_server: u64) {
         self.allocated.store(newest_on_server, Ordering::Release);
+        self.resolved
+            .send_modify(|r| *r = (*r).min(newest_on_server));
     }
 
     /// Records an acknowledged range and wakes tails waiting for it.
     pub(crate) fn acked(&self, first: u64, last: u64, at_us: i64) {
+        self.committed.fetch_max(last, Ordering::AcqRel);
         if let Ok(mut ranges) = self.ranges.lock() {
             ranges.push_back(AckRange { first, last, at_us });
             while ranges.len() > self.capacity {
@@ -219,6 +239,7 @@ async fn run_writer(
     write_timeout: Duration,
 ) {
     let mut carry: Option<AppendJob> = None;
+    let mut uncertain: Option<Uncertain> = None;
     loop {
         let first = match carry.take() {
             Some(job) => job,
@@ -243,26 +264,160 @@ async fn run_writer(
                 Err(_) => break,
             }
         }
-        write_group(&shared, group, level, write_timeout).await;
+        write_group(&shared, group, level, write_timeout, &mut uncertain).await;
     }
 }
 
-/// Inserts one group. On a write error at document `k` (ordered inserts stop there), the jobs
-/// wholly before `k` succeeded, the job holding `k` fails, and the jobs after it are retried
-/// with fresh positions: one bad document fails only its own caller.
+/// A group whose insert failed without the writer learning how far it got (the connection
+/// was lost, and the server could not be asked right after): its documents (without `_id`),
+/// from position `first` on. Its callers were told it failed, and retry; when the next group
+/// starts with the same documents, the ones the server had stored after all are not stored
+/// twice.
+struct Uncertain {
+    first: u64,
+    docs: Vec<BsonDoc>,
+}
+
+/// An append of a group, and the positions of its leading documents already on the server.
+struct Pending {
+    job: AppendJob,
+    stored: Vec<Position>,
+}
+
+impl Pending {
+    fn remaining(&self) -> usize {
+        self.job.docs.len() - self.stored.len()
+    }
+
+    /// Answers the caller: its positions, or `error` (as [`StoreError::PartlyWritten`] when
+    /// some of its documents are stored, which the caller must not write again).
+    fn answer(self, shared: &CappedShared, error: Option<StoreError>) {
+        match error {
+            None => {
+                if let Some(reply) = self.job.reply {
+                    let _ = reply.send(Ok(self.stored));
+                }
+            }
+            Some(error) if self.stored.is_empty() => fail_job(shared, self.job, error),
+            Some(error) => fail_job(
+                shared,
+                self.job,
+                StoreError::PartlyWritten {
+                    written: self.stored.len(),
+                    error: Box::new(error),
+                },
+            ),
+        }
+    }
+}
+
+fn without_id(d: &BsonDoc) -> BsonDoc {
+    let mut d = d.clone();
+    d.remove("_id");
+    d
+}
+
+/// Marks the first `n` remaining documents of the group as stored from position `first` on.
+fn mark_stored(pending: &mut VecDeque<Pending>, first: u64, n: usize) {
+    let mut p = first;
+    let mut left = n;
+    for job in pending.iter_mut() {
+        let take = job.remaining().min(left);
+        job.stored.extend((p..p + take as u64).map(Position));
+        p += take as u64;
+        left -= take;
+        if left == 0 {
+            break;
+        }
+    }
+}
+
+/// Before a group is inserted: of an earlier group whose outcome was not known, which
+/// documents did the server store? Those that this group starts with are taken as stored.
+/// `Err` when the server still cannot say (the group then fails as the earlier one did).
+async fn settle_uncertain(
+    shared: &CappedShared,
+    pending: &mut VecDeque<Pending>,
+    uncertain: &mut Option<Uncertain>,
+) -> Result<()> {
+    let Some(u) = uncertain.take() else {
+        return Ok(());
+    };
+    let newest = match newest_id(&shared.coll, &shared.name).await {
+        Ok(n) => n.unwrap_or(0),
+        Err(e) => {
+            *uncertain = Some(u);
+            return Err(e);
+        }
+    };
+    // One writer per collection: positions `first..=newest` are that group's own.
+    let landed = (newest + 1)
+        .saturating_sub(u.first)
+        .min(u.docs.len() as u64) as usize;
+    let mut matched = 0;
+    'group: for p in pending.iter_mut() {
+        while matched < landed && p.remaining() > 0 {
+            if without_id(&p.job.docs[p.stored.len()]) != u.docs[matched] {
+                break 'group;
+            }
+            p.stored.push(Position(u.first + matched as u64));
+            matched += 1;
+        }
+        if matched == landed {
+            break;
+        }
+    }
+    if matched < landed {
+        tracing::warn!(
+            collection = %shared.name, stored = landed - matched,
+            "documents of an insert whose outcome was unknown were stored after all, and were \
+             not sent again as they were: they may be stored twice"
+        );
+    }
+    shared.acks.resync(newest);
+    Ok(())
+}
+
+/// Inserts one group. On a write error at document `k` (ordered inserts stop there), the
+/// documents before `k` are stored, the append holding `k` fails (with
+/// [`StoreError::PartlyWritten`] when some of its documents are stored: a retry of the whole
+/// append would store those twice), and the appends after it are retried with fresh
+/// positions: one bad document fails only its own caller. When the insert fails without
+/// saying how far it got, the newest position on the server says.
 async fn write_group(
     shared: &CappedShared,
-    mut group: VecDeque<AppendJob>,
+    group: VecDeque<AppendJob>,
     level: Durability,
     write_timeout: Duration,
+    uncertain: &mut Option<Uncertain>,
 ) {
     let wc = write_concern(level, write_timeout);
-    while !group.is_empty() {
-        let total: usize = group.iter().map(|j| j.docs.len()).sum();
+    let mut pending: VecDeque<Pending> = group
+        .into_iter()
+        .map(|job| Pending {
+            job,
+            stored: Vec::new(),
+        })
+        .collect();
+    if let Err(e) = settle_uncertain(shared, &mut pending, uncertain).await {
+        for p in pending {
+            p.answer(shared, Some(e.duplicate("mongodb")));
+        }
+        return;
+    }
+    loop {
+        let total: usize = pending.iter().map(Pending::remaining).sum();
+        if total == 0 {
+            for p in pending {
+                p.answer(shared, None);
+            }
+            return;
+        }
         let (first, last) = shared.acks.allocate(total as u64);
         let mut next = first;
-        for job in group.iter_mut() {
-            for d in job.docs.iter_mut() {
+        for p in pending.iter_mut() {
+            let done = p.stored.len();
+            for d in p.job.docs[done..].iter_mut() {
                 if d.contains_key("_id") {
                     // A retry after a failed group: replaced in place (it is already first).
                     d.insert("_id", next as i64);
@@ -278,69 +433,88 @@ async fn write_group(
         // cursor follows; an unordered insert could also apply documents out of order.
         let result = shared
             .coll
-            .insert_many(group.iter().flat_map(|j| j.docs.iter()))
+            .insert_many(
+                pending
+                    .iter()
+                    .flat_map(|p| p.job.docs[p.stored.len()..].iter()),
+            )
             .ordered(true)
             .write_concern(wc.clone())
             .await;
-        match result {
+        let e = match result {
             Ok(_) => {
                 shared.acks.acked(first, last, now_us());
-                let mut p = first;
-                for job in group.drain(..) {
-                    let positions: Vec<Position> =
-                        (p..p + job.docs.len() as u64).map(Position).collect();
-                    p += job.docs.len() as u64;
-                    if let Some(reply) = job.reply {
-                        let _ = reply.send(Ok(positions));
-                    }
+                mark_stored(&mut pending, first, total);
+                for p in pending {
+                    p.answer(shared, None);
                 }
+                return;
             }
-            Err(e) => {
-                // Which document failed, when the server said (a write error, not a lost
-                // connection or an unmet write concern, after which nothing is known).
-                let failed_at = match &*e.kind {
-                    ErrorKind::InsertMany(m) if m.write_concern_error.is_none() => m
-                        .write_errors
-                        .as_ref()
-                        .and_then(|w| w.iter().map(|w| w.index).min()),
-                    _ => None,
-                };
-                match newest_id(&shared.coll, &shared.name).await {
-                    Ok(newest) => shared.acks.resync(newest.unwrap_or(0)),
-                    Err(re) => tracing::warn!(
-                        collection = %shared.name, error = %re,
-                        "could not re-read the newest position after a failed insert; a gap in positions may follow"
-                    ),
-                }
-                let Some(k) = failed_at else {
-                    shared.acks.resolve(last);
-                    for job in group.drain(..) {
-                        fail_job(shared, job, map_error(e.clone()));
-                    }
-                    return;
-                };
-                if k > 0 {
-                    shared.acks.acked(first, first + k as u64 - 1, now_us());
-                }
-                shared.acks.resolve(last);
-                let mut start = 0usize;
-                let mut p = first;
-                while let Some(job) = group.pop_front() {
-                    let len = job.docs.len();
-                    if start + len <= k {
-                        let positions = (p..p + len as u64).map(Position).collect();
-                        if let Some(reply) = job.reply {
-                            let _ = reply.send(Ok(positions));
-                        }
-                    } else {
-                        fail_job(shared, job, map_error(e.clone()));
-                        break;
-                    }
-                    start += len;
-                    p += len as u64;
-                }
-                // The rest never reached the server: retried in the next round.
+            Err(e) => e,
+        };
+        // Which document failed, when the server said (a write error, not a lost connection
+        // or an unmet write concern, after which nothing is known but what it holds).
+        let failed_at = match &*e.kind {
+            ErrorKind::InsertMany(m) if m.write_concern_error.is_none() => m
+                .write_errors
+                .as_ref()
+                .and_then(|w| w.iter().map(|w| w.index).min()),
+            _ => None,
+        };
+        let newest = newest_id(&shared.coll, &shared.name).await;
+        let stored = match (failed_at, &newest) {
+            (Some(k), _) => Some(k.min(total)),
+            (None, Ok(n)) => {
+                Some((n.unwrap_or(0) + 1).saturating_sub(first).min(total as u64) as usize)
             }
+            (None, Err(_)) => None,
+        };
+        if let Some(s) = stored.filter(|s| *s > 0) {
+            shared.acks.acked(first, first + s as u64 - 1, now_us());
+        }
+        // Every position of the group is finished (acknowledged or failed): wake the readers
+        // waiting on them. Then the ones not on the server are handed out again, so the
+        // resync comes after (it lowers what counts as finished).
+        shared.acks.resolve(last);
+        match (&newest, stored) {
+            (Ok(n), _) => shared.acks.resync(n.unwrap_or(0)),
+            (Err(_), Some(s)) => shared.acks.resync(first + s as u64 - 1),
+            (Err(re), None) => tracing::warn!(
+                collection = %shared.name, error = %re,
+                "could not re-read the newest position after a failed insert; the next insert \
+                 settles what this one stored"
+            ),
+        }
+        let Some(s) = stored else {
+            *uncertain = Some(Uncertain {
+                first,
+                docs: pending
+                    .iter()
+                    .flat_map(|p| p.job.docs[p.stored.len()..].iter().map(without_id))
+                    .collect(),
+            });
+            for p in pending {
+                p.answer(shared, Some(map_error(e.clone())));
+            }
+            return;
+        };
+        mark_stored(&mut pending, first, s);
+        // The appends wholly stored are done; the one holding the first document not stored
+        // fails; after a write error the rest never reached the server and go round again,
+        // after anything else they fail with it.
+        while pending.front().is_some_and(|p| p.remaining() == 0) {
+            if let Some(p) = pending.pop_front() {
+                p.answer(shared, None);
+            }
+        }
+        if let Some(p) = pending.pop_front() {
+            p.answer(shared, Some(map_error(e.clone())));
+        }
+        if failed_at.is_none() {
+            for p in pending {
+                p.answer(shared, Some(map_error(e.clone())));
+            }
+            return;
         }
     }
 }
@@ -519,17 +693,36 @@ pub(crate) async fn ensure_capped(db: &Database, name: &str, spec: &CappedSpec) 
     }
     if !spec.indexes.is_empty() {
         let coll = db.collection::<BsonDoc>(name);
-        let models = spec.indexes.iter().map(|field| {
+        let models = spec
+            .indexes
+            .iter()
+            .map(|field| (latest_index_name(field), latest_index_keys(field)))
+            .collect();
+        ensure_indexes(&coll, models).await?;
+    }
+    Ok(())
+}
+
+/// Creates the indexes (by name) that the collection lacks. Asking for the ones it has would
+/// be a no-op on MongoDB; FerretDB (1.24) answers it by dropping the connection (a panic in
+/// its `createIndexes`), so a restarted process could not open its collections.
+pub(crate) async fn ensure_indexes(
+    coll: &Collection<BsonDoc>,
+    wanted: Vec<(String, BsonDoc)>,
+) -> Result<()> {
+    let existing = coll.list_index_names().await?;
+    let missing: Vec<IndexModel> = wanted
+        .into_iter()
+        .filter(|(name, _)| !existing.contains(name))
+        .map(|(name, keys)| {
             IndexModel::builder()
-                .keys(latest_index_keys(field))
-                .options(
-                    IndexOptions::builder()
-                        .name(latest_index_name(field))
-                        .build(),
-                )
+                .keys(keys)
+                .options(IndexOptions::builder().name(name).build())
                 .build()
-        });
-        coll.create_indexes(models).await?;
+        })
+        .collect();
+    if !missing.is_empty() {
+        coll.create_indexes(missing).await?;
     }
     Ok(())
 }
@@ -610,27 +803,39 @@ pub(crate) struct MongoCapped {
 }
 
 impl MongoCapped {
-    /// The `limit` newest documents matching `query`, newest first (`limit` > 0: MongoDB reads
-    /// 0 as no limit).
-    async fn newest_first(&self, query: BsonDoc, limit: usize) -> Result<Vec<Record>> {
-        let mut cursor = self
-            .shared
-            .coll
-            .find(query)
-            .sort(doc! {"_id": -1})
-            .limit(i64::try_from(limit).unwrap_or(i64::MAX))
-            .await?;
+    /// The `limit` newest documents matching `query` (and `here`, evaluated in this process,
+    /// when given), newest first (`limit` > 0: MongoDB reads 0 as no limit). With `here` the
+    /// server cannot stop at `limit`, so documents are read in batches until enough match.
+    async fn newest_first(
+        &self,
+        query: BsonDoc,
+        here: Option<&Filter>,
+        limit: usize,
+    ) -> Result<Vec<Record>> {
+        let mut find = self.shared.coll.find(query).sort(doc! {"_id": -1});
+        if here.is_none() {
+            find = find.limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        }
+        let mut cursor = find.await?;
         let mut records = Vec::new();
-        while let Some(doc) = cursor.next().await {
+        while records.len() < limit
+            && let Some(doc) = cursor.next().await
+        {
             let doc = doc?;
             let position = position_of(&self.shared.name, &doc)?;
-            records.push(to_record(
-                &self.shared.name,
-                doc,
-                self.shared.acks.lookup(position),
-            )?);
+            let record = to_record(&self.shared.name, doc, self.shared.acks.lookup(position))?;
+            if here.is_none_or(|f| f.matches(&record.doc)) {
+                records.push(record);
+            }
         }
         Ok(records)
+    }
+
+    /// Whether document filters run on the server: only where it evaluates them as MongoDB
+    /// does ([`crate::Capability::ServerFilters`]); elsewhere they run here, with the same
+    /// meaning as on the embedded engine.
+    fn filters_on_server(&self) -> bool {
+        self.inner.capabilities.server_filters.is_yes()
     }
 }
 
@@ -676,8 +881,19 @@ impl Capped for MongoCapped {
     }
 
     fn tail_matching(&self, start: Start, filter: Filter) -> RecordStream {
+        if filter.is_match_all() {
+            return self.tail(start);
+        }
+        if !self.filters_on_server() {
+            let tail = self.tail(start);
+            return tail
+                .filter(move |r| {
+                    futures::future::ready(r.as_ref().map_or(true, |r| filter.matches(&r.doc)))
+                })
+                .boxed();
+        }
         // On the server: the tailable cursor's query, so non-matching documents never travel.
-        let query = (!filter.is_match_all()).then(|| filter_document(&filter));
+        let query = Some(filter_document(&filter));
         tail_stream(self.inner.clone(), self.shared.clone(), start, query)
     }
 
@@ -699,10 +915,15 @@ impl Capped for MongoCapped {
             });
         }
         let mut query = doc! {"_id": {"$lte": newest as i64}};
+        let mut here = None;
         if !filter.is_match_all() {
-            query = doc! {"$and": [query, filter_document(filter)]};
+            if self.filters_on_server() {
+                query = doc! {"$and": [query, filter_document(filter)]};
+            } else {
+                here = Some(filter);
+            }
         }
-        let records = self.newest_first(query, limit).await?;
+        let records = self.newest_first(query, here, limit).await?;
         Ok(NewestMatching { records, as_of })
     }
 
@@ -733,7 +954,7 @@ impl Capped for MongoCapped {
             // MongoDB reads `limit(0)` as "no limit".
             return Ok(Vec::new());
         }
-        self.newest_first(doc! {field: json_to_bson(value)}, limit)
+        self.newest_first(doc! {field: json_to_bson(value)}, None, limit)
             .await
     }
 
@@ -803,7 +1024,7 @@ fn tail_stream(
     let mut last: Option<u64> = match start {
         Start::Oldest => None,
         Start::After(p) => Some(p.0),
-        Start::Now => Some(shared.acks.allocated()),
+        Start::Now => Some(shared.acks.now()),
     };
     let mut closed = inner.closed.subscribe();
     let mut written = shared.acks.subscribe();
@@ -824,11 +1045,13 @@ fn tail_stream(
                 Some(q) => doc! {"$and": [after, q.clone()]},
                 None => after,
             };
+            let (batch, await_time) = inner.tail_cursor();
             let opened = shared
                 .coll
                 .find(filter)
                 .cursor_type(CursorType::TailableAwait)
-                .max_await_time(inner.options.max_await_time)
+                .max_await_time(await_time)
+                .optional(batch, |find, b| find.batch_size(b))
                 .await;
             let mut cursor = match opened {
                 Ok(c) => c,
@@ -901,14 +1124,20 @@ fn tail_stream(
                         // The cursor's own position was evicted: re-open after `last`; the
                         // first-document check above decides whether anything was lost.
                         Class::PositionLost => break,
-                        Class::Transient => {
+                        // An outage, or a failure that is neither a bad request nor a missing
+                        // feature (a killed cursor; FerretDB answers a getMore whose position
+                        // was evicted with InternalError): re-open after `last`, where the
+                        // first-document check tells eviction from a hole.
+                        Class::Transient | Class::Other => {
                             tracing::warn!(collection = %shared.name, error = %e, "tail: cursor failed; re-opening");
                             if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
                                 Err(StoreError::Closed)?;
                             }
                             break;
                         }
-                        _ => Err(map_error(e))?,
+                        Class::HistoryLost | Class::Invalid | Class::Unsupported | Class::Closed => {
+                            Err(map_error(e))?
+                        }
                     },
                     Step::Dead => {
                         if !yielded {
@@ -936,6 +1165,42 @@ fn tail_stream(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// A group fails (a document the server refuses) while a tail opens at "now": the writer
+    /// re-reads the newest position on the server and hands the failed group's positions to
+    /// the next appends. The tail must start at or before them, and a reader of a re-used
+    /// position must wait for its acknowledgment again.
+    #[tokio::test]
+    async fn a_tail_opened_during_a_failed_group_sees_the_positions_it_frees() {
+        let ring = Arc::new(AckRing::new(16, 10));
+        assert_eq!(ring.allocate(3), (11, 13), "a group in flight");
+        let now = ring.now();
+        // The group failed entirely; the server holds up to 10.
+        ring.resolve(13);
+        ring.resync(10);
+        assert_eq!(
+            ring.allocate(2),
+            (11, 12),
+            "the next group re-uses 11 and 12"
+        );
+        assert!(
+            now < 11,
+            "a tail opened at 'now' ({now}) would skip the re-used positions 11 and 12"
+        );
+        // A tail reading 11 before the writer hears its acknowledgment waits for it.
+        let acker = ring.clone();
+        let ack = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            acker.acked(11, 12, 4242);
+        });
+        let at = ring.committed_at(11, Duration::from_secs(5)).await;
+        ack.await.unwrap();
+        assert_eq!(
+            at,
+            Some(4242),
+            "the re-used position's own acknowledgment time"
+        );
+    }
 
     #[test]
     fn ring_finds_ack_times_by_range_and_forgets_the_oldest() {

@@ -23,12 +23,13 @@ use super::convert::{
 };
 use super::keyed::{WRITTEN, keyed_doc_to_json};
 use super::oplog::oldest_entry;
-use super::{BACKOFF_MAX, BACKOFF_MIN, CHECKPOINTS, Inner, WIRE_VERSION_6_0, sleep_unless_closed};
+use super::probe::reply_of;
+use super::{BACKOFF_MAX, BACKOFF_MIN, CHECKPOINTS, Inner, sleep_unless_closed};
 use crate::backoff::Backoff;
 use crate::clock::now_us;
 use crate::{
-    Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Document, Result, ResumeToken,
-    StoreError, Update,
+    Capability, Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Document, Result,
+    ResumeToken, StoreError, Update,
 };
 
 /// How often `ChangeStart::Oldest` retries when the oplog was truncated between reading its
@@ -61,7 +62,7 @@ pub(crate) fn op_name(op: ChangeOp) -> &'static str {
 ///   would drop every delete, `{lang: {$ne: "ja"}}` would keep every one). Before MongoDB 6.0
 ///   there is no pre-image: a delete then matches only a filter that holds on an empty
 ///   document here, and the in-process check drops it (no image, no match).
-pub(crate) fn match_stage(filter: &ChangeFilter) -> Result<BsonDoc> {
+pub(crate) fn match_stage(filter: &ChangeFilter, server_filters: bool) -> Result<BsonDoc> {
     let ops: Vec<Bson> = if filter.ops.is_empty() {
         [
             ChangeOp::Insert,
@@ -91,7 +92,9 @@ pub(crate) fn match_stage(filter: &ChangeFilter) -> Result<BsonDoc> {
         key.insert("$regex", format!("^{}", regex_escape(prefix)));
     }
     m.insert("documentKey._id", key);
-    if let Some(f) = filter.document_filter() {
+    // A server that evaluates filters otherwise than MongoDB gets none: every change of the
+    // collections comes back, and the in-process check alone decides.
+    if let Some(f) = filter.document_filter().filter(|_| server_filters) {
         let on = |prefix: &str, ops: Bson| -> BsonDoc {
             let mut branch = doc! {"operationType": ops};
             if let Bson::Document(q) = json_to_bson(&f.to_mongo(prefix)) {
@@ -232,7 +235,7 @@ async fn open(
     pipeline: &[BsonDoc],
     from: &StartAt,
 ) -> mongodb::error::Result<Events> {
-    let images = inner.wire_version >= WIRE_VERSION_6_0;
+    let images = inner.capabilities.before_images.is_yes();
     // With pre- and post-images (MongoDB 6.0+) an update's `fullDocument` is its exact
     // post-image; `UpdateLookup` would read the document when the event is read, which can
     // be a later version or gone (the contract needs the document right after the change).
@@ -315,9 +318,21 @@ async fn open_first(
                 let token = given.unwrap_or_else(|| ResumeToken("(oldest)".into()));
                 return Err(history_lost(inner, token).await);
             }
-            Err(e) => return Err(map_error(e)),
+            Err(e) => return Err(map_open_error(e)),
         }
     }
+}
+
+/// An error opening a change stream: a server without them says so here (for a server whose
+/// probe said yes and that then refuses, e.g. after a downgrade).
+fn map_open_error(e: mongodb::error::Error) -> StoreError {
+    if classify(&e) == Class::Unsupported {
+        return StoreError::Unsupported {
+            capability: Capability::ChangeStreams,
+            reply: reply_of(&e),
+        };
+    }
+    map_error(e)
 }
 
 /// A change stream on the database. Opening starts at once (in a task) when called inside a
@@ -333,7 +348,11 @@ pub(crate) fn change_stream(
     filter: ChangeFilter,
     start: ChangeStart,
 ) -> ChangeStream {
-    let pipeline = match match_stage(&filter) {
+    if let Some(e) = inner.unsupported(Capability::ChangeStreams) {
+        return ChangeStream::failed(e);
+    }
+    let server_filters = inner.capabilities.server_filters.is_yes();
+    let pipeline = match match_stage(&filter, server_filters) {
         Ok(stage) => vec![stage],
         Err(e) => return ChangeStream::failed(e),
     };
@@ -459,7 +478,7 @@ async fn reopen(
                     .unwrap_or_else(|| ResumeToken("(unknown)".into()));
                     return Err(history_lost(inner, token).await);
                 }
-                _ => return Err(map_error(e)),
+                _ => return Err(map_open_error(e)),
             },
         }
     }
@@ -499,7 +518,7 @@ mod tests {
             post_images_only: false,
         };
         assert_eq!(
-            match_stage(&filter).unwrap(),
+            match_stage(&filter, true).unwrap(),
             doc! {"$match": {
                 "operationType": {"$in": ["update"]},
                 "ns.coll": {"$in": ["k_filter"]},
@@ -522,13 +541,16 @@ mod tests {
             "ns.coll": {"$ne": "checkpoints"},
             "documentKey._id": {"$type": "string"},
         }};
-        assert_eq!(match_stage(&ChangeFilter::default()).unwrap(), expected);
+        assert_eq!(
+            match_stage(&ChangeFilter::default(), true).unwrap(),
+            expected
+        );
         let everything = ChangeFilter {
             filter: Some(Filter::match_all()),
             ..ChangeFilter::default()
         };
         assert_eq!(
-            match_stage(&everything).unwrap(),
+            match_stage(&everything, true).unwrap(),
             expected,
             "{{}} adds no condition"
         );
@@ -568,7 +590,7 @@ mod tests {
             key_prefix: Some("a.b*".into()),
             ..ChangeFilter::default()
         };
-        let m = match_stage(&f).unwrap();
+        let m = match_stage(&f, true).unwrap();
         assert_eq!(
             m.get_document("$match")
                 .unwrap()

@@ -10,7 +10,7 @@ use mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
 use mongodb::options::{Acknowledgment, WriteConcern};
 use serde_json::{Number, Value};
 
-use crate::{Document, Durability, ResumeToken, StoreError, Update};
+use crate::{Capability, Document, Durability, ResumeToken, StoreError, Update};
 
 /// The `engine` name in errors and metrics.
 pub(crate) const ENGINE: &str = "mongodb";
@@ -133,6 +133,10 @@ pub(crate) enum Class {
     HistoryLost,
     /// The request itself is wrong (bad update path, `$inc` of a string, document too large).
     Invalid,
+    /// The server does not implement the command, stage or option (CommandNotFound,
+    /// CommandNotSupported, NotImplemented, a change stream on a server that is not a replica
+    /// set, an unknown pipeline stage).
+    Unsupported,
     /// The client was shut down.
     Closed,
     /// Network trouble, an election, a killed cursor: worth re-opening with backoff.
@@ -146,6 +150,7 @@ pub(crate) fn class_of_code(code: i32) -> Class {
     match code {
         136 => Class::PositionLost,
         286 => Class::HistoryLost,
+        59 | 115 | 238 | 40324 | 40573 => Class::Unsupported,
         // BadValue, FailedToParse, TypeMismatch, PathNotViable, ConflictingUpdateOperators,
         // DollarPrefixedFieldName, EmptyFieldName, DottedFieldName, ImmutableField,
         // InvalidIdField, Location10334 (BSONObjectTooLarge), Overflow (15).
@@ -213,12 +218,35 @@ pub(crate) fn map_error(e: DriverError) -> StoreError {
             oldest: ResumeToken("(unknown)".into()),
         },
         Class::Invalid => StoreError::Invalid(e.to_string()),
+        Class::Unsupported => StoreError::Unsupported {
+            capability: Capability::Other,
+            reply: super::probe::reply_of(&e),
+        },
         Class::Closed => StoreError::Closed,
         Class::Transient => StoreError::Unavailable {
             engine: ENGINE,
             message: e.to_string(),
         },
         Class::PositionLost | Class::Other => engine_err(e.to_string()),
+    }
+}
+
+/// The store error of a server error code read from a reply (a `writeErrors` entry), mapped as
+/// [`map_error`] maps the driver's errors.
+pub(crate) fn error_of_code(code: i32, message: String) -> StoreError {
+    match class_of_code(code) {
+        Class::Invalid => StoreError::Invalid(message),
+        Class::Unsupported => StoreError::Unsupported {
+            capability: Capability::Other,
+            reply: message,
+        },
+        Class::Transient => StoreError::Unavailable {
+            engine: ENGINE,
+            message,
+        },
+        Class::HistoryLost | Class::PositionLost | Class::Closed | Class::Other => {
+            engine_err(message)
+        }
     }
 }
 
@@ -370,8 +398,13 @@ pub(crate) fn update_document(update: &Update) -> Result<BsonDoc, StoreError> {
 // ---------------------------------------------------------------------------------------------
 
 /// A place in the oplog: an entry's `ts`, and the operation's index inside it (an `applyOps`
-/// entry of a transaction holds several). Ordered by (`ts`, `n`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// entry of a transaction holds several). Ordered by `ts`, then by the place inside the entry,
+/// where the entry's end (its last operation, or the whole entry) comes after every operation
+/// of it: a stream resumed from a whole-entry position (`ChangeStart::Now`, `newest_change`, a
+/// snapshot's token) has seen all of that transaction, and skips all of it. Equality follows
+/// the same order, so `{n: 0, end: true}` (a whole entry, as tokens written before this order
+/// encode it) equals the entry's last operation.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct OplogPos {
     /// `ts.time`.
     pub t: u32,
@@ -384,6 +417,11 @@ pub(crate) struct OplogPos {
 }
 
 impl OplogPos {
+    /// What the order compares: `ts`, then the place in the entry (its end after all of it).
+    fn order_key(self) -> (u32, u32, i64) {
+        (self.t, self.i, if self.end { i64::MAX } else { self.n })
+    }
+
     /// The position of a whole entry's end.
     pub(crate) fn entry(ts: Timestamp) -> Self {
         OplogPos {
@@ -429,6 +467,26 @@ impl OplogPos {
                 increment: 0,
             },
         }
+    }
+}
+
+impl PartialEq for OplogPos {
+    fn eq(&self, other: &Self) -> bool {
+        self.order_key() == other.order_key()
+    }
+}
+
+impl Eq for OplogPos {}
+
+impl PartialOrd for OplogPos {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OplogPos {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.order_key().cmp(&other.order_key())
     }
 }
 
@@ -664,6 +722,27 @@ mod tests {
             text.contains("mongodb") && text.contains("DuplicateKey"),
             "got {text}"
         );
+
+        // "This server does not support X" is neither a bad request nor an engine failure:
+        // CommandNotFound, CommandNotSupported, NotImplemented, a change stream on a server
+        // that is not a replica set, an unknown pipeline stage.
+        for (code, name) in [
+            (59, "CommandNotFound"),
+            (115, "CommandNotSupported"),
+            (238, "NotImplemented"),
+            (40573, "Location40573"),
+            (40324, "Location40324"),
+        ] {
+            let e = map_error(command_error(code, name));
+            assert!(
+                matches!(&e, StoreError::Unsupported { reply, .. } if reply.contains(name) && reply.contains(&code.to_string())),
+                "{code} {name} is Unsupported, quoting the reply: {e}"
+            );
+            assert!(!e.is_transient(), "{code} does not pass with a retry");
+        }
+        // A malformed request stays a bad request.
+        let parse = map_error(command_error(9, "FailedToParse"));
+        assert!(matches!(parse, StoreError::Invalid(_)), "got {parse}");
 
         let shut = map_error(DriverError::from(ErrorKind::Shutdown));
         assert!(matches!(shut, StoreError::Closed), "got {shut}");

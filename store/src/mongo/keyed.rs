@@ -9,16 +9,18 @@ use mongodb::bson::{Document as BsonDoc, doc};
 use mongodb::options::{ChangeStreamPreAndPostImages, WriteConcern};
 use mongodb::{Collection, Database};
 
-use super::capped::collection_info;
+use super::Inner;
+use super::capped::{collection_info, ensure_indexes};
 use super::convert::{
-    OplogPos, Token, bson_doc_to_json, doc_to_bson, encode_token, engine_err, error_code,
-    json_to_bson, key_string, regex_escape, update_document, write_concern,
+    Class, OplogPos, Token, bson_doc_to_json, classify, doc_to_bson, encode_token, engine_err,
+    error_code, error_of_code, json_to_bson, key_string, regex_escape, update_document,
+    write_concern,
 };
-use super::{Inner, WIRE_VERSION_6_0};
+use super::probe::reply_of;
 use crate::clock::now_us;
 use crate::{
-    ChangeFilter, ChangeStart, ChangeStream, Document, Durability, Filter, KeyUpdate, Keyed,
-    KeyedDoc, KeyedSnapshot, Result, StoreError,
+    Capabilities, Capability, ChangeFilter, ChangeStart, ChangeStream, Document, Durability,
+    Filter, KeyUpdate, Keyed, KeyedDoc, KeyedSnapshot, Result, StoreError,
 };
 
 /// Documents per batch of a snapshot read: bounds memory whatever the collection's size.
@@ -81,24 +83,28 @@ pub(crate) fn check_existing_keyed(name: &str, info: &BsonDoc) -> Result<bool> {
     Ok(!images)
 }
 
-/// Creates the keyed collection when absent (with pre- and post-images on MongoDB 6.0+, so
-/// change events carry exact before and after documents), and switches the images on for an
-/// existing one that lacks them.
-pub(crate) async fn ensure_keyed(db: &Database, name: &str, wire_version: i32) -> Result<()> {
-    ensure_keyed_collection(db, name, wire_version).await?;
-    // Expiry reads the oldest writes first.
-    db.collection::<BsonDoc>(name)
-        .create_index(
-            mongodb::IndexModel::builder()
-                .keys(doc! {WRITTEN: 1})
-                .build(),
-        )
-        .await?;
-    Ok(())
+/// Creates the keyed collection when absent (with pre- and post-images where the server has
+/// them, so change events carry exact before and after documents), and switches the images on
+/// for an existing one that lacks them. A server that refuses to switch them on (`collMod`
+/// needs more than the `readWrite` role; some servers do not implement it) costs the before
+/// images of this collection's changes, which is said once, and the collection is used as it
+/// is.
+pub(crate) async fn ensure_keyed(
+    db: &Database,
+    name: &str,
+    capabilities: &Capabilities,
+) -> Result<()> {
+    ensure_keyed_collection(db, name, capabilities.before_images.is_yes()).await?;
+    // Expiry reads the oldest writes first. The name is the one the server gives these keys
+    // by default (what earlier versions created).
+    ensure_indexes(
+        &db.collection::<BsonDoc>(name),
+        vec![(format!("{WRITTEN}_1"), doc! {WRITTEN: 1})],
+    )
+    .await
 }
 
-async fn ensure_keyed_collection(db: &Database, name: &str, wire_version: i32) -> Result<()> {
-    let images = wire_version >= WIRE_VERSION_6_0;
+async fn ensure_keyed_collection(db: &Database, name: &str, images: bool) -> Result<()> {
     match collection_info(db, name).await? {
         None => {
             let mut create = db.create_collection(name);
@@ -113,7 +119,7 @@ async fn ensure_keyed_collection(db: &Database, name: &str, wire_version: i32) -
                 Ok(()) => Ok(()),
                 Err(e) if error_code(&e) == Some(NAMESPACE_EXISTS) => {
                     // Created meanwhile by another process: check it like any existing one.
-                    Box::pin(ensure_keyed_collection(db, name, wire_version)).await
+                    Box::pin(ensure_keyed_collection(db, name, images)).await
                 }
                 Err(e) => Err(e.into()),
             }
@@ -121,18 +127,26 @@ async fn ensure_keyed_collection(db: &Database, name: &str, wire_version: i32) -
         Some(info) => {
             let needs_images = check_existing_keyed(name, &info)?;
             if needs_images && images {
-                db.run_command(doc! {
-                    "collMod": name,
-                    "changeStreamPreAndPostImages": {"enabled": true},
-                })
-                .await?;
-                tracing::info!(collection = %name, "enabled change-stream pre- and post-images");
-            } else if needs_images {
-                tracing::warn!(
-                    collection = %name,
-                    "MongoDB before 6.0: changes of this collection carry no before image, and \
-                     an update's after image is the document when the change is read"
-                );
+                let switched = db
+                    .run_command(doc! {
+                        "collMod": name,
+                        "changeStreamPreAndPostImages": {"enabled": true},
+                    })
+                    .await;
+                match switched {
+                    Ok(_) => {
+                        tracing::info!(collection = %name, "enabled change-stream pre- and post-images");
+                    }
+                    Err(e) if classify(&e) == Class::Transient => return Err(e.into()),
+                    Err(e) => tracing::warn!(
+                        collection = %name,
+                        reply = %reply_of(&e),
+                        "collMod to enable change-stream pre- and post-images was refused: \
+                         changes of this collection carry no before image (old_val), and an \
+                         update's after image is the document when the change is read; a user \
+                         with the dbAdmin role can run it once"
+                    ),
+                }
             }
             Ok(())
         }
@@ -183,46 +197,156 @@ pub(crate) fn snapshot_query(filter: Option<&Filter>) -> BsonDoc {
     }
 }
 
-/// Applies upserts in order. Several keys go into one transaction, so the batch commits at
-/// once (one journal flush, all or nothing) as the contract's "in one commit" says; one key
-/// needs none (a single-document write is atomic). On a server without transactions (not a
-/// replica set) the keys are written one by one. `Client::bulk_write` would save round trips,
-/// but it needs MongoDB 8.0 and is not atomic.
+/// Update statements per `update` command. MongoDB takes up to 100,000 in one; FerretDB
+/// (1.24, SQLite) holds a database connection for each statement until the command answers,
+/// and a command of more statements than its pool has connections (100) hangs the whole
+/// database. Chunks of 32 keep a batch's rollups to a few round trips on either.
+const UPDATE_CHUNK: usize = 32;
+
+/// An upsert failed inside a transaction: carried through the driver's transaction runner as
+/// a custom error, so the transaction is aborted and the store error comes out unchanged.
+struct UpdateFailed(StoreError);
+
+/// What the reply of an `update` command says of its statements: `writeErrors` (the first
+/// statement that failed, with how many before it were applied: ordered, so none after it
+/// ran) and `writeConcernError` (every statement applied, not yet as durable as asked).
+fn update_outcome(reply: &BsonDoc) -> std::result::Result<(), (usize, StoreError)> {
+    if let Some(first) = reply
+        .get_array("writeErrors")
+        .ok()
+        .and_then(|errors| errors.first())
+        .and_then(mongodb::bson::Bson::as_document)
+    {
+        let code = first.get_i32("code").unwrap_or(0);
+        let index = first.get_i32("index").unwrap_or(0).max(0) as usize;
+        let message = first.get_str("errmsg").unwrap_or("(no message)");
+        return Err((
+            index,
+            error_of_code(code, format!("update: code {code}: {message}")),
+        ));
+    }
+    if let Ok(wce) = reply.get_document("writeConcernError") {
+        let code = wce.get_i32("code").unwrap_or(64);
+        let message = wce.get_str("errmsg").unwrap_or("(no message)");
+        return Err((
+            0,
+            StoreError::Unavailable {
+                engine: "mongodb",
+                message: format!("write concern: code {code}: {message}"),
+            },
+        ));
+    }
+    Ok(())
+}
+
+/// An error after `applied` updates of a request were applied for good (no transaction to
+/// undo them): [`StoreError::PartlyWritten`] when any were, so a caller retries from the
+/// first update not applied instead of applying the others twice.
+fn after_applied(applied: usize, error: StoreError) -> StoreError {
+    if applied == 0 {
+        error
+    } else {
+        StoreError::PartlyWritten {
+            written: applied,
+            error: Box::new(error),
+        }
+    }
+}
+
+/// The `update` commands of a batch of upserts, in order: each key's `{q, u, upsert}` statement,
+/// [`UPDATE_CHUNK`] to a command, ordered (a statement runs only after the ones before it).
+fn update_commands(
+    collection: &str,
+    ops: &[(String, BsonDoc)],
+    wc: Option<&WriteConcern>,
+) -> Result<Vec<BsonDoc>> {
+    let wc = wc
+        .map(mongodb::bson::serialize_to_document)
+        .transpose()
+        .map_err(|e| engine_err(format!("write concern: {e}")))?;
+    Ok(ops
+        .chunks(UPDATE_CHUNK)
+        .map(|chunk| {
+            let updates: Vec<mongodb::bson::Bson> = chunk
+                .iter()
+                .map(|(key, update)| {
+                    mongodb::bson::Bson::Document(doc! {
+                        "q": {"_id": key.as_str()},
+                        "u": update.clone(),
+                        "upsert": true,
+                    })
+                })
+                .collect();
+            let mut cmd = doc! {"update": collection, "updates": updates, "ordered": true};
+            if let Some(wc) = &wc {
+                cmd.insert("writeConcern", wc.clone());
+            }
+            cmd
+        })
+        .collect())
+}
+
+/// Applies upserts in order, in one `update` command per [`UPDATE_CHUNK`] keys: one round trip
+/// for a batch's rollups, not one per key. Several keys go into one transaction, so the batch
+/// commits at once (one journal flush, all or nothing) as the contract's "in one commit" says;
+/// one key needs none (a single-document write is atomic). On a server without transactions
+/// (not a replica set, or one that refuses `startTransaction`:
+/// [`crate::Capability::Transactions`]) the commands run without one: each key's write is
+/// atomic, the batch is not.
 async fn run_updates(
     inner: Arc<Inner>,
     coll: Collection<BsonDoc>,
     ops: Vec<(String, BsonDoc)>,
     wc: WriteConcern,
 ) -> Result<()> {
-    if ops.len() == 1 || !inner.replica_set {
-        for (key, update) in ops {
-            coll.update_one(doc! {"_id": key}, update)
-                .upsert(true)
-                .write_concern(wc.clone())
-                .await?;
+    let db = &inner.db;
+    if ops.len() == 1 || !inner.capabilities.transactions.is_yes() {
+        let mut applied = 0;
+        for cmd in update_commands(coll.name(), &ops, Some(&wc))? {
+            let statements = cmd.get_array("updates").map_or(0, Vec::len);
+            let reply = db
+                .run_command(cmd)
+                .await
+                .map_err(|e| after_applied(applied, e.into()))?;
+            match update_outcome(&reply) {
+                Ok(()) => applied += statements,
+                // A write concern error: every statement of the command was applied.
+                Err((_, e)) if reply.contains_key("writeConcernError") => {
+                    return Err(after_applied(applied + statements, e));
+                }
+                Err((index, e)) => return Err(after_applied(applied + index, e)),
+            }
         }
         return Ok(());
     }
+    // Inside a transaction the write concern belongs to the commit, not to each command.
+    let commands = update_commands(coll.name(), &ops, None)?;
     let mut session = inner.client.start_session().await?;
     // `and_run` retries the whole transaction on TransientTransactionError and the commit on
     // UnknownTransactionCommitResult (up to 120 s), as the driver's transaction spec says.
-    session
+    let ran = session
         .start_transaction()
         .write_concern(wc)
-        .and_run((&coll, &ops), |session, (coll, ops)| {
+        .and_run((db, &commands), |session, (db, commands)| {
             async move {
-                for (key, update) in ops.iter() {
-                    coll.update_one(doc! {"_id": key.as_str()}, update.clone())
-                        .upsert(true)
-                        .session(&mut *session)
-                        .await?;
+                for cmd in commands.iter() {
+                    let reply = db.run_command(cmd.clone()).session(&mut *session).await?;
+                    if let Err((_, e)) = update_outcome(&reply) {
+                        return Err(mongodb::error::Error::custom(Arc::new(UpdateFailed(e))));
+                    }
                 }
                 Ok(())
             }
             .boxed()
         })
-        .await?;
-    Ok(())
+        .await;
+    match ran {
+        Ok(()) => Ok(()),
+        Err(e) => match e.get_custom::<Arc<UpdateFailed>>() {
+            Some(failed) => Err(failed.0.duplicate("mongodb")),
+            None => Err(e.into()),
+        },
+    }
 }
 
 /// A changefeed-backed collection of the MongoDB engine.
@@ -263,12 +387,14 @@ impl Keyed for MongoKeyed {
             })
             .collect::<Result<Vec<_>>>()?;
         self.inner.wait_for_opening_streams().await;
-        let write = run_updates(
-            self.inner.clone(),
-            self.coll.clone(),
-            ops,
-            self.wc(durability),
-        );
+        let inner = self.inner.clone();
+        let coll = self.coll.clone();
+        let wc = self.wc(durability);
+        let write = async move {
+            let done = run_updates(inner.clone(), coll, ops, wc).await;
+            inner.keyed_written.send_modify(|n| *n += 1);
+            done
+        };
         if durability.waits() {
             return write.await;
         }
@@ -286,11 +412,15 @@ impl Keyed for MongoKeyed {
         let replacement = replacement(key, &doc, now_us());
         self.inner.wait_for_opening_streams().await;
         let (coll, wc, owned_key) = (self.coll.clone(), self.wc(durability), key.to_string());
+        let inner = self.inner.clone();
         let write = async move {
-            coll.replace_one(doc! {"_id": owned_key}, replacement)
+            let done = coll
+                .replace_one(doc! {"_id": owned_key}, replacement)
                 .upsert(true)
                 .write_concern(wc)
-                .await
+                .await;
+            inner.keyed_written.send_modify(|n| *n += 1);
+            done
         };
         if durability.waits() {
             write.await?;
@@ -309,10 +439,14 @@ impl Keyed for MongoKeyed {
     async fn delete(&self, key: &str, durability: Durability) -> Result<bool> {
         self.inner.wait_for_opening_streams().await;
         let (coll, wc, owned_key) = (self.coll.clone(), self.wc(durability), key.to_string());
+        let inner = self.inner.clone();
         let write = async move {
-            coll.delete_one(doc! {"_id": owned_key})
+            let done = coll
+                .delete_one(doc! {"_id": owned_key})
                 .write_concern(wc)
-                .await
+                .await;
+            inner.keyed_written.send_modify(|n| *n += 1);
+            done
         };
         if durability.waits() {
             return Ok(write.await?.deleted_count > 0);
@@ -364,8 +498,9 @@ impl Keyed for MongoKeyed {
             .coll
             .delete_many(idle)
             .write_concern(self.wc(durability))
-            .await?;
-        Ok(deleted.deleted_count)
+            .await;
+        self.inner.keyed_written.send_modify(|n| *n += 1);
+        Ok(deleted?.deleted_count)
     }
 
     async fn get(&self, key: &str) -> Result<Option<Document>> {
@@ -428,10 +563,19 @@ impl Keyed for MongoKeyed {
     /// `minSnapshotHistoryWindowInSeconds` (300 s by default), so a reader slower than that
     /// gets `SnapshotTooOld` as an error of the stream.
     async fn snapshot(&self, filter: Option<Filter>) -> Result<KeyedSnapshot> {
+        if let Some(e) = self.inner.unsupported(Capability::SnapshotReads) {
+            return Err(e);
+        }
+        // Where the server does not evaluate filters as MongoDB does, it reads the keys and
+        // the filter runs here.
+        let (on_server, here) = match filter {
+            Some(f) if !self.inner.capabilities.server_filters.is_yes() => (None, Some(f)),
+            f => (f, None),
+        };
         let mut session = self.inner.client.start_session().snapshot(true).await?;
         let mut cursor = self
             .coll
-            .find(snapshot_query(filter.as_ref()))
+            .find(snapshot_query(on_server.as_ref()))
             .sort(doc! {"_id": 1})
             .batch_size(SNAPSHOT_BATCH)
             .session(&mut session)
@@ -444,7 +588,10 @@ impl Keyed for MongoKeyed {
             while let Some(doc) = cursor.next(&mut session).await {
                 let doc = doc?;
                 let key = doc.get("_id").map(key_string).unwrap_or_default();
-                yield KeyedDoc { key, doc: keyed_doc_to_json(doc) };
+                let doc = keyed_doc_to_json(doc);
+                if here.as_ref().is_none_or(|f| f.matches(&doc)) {
+                    yield KeyedDoc { key, doc };
+                }
             }
         };
         Ok(KeyedSnapshot {
@@ -463,6 +610,65 @@ impl Keyed for MongoKeyed {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_of_upserts_is_one_ordered_update_command_per_chunk() {
+        let ops: Vec<(String, BsonDoc)> = (0..UPDATE_CHUNK + 2)
+            .map(|i| (format!("k{i}"), doc! {"$inc": {"n": 1}}))
+            .collect();
+        let wc = WriteConcern::builder().journal(true).build();
+        let commands = update_commands("rollups", &ops, Some(&wc)).unwrap();
+        assert_eq!(commands.len(), 2, "two chunks");
+        let first = &commands[0];
+        assert_eq!(first.get_str("update").unwrap(), "rollups");
+        assert!(first.get_bool("ordered").unwrap());
+        assert_eq!(first.get_array("updates").unwrap().len(), UPDATE_CHUNK);
+        let statement = first.get_array("updates").unwrap()[0]
+            .as_document()
+            .unwrap();
+        assert_eq!(statement.get_document("q").unwrap(), &doc! {"_id": "k0"});
+        assert!(statement.get_bool("upsert").unwrap());
+        assert!(
+            first
+                .get_document("writeConcern")
+                .unwrap()
+                .get_bool("j")
+                .unwrap()
+        );
+        assert_eq!(commands[1].get_array("updates").unwrap().len(), 2);
+        let in_txn = update_commands("rollups", &ops[..1], None).unwrap();
+        assert!(in_txn[0].get("writeConcern").is_none());
+    }
+
+    #[test]
+    fn an_update_reply_tells_its_first_failed_statement() {
+        assert!(update_outcome(&doc! {"ok": 1.0, "n": 3, "nModified": 1}).is_ok());
+        let (index, refused) = update_outcome(&doc! {
+            "ok": 1.0, "n": 1,
+            "writeErrors": [{"index": 1, "code": 14, "errmsg": "Cannot apply $inc to a string"}],
+        })
+        .unwrap_err();
+        assert_eq!(index, 1, "the statement before it was applied");
+        assert!(
+            matches!(&refused, StoreError::Invalid(m) if m.contains("$inc")),
+            "a refused statement is a bad request: {refused}"
+        );
+        let partly = after_applied(33, refused);
+        assert!(
+            matches!(&partly, StoreError::PartlyWritten { written: 33, error } if matches!(**error, StoreError::Invalid(_))),
+            "{partly}"
+        );
+        assert!(matches!(
+            after_applied(0, StoreError::Invalid("x".into())),
+            StoreError::Invalid(_)
+        ));
+        let (_, wce) = update_outcome(&doc! {
+            "ok": 1.0, "n": 2,
+            "writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"},
+        })
+        .unwrap_err();
+        assert!(wce.is_transient(), "{wce}");
+    }
     use serde_json::json;
 
     #[test]

@@ -79,6 +79,7 @@ mod changes;
 mod convert;
 mod keyed;
 mod oplog;
+mod probe;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -96,8 +97,8 @@ use tokio::task::JoinHandle;
 
 use crate::embedded::schema::check_name;
 use crate::{
-    Capped, CappedSpec, ChangeFilter, ChangeStart, ChangeStream, Durability, Keyed, Result,
-    ResumeToken, Store, StoreError,
+    Capabilities, Capability, Capped, CappedSpec, ChangeFilter, ChangeStart, ChangeStream,
+    Durability, Keyed, Result, ResumeToken, Store, StoreError,
 };
 use capped::{CappedShared, MongoCapped, ensure_capped};
 use convert::{bson_to_json, engine_err, json_to_bson, write_concern};
@@ -108,7 +109,7 @@ pub(crate) use convert::map_error;
 /// The collection holding feed checkpoints: `{_id: feed, body, ts}`.
 pub(crate) const CHECKPOINTS: &str = "checkpoints";
 /// The first wire version of MongoDB 6.0 (change-stream pre- and post-images).
-pub(crate) const WIRE_VERSION_6_0: i32 = 17;
+const WIRE_VERSION_6_0: i32 = 17;
 /// First pause before re-opening a dead or failed cursor.
 pub(crate) const BACKOFF_MIN: Duration = Duration::from_millis(10);
 /// Longest pause before re-opening (also the worst-case delay of a tail on an empty
@@ -169,10 +170,8 @@ pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) db: Database,
     pub(crate) options: MongoOptions,
-    /// Whether the server is a replica-set member or mongos (transactions, change streams).
-    pub(crate) replica_set: bool,
-    /// The server's `maxWireVersion`: 17+ (6.0) has change-stream pre- and post-images.
-    pub(crate) wire_version: i32,
+    /// What the server supports, probed at connect (`probe.rs`).
+    pub(crate) capabilities: Capabilities,
     /// One shared writer per capped collection name.
     capped: tokio::sync::Mutex<HashMap<String, Arc<CappedShared>>>,
     /// Unacknowledged keyed writes and checkpoints, sent in order by one task. `None` once
@@ -181,6 +180,11 @@ pub(crate) struct Inner {
     background_task: Mutex<Option<JoinHandle<()>>>,
     /// Set once by `close`: tails and change streams end with `Closed`.
     pub(crate) closed: watch::Sender<bool>,
+    /// Bumped after each keyed write of this process: an oplog watcher whose cursor the
+    /// server closed (a server that keeps no tailable cursor open when it has nothing more,
+    /// such as FerretDB) re-opens at once for this process's own writes instead of at the
+    /// end of its backoff.
+    pub(crate) keyed_written: watch::Sender<u64>,
     /// Change streams being opened. Keyed writes wait for zero, so a change stream opened
     /// with `ChangeStart::Now` sees every write issued after `changes()` returned, although
     /// opening it takes a round trip (`changes()` itself is not async).
@@ -209,7 +213,40 @@ impl Drop for OpeningGuard {
     }
 }
 
+/// A tail's batch size, and how long a getMore waits, on a server whose tailable cursors do
+/// not stay open ([`Capability::AwaitingTails`]): every document there is comes in the first
+/// batch, so the cursor closes and the tail re-opens it (which it must do anyway), and a
+/// getMore seldom waits. FerretDB (1.24) holds one database connection per 10 ms that a
+/// getMore waits, until it answers, and runs out of them under a few waiting tails: the whole
+/// database then hangs.
+const POLLING_TAIL_BATCH: u32 = 1000;
+const POLLING_TAIL_AWAIT: Duration = Duration::from_millis(50);
+
 impl Inner {
+    /// How a tailable cursor is opened: its batch size (`None`: the server's default) and
+    /// its getMore's `maxAwaitTimeMS`.
+    pub(crate) fn tail_cursor(&self) -> (Option<u32>, Duration) {
+        if self.capabilities.awaiting_tails.is_yes() {
+            (None, self.options.max_await_time)
+        } else {
+            (
+                Some(POLLING_TAIL_BATCH),
+                POLLING_TAIL_AWAIT.min(self.options.max_await_time),
+            )
+        }
+    }
+
+    /// [`StoreError::Unsupported`] with the probe's reason, when the server lacks `capability`.
+    pub(crate) fn unsupported(&self, capability: Capability) -> Option<StoreError> {
+        self.capabilities
+            .get(capability)
+            .reason()
+            .map(|reason| StoreError::Unsupported {
+                capability,
+                reply: reason.to_string(),
+            })
+    }
+
     /// Marks a change stream as opening until the guard is dropped.
     pub(crate) fn begin_opening(&self) -> OpeningGuard {
         self.opening.send_modify(|n| *n += 1);
@@ -261,6 +298,24 @@ impl Inner {
     }
 }
 
+/// Creates the checkpoints collection when absent, before any stream reads the database:
+/// every collection this engine writes exists before its first write. A collection created by
+/// an upsert's first write instead may be created inside a multi-document transaction (which
+/// MongoDB before 4.4 refuses), and FerretDB was seen to hang a whole database when a
+/// checkpoint's first upsert created the collection while a tailable cursor awaited data.
+async fn ensure_checkpoints(db: &Database) -> Result<()> {
+    /// "Namespace already exists": created meanwhile by another process, or earlier.
+    const NAMESPACE_EXISTS: i32 = 48;
+    if capped::collection_info(db, CHECKPOINTS).await?.is_some() {
+        return Ok(());
+    }
+    match db.create_collection(CHECKPOINTS).await {
+        Ok(()) => Ok(()),
+        Err(e) if convert::error_code(&e) == Some(NAMESPACE_EXISTS) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Refuses names the engine keeps for itself or that the embedded engine would refuse (one
 /// naming rule for both engines).
 fn check_collection_name(name: &str) -> Result<()> {
@@ -292,8 +347,9 @@ impl MongoStore {
     /// Connects to MongoDB at `uri` (a `mongodb://` or `mongodb+srv://` connection string) and
     /// uses `database`. Contacts the server once (`hello`), so a wrong URI or an unreachable
     /// server fails here (after the URI's `serverSelectionTimeoutMS`, 30 s by default), not
-    /// at the first write. Warns when the server is not a replica set (no change streams, no
-    /// oplog) or older than 6.0 (no before images).
+    /// at the first write. Then probes what the server supports ([`Store::capabilities`]):
+    /// change streams, the oplog, transactions and snapshot reads need a replica set, before
+    /// images MongoDB 6.0; the probe asks the server for each.
     pub async fn connect(uri: &str, database: &str, options: MongoOptions) -> Result<Self> {
         check_database_name(database)?;
         let mut client_options = ClientOptions::parse(uri).await?;
@@ -305,23 +361,14 @@ impl MongoStore {
             .database("admin")
             .run_command(doc! {"hello": 1})
             .await?;
-        let replica_set =
-            hello.get_str("setName").is_ok() || hello.get_str("msg").ok() == Some("isdbgrid");
-        let wire_version = hello
-            .get("maxWireVersion")
-            .and_then(convert::bson_as_i64)
-            .unwrap_or(0) as i32;
-        if !replica_set {
-            tracing::warn!(
-                "MongoDB at the configured URI is not a replica set: change streams, the oplog \
-                 and multi-key transactions are unavailable (start mongod with --replSet and \
-                 run rs.initiate())"
-            );
-        }
-        if wire_version < WIRE_VERSION_6_0 {
-            tracing::warn!(
-                wire_version,
-                "MongoDB older than 6.0: changes carry no before images"
+        let db = client.database(database);
+        let capabilities = probe::probe(&client, &db, &probe::Hello::from_reply(&hello)).await?;
+        ensure_checkpoints(&db).await?;
+        let missing: Vec<&str> = capabilities.missing().map(|(c, _)| c.as_str()).collect();
+        if !missing.is_empty() {
+            tracing::info!(
+                missing = %missing.join(", "),
+                "the MongoDB server lacks some capabilities (Store::capabilities has each reason)"
             );
         }
         let (bg_tx, mut bg_rx) = mpsc::channel::<BoxFuture<'static, ()>>(BACKGROUND_QUEUE);
@@ -332,15 +379,15 @@ impl MongoStore {
         });
         Ok(MongoStore {
             inner: Arc::new(Inner {
-                db: client.database(database),
+                db,
                 client,
                 options,
-                replica_set,
-                wire_version,
+                capabilities,
                 capped: tokio::sync::Mutex::new(HashMap::new()),
                 background: Mutex::new(Some(bg_tx)),
                 background_task: Mutex::new(Some(background_task)),
                 closed: watch::Sender::new(false),
+                keyed_written: watch::Sender::new(0),
                 opening: Arc::new(watch::Sender::new(0)),
             }),
         })
@@ -361,6 +408,10 @@ impl MongoStore {
 impl Store for MongoStore {
     fn engine(&self) -> &'static str {
         "mongodb"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities.clone()
     }
 
     async fn capped(&self, name: &str, spec: &CappedSpec) -> Result<Arc<dyn Capped>> {
@@ -393,7 +444,7 @@ impl Store for MongoStore {
 
     async fn keyed(&self, name: &str) -> Result<Arc<dyn Keyed>> {
         check_collection_name(name)?;
-        ensure_keyed(&self.inner.db, name, self.inner.wire_version).await?;
+        ensure_keyed(&self.inner.db, name, &self.inner.capabilities).await?;
         Ok(Arc::new(MongoKeyed {
             name: name.to_string(),
             inner: self.inner.clone(),

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use mongodb::Collection;
+use mongodb::action::Action;
 use mongodb::bson::{Bson, DateTime, Document as BsonDoc, Timestamp, doc};
 use mongodb::options::CursorType;
 
@@ -28,7 +29,8 @@ use super::keyed::keyed_doc_to_json;
 use super::{BACKOFF_MAX, BACKOFF_MIN, CHECKPOINTS, Inner, sleep_unless_closed};
 use crate::backoff::Backoff;
 use crate::{
-    Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Result, ResumeToken, StoreError,
+    Capability, Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Result, ResumeToken,
+    StoreError,
 };
 
 /// `MaxTimeMSExpired`: a bounded oplog read took too long.
@@ -181,8 +183,17 @@ pub(crate) fn read_op(db: &str, op: &BsonDoc) -> Option<Pending> {
         "u" => {
             let key = string_key(op.get_document("o2").ok()?)?;
             // A replacement holds the whole new document; an update holds `$v`/`diff` (or
-            // `$set`... before 5.0): operator keys.
-            if o.keys().any(|k| k.starts_with('$') || k == "diff") {
+            // `$set`... before 5.0): operator keys. A `$set` that carries the `_id` holds the
+            // whole new document too (FerretDB writes updates so), and it is the exact image
+            // right after this change, where reading the document later may find a newer one:
+            // MongoDB's `$set` never names the `_id`, which no update can change.
+            let whole = o
+                .get_document("$set")
+                .ok()
+                .filter(|set| set.contains_key("_id") && o.len() <= 2);
+            if let Some(set) = whole {
+                (ChangeOp::Update, key, Some(keyed_doc_to_json(set.clone())))
+            } else if o.keys().any(|k| k.starts_with('$') || k == "diff") {
                 (ChangeOp::Update, key, None)
             } else {
                 (ChangeOp::Replace, key, Some(keyed_doc_to_json(o.clone())))
@@ -260,6 +271,9 @@ pub(crate) fn oplog_stream(
     filter: ChangeFilter,
     start: ChangeStart,
 ) -> ChangeStream {
+    if let Some(e) = inner.unsupported(Capability::Oplog) {
+        return ChangeStream::failed(e);
+    }
     let given = match &start {
         ChangeStart::After(t) => Some(t.clone()),
         _ => None,
@@ -314,17 +328,23 @@ pub(crate) fn oplog_stream(
         let mut closed = inner.closed.subscribe();
         let oplog = oplog_collection(&inner);
         let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
+        let mut written = inner.keyed_written.subscribe();
         loop {
             if *closed.borrow() {
                 Err(StoreError::Closed)?;
             }
-            if let Some(l) = last {
-                check_history(&inner, l).await?;
-            }
+            // Marked before opening: a write finishing after this point wakes a dead cursor.
+            written.borrow_and_update();
+            // Whether the entry at `last` is still in the oplog: the query starts at it
+            // (`$gte`), so finding it first proves nothing before it was lost, and only
+            // otherwise is the oldest entry read (a scan of the oplog on some servers).
+            let mut verify = last;
+            let (batch, await_time) = inner.tail_cursor();
             let opened = oplog
                 .find(tail_filter(&db, &filter, last))
                 .cursor_type(CursorType::TailableAwait)
-                .max_await_time(inner.options.max_await_time)
+                .max_await_time(await_time)
+                .optional(batch, |find, b| find.batch_size(b))
                 .await;
             let mut cursor = match opened {
                 Ok(c) => c,
@@ -352,20 +372,25 @@ pub(crate) fn oplog_stream(
                     Step::Entry(entry) => {
                         backoff.reset();
                         let ts = entry.get_timestamp("ts").ok();
+                        if let Some(l) = verify.take()
+                            && ts.is_none_or(|ts| (ts.time, ts.increment) != (l.t, l.i))
+                        {
+                            check_history(&inner, l).await?;
+                        }
                         let wall = entry.get_datetime("wall").ok().copied();
                         for (pos, op) in expand(&entry) {
                             if last.is_some_and(|l| pos <= l) {
                                 continue;
                             }
                             if let Some(p) = read_op(&db, op) {
-                                let after = match p.op {
-                                    ChangeOp::Update => inner
+                                let after = match (p.op, p.after) {
+                                    (ChangeOp::Update, None) => inner
                                         .db
                                         .collection::<BsonDoc>(&p.collection)
                                         .find_one(doc! {"_id": p.key.as_str()})
                                         .await?
                                         .map(keyed_doc_to_json),
-                                    _ => p.after,
+                                    (_, after) => after,
                                 };
                                 let change = Change {
                                     op: p.op,
@@ -398,19 +423,34 @@ pub(crate) fn oplog_stream(
                     Step::Failed(e) => match classify(&e) {
                         // Overwritten while reading: re-open; `check_history` decides.
                         Class::PositionLost => break,
-                        Class::Transient => {
+                        // An outage, or a failure that is neither a bad request nor a missing
+                        // feature (a killed cursor, an internal error): re-open after `last`.
+                        Class::Transient | Class::Other => {
                             tracing::warn!(error = %e, "oplog watcher: cursor failed; re-opening");
                             if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
                                 Err(StoreError::Closed)?;
                             }
                             break;
                         }
-                        _ => Err(map_error(e))?,
+                        Class::HistoryLost | Class::Invalid | Class::Unsupported | Class::Closed => {
+                            Err(map_error(e))?
+                        }
                     },
                     Step::Dead => {
-                        // The oplog is never empty on a replica-set member; a dead cursor is
-                        // unusual (killed): re-open after a pause.
-                        if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
+                        if let Some(l) = verify.take() {
+                            check_history(&inner, l).await?;
+                        }
+                        // MongoDB keeps a tailable cursor on the oplog open, so a dead one
+                        // was killed; a server that closes it whenever it has nothing more
+                        // (FerretDB) makes this a poll. Either way: re-open after a pause, or
+                        // at once when this process writes a keyed collection.
+                        let woke = tokio::select! {
+                            biased;
+                            _ = closed.wait_for(|c| *c) => false,
+                            _ = written.changed() => true,
+                            _ = tokio::time::sleep(backoff.next_wait()) => true,
+                        };
+                        if !woke {
                             Err(StoreError::Closed)?;
                         }
                         break;
@@ -575,6 +615,68 @@ mod tests {
             ops[1].0 < expand(&plain)[0].0,
             "entries order by ts, then index"
         );
+    }
+
+    /// A stream resumed from a whole-entry position (`ChangeStart::Now`, `newest_change`, a
+    /// snapshot's token) has seen all of that entry: none of a transaction's operations at
+    /// that `ts` may be handed over again, and the next entry's may.
+    #[test]
+    fn a_whole_entry_position_covers_every_operation_of_a_transaction() {
+        let entry = doc! {
+            "ts": ts(9, 3), "op": "c", "ns": "admin.$cmd",
+            "o": {"applyOps": [
+                {"op": "u", "ns": "db.rollups", "o": {"$v": 2, "diff": {}}, "o2": {"_id": "a"}},
+                {"op": "u", "ns": "db.rollups", "o": {"$v": 2, "diff": {}}, "o2": {"_id": "b"}},
+                {"op": "u", "ns": "db.rollups", "o": {"$v": 2, "diff": {}}, "o2": {"_id": "c"}},
+            ]},
+        };
+        let last = OplogPos::entry(ts(9, 3));
+        let replayed: Vec<i64> = expand(&entry)
+            .into_iter()
+            .filter(|(pos, _)| *pos > last)
+            .map(|(pos, _)| pos.n)
+            .collect();
+        assert_eq!(
+            replayed,
+            Vec::<i64>::new(),
+            "operations replayed after resuming from the whole entry"
+        );
+        // Part way through: resuming after operation 0 hands over 1 and 2 only.
+        let after_first = expand(&entry)[0].0;
+        let rest: Vec<i64> = expand(&entry)
+            .into_iter()
+            .filter(|(pos, _)| *pos > after_first)
+            .map(|(pos, _)| pos.n)
+            .collect();
+        assert_eq!(rest, vec![1, 2]);
+        // The entry's last operation and the whole entry are the same place.
+        assert_eq!(expand(&entry)[2].0, last);
+        let next = doc! {"ts": ts(9, 4), "op": "i", "ns": "db.rollups", "o": {"_id": "d"}};
+        assert!(expand(&next)[0].0 > last, "the next entry follows");
+        assert!(OplogPos::before(ts(9, 3)) < expand(&entry)[0].0);
+    }
+
+    /// FerretDB writes an update as `{$v: 1, $set: <the whole new document>}`: that is the
+    /// exact image after the change. MongoDB's `$set` (before 5.0) names changed fields only,
+    /// never the `_id`: the image is read later.
+    #[test]
+    fn an_update_that_sets_the_whole_document_carries_its_image() {
+        let whole = doc! {
+            "op": "u", "ns": "db.rollups", "o2": {"_id": "source:a"},
+            "o": {"$v": 1, "$set": {"_id": "source:a", "count": 7, "_tailrace_written_us": 5_i64}},
+        };
+        let p = read_op("db", &whole).unwrap();
+        assert_eq!(p.op, ChangeOp::Update);
+        assert_eq!(
+            p.after.map(serde_json::Value::Object),
+            Some(serde_json::json!({"_id": "source:a", "count": 7})),
+            "the image, without the engine's write time"
+        );
+        let fields = doc! {
+            "op": "u", "ns": "db.rollups", "o2": {"_id": "source:a"},
+            "o": {"$v": 1, "$set": {"count": 7}},
+        };
+        assert_eq!(read_op("db", &fields).unwrap().after, None, "read later");
     }
 
     #[test]

@@ -21,37 +21,42 @@ use store::{
     Durability, Filter, KeyUpdate, Position, RecordStream, Start, Store, StoreError, Update,
 };
 
-/// Calls `$runner!(check, ...)` with every check that takes only a store, so each engine's
-/// runner gets the same list and a new check cannot be forgotten in one of them.
+/// Calls `$runner!(check: [needs], ...)` with every check that takes only a store, so each
+/// engine's runner gets the same list and a new check cannot be forgotten in one of them.
+/// `needs` names the [`store::Capability`]s a check uses beyond the basic contract (capped
+/// collections, keyed collections, checkpoints): a runner for a server that lacks one reports
+/// the check as ignored, with the server's reply. The embedded engine has every capability.
 /// (`history_lost` needs the engine's history size, so runners call it themselves.)
 macro_rules! every_check {
     ($runner:ident) => {
         $runner!(
-            append_positions_increase,
-            tail_orders_then_awaits,
-            tail_start_now_and_after,
-            eviction_by_count,
-            eviction_by_bytes,
-            position_lost,
-            latest_by_indexed_field,
-            change_ops_with_images,
-            post_images_only,
-            one_update_of_a_key_several_times,
-            append_with_updates_all_or_nothing,
-            resume_from_token,
-            change_filters,
-            oplog_across_collections,
-            durability_levels,
-            checkpoints_round_trip,
-            resume_token_advances_past_filtered,
-            expire_removes_idle_keys,
-            newest_matching_walks_back,
-            filtered_tail_keeps_order_and_detects_eviction,
-            capped_initial_then_tail_exactly_once,
-            keyed_snapshot_then_changes_exactly_once,
-            scan_pages_by_key,
-            filter_cases_on_capped,
-            filter_cases_on_keyed,
+            append_positions_increase: [],
+            tail_orders_then_awaits: [],
+            tail_start_now_and_after: [],
+            tail_now_sees_positions_a_refused_group_frees: [],
+            a_refused_document_stores_what_the_answer_says: [],
+            eviction_by_count: [CappedBounds],
+            eviction_by_bytes: [CappedBounds],
+            position_lost: [CappedBounds],
+            latest_by_indexed_field: [],
+            change_ops_with_images: [ChangeStreams, BeforeImages],
+            post_images_only: [ChangeStreams, BeforeImages],
+            one_update_of_a_key_several_times: [ChangeStreams, BeforeImages],
+            append_with_updates_all_or_nothing: [ChangeStreams, DocumentsAsSent],
+            resume_from_token: [ChangeStreams],
+            change_filters: [ChangeStreams],
+            oplog_across_collections: [ChangeStreams],
+            durability_levels: [],
+            checkpoints_round_trip: [],
+            resume_token_advances_past_filtered: [ChangeStreams],
+            expire_removes_idle_keys: [ChangeStreams],
+            newest_matching_walks_back: [],
+            filtered_tail_keeps_order_and_detects_eviction: [CappedBounds],
+            capped_initial_then_tail_exactly_once: [],
+            keyed_snapshot_then_changes_exactly_once: [ChangeStreams, SnapshotReads],
+            scan_pages_by_key: [],
+            filter_cases_on_capped: [],
+            filter_cases_on_keyed: [ChangeStreams, SnapshotReads],
         );
     };
 }
@@ -153,6 +158,95 @@ pub async fn tail_orders_then_awaits(store: &dyn Store) {
     let r = next_record(&mut tail).await;
     assert_eq!(r.doc["n"], json!(5), "tail wakes on a later append");
     writer.await.unwrap();
+}
+
+/// A tail opened at "now" while a group of appends is being refused still gets every document
+/// appended after it opened. The refused group holds a document with a `$`-prefixed key (a
+/// server that does not store documents as sent refuses it, after a round trip) and one over
+/// MongoDB's 16 MiB limit (refused by every MongoDB-compatible server): the MongoDB engine
+/// gives a failed group's positions to the next appends, and a tail that started after the
+/// positions in flight never saw those documents. An engine that stores both documents passes
+/// them to the tail too, which is as right.
+pub async fn tail_now_sees_positions_a_refused_group_frees(store: &dyn Store) {
+    let c = capped(store, "c_refused", 1000, 64 << 20).await;
+    append_n(&*c, 0, 1, Durability::Acknowledged).await;
+    for round in 0..3 {
+        let group = vec![
+            doc(json!({"$refused": round})),
+            doc(json!({"pad": "x".repeat(17 << 20)})),
+        ];
+        let refuser = c.clone();
+        let refused =
+            tokio::spawn(async move { refuser.append(group, Durability::Acknowledged).await });
+        // Let the append reach the engine's writer before the tail opens.
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+        let mut tail = c.tail(Start::Now);
+        let _ = tokio::time::timeout(WAIT, refused)
+            .await
+            .expect("the refused append answers");
+        let after = c
+            .append(vec![doc(json!({"after": round}))], Durability::Acknowledged)
+            .await
+            .expect("the next append is taken")[0];
+        loop {
+            let r = next_record(&mut tail).await;
+            if r.doc.get("after") == Some(&json!(round)) {
+                assert_eq!(r.position, after, "round {round}: the tail's document");
+                break;
+            }
+            assert!(
+                r.doc.contains_key("$refused") || r.doc.contains_key("pad"),
+                "round {round}: only the group's own documents may come first, got {:?}",
+                r.doc.keys().collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+/// An append whose middle document the store refuses (a `$`-prefixed key, refused by servers
+/// that do not store documents as sent; 17 MiB, over every MongoDB-compatible server's limit)
+/// stores exactly what its answer says: everything (an engine that takes both), nothing
+/// (all or nothing), or, as [`StoreError::PartlyWritten`] says, the documents before the
+/// refused one, once each. A caller that retries from there stores nothing twice.
+pub async fn a_refused_document_stores_what_the_answer_says(store: &dyn Store) {
+    let c = capped(store, "c_partial", 1000, 64 << 20).await;
+    let sent = vec![
+        doc(json!({"n": 1})),
+        doc(json!({"n": 2, "$refused": true, "pad": "x".repeat(17 << 20)})),
+        doc(json!({"n": 3})),
+    ];
+    let answer = c.append(sent, Durability::Acknowledged).await;
+    let held: Vec<i64> = c
+        .newest_matching(&Filter::match_all(), 100)
+        .await
+        .unwrap()
+        .records
+        .iter()
+        .rev()
+        .map(|r| r.doc["n"].as_i64().unwrap())
+        .collect();
+    let expected: Vec<i64> = match &answer {
+        Ok(positions) => {
+            assert_eq!(positions.len(), 3);
+            vec![1, 2, 3]
+        }
+        Err(StoreError::PartlyWritten { written, error }) => {
+            assert!(!error.is_transient(), "refused, not unavailable: {error}");
+            (1..=*written as i64).collect()
+        }
+        Err(e) => {
+            assert!(!e.is_transient(), "refused, not unavailable: {e}");
+            vec![]
+        }
+    };
+    assert_eq!(held, expected, "stored as the answer says: {answer:?}");
+    let retried = c
+        .append(vec![doc(json!({"n": 3}))], Durability::Acknowledged)
+        .await
+        .unwrap();
+    assert_eq!(retried.len(), 1);
 }
 
 /// `Start::Now` skips existing documents; `Start::After(p)` yields exactly those after `p`.

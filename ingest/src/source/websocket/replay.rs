@@ -100,7 +100,7 @@ pub async fn replay(server: &[u8], reads: &[usize], limit: usize) -> Replay {
         reads: reads.to_vec(),
         read_no: 0,
     };
-    let req = match request(URL, &[]) {
+    let req = match request("replay", URL, &[]) {
         Ok(r) => r,
         Err(e) => {
             out.stop = Stop::Handshake(e.to_string());

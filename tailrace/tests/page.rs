@@ -1,0 +1,131 @@
+//! The live page in headless Chromium against the real binary: `server/static-dev/check_page.mjs`
+//! loads `/` from a running pipeline (the default synthetic source, 70 events/s) and checks, as
+//! a person would see it, that every chart has data and advances within 2 s, that the newest
+//! events are listed (bounded, newest first, as text), that the filter box narrows the list and
+//! shows the server's 400 for a bad filter, that both streams resume exactly after a dropped
+//! connection, that reconnecting adds no listeners, and that the console stays free of errors.
+//!
+//! Needs `node`, `playwright-core` (npm; `.ci/run` installs it into `target/ci-node`, or set
+//! `PLAYWRIGHT_DIR` to a directory whose `node_modules` holds it) and Chromium
+//! (`/usr/bin/chromium`, Debian's `chromium`, or `CHROMIUM=/path`). Without them this prints a
+//! notice and passes, except under `CI`, where it fails. The screenshots are kept as artifacts:
+//! `target/page.png` and `target/page-dark.png`.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::Tailrace;
+
+/// The whole check takes ~15 s; a loaded CI machine gets ample room.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(240);
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The build's target directory (where the screenshots are kept).
+fn target_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| workspace().join("target"))
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// node, the directory holding `node_modules/playwright-core`, and Chromium; or `None` (with
+/// a notice) outside CI when one is missing.
+fn tools() -> Option<(PathBuf, PathBuf, PathBuf)> {
+    let node = on_path("node");
+    let pw_dir = std::env::var_os("PLAYWRIGHT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("ci-node"));
+    let playwright = pw_dir
+        .join("node_modules/playwright-core/package.json")
+        .is_file()
+        .then_some(pw_dir.clone());
+    let chromium = std::env::var_os("CHROMIUM")
+        .map(PathBuf::from)
+        .or_else(|| Some(PathBuf::from("/usr/bin/chromium")))
+        .filter(|p| p.is_file());
+    match (node, playwright, chromium) {
+        (Some(n), Some(p), Some(c)) => Some((n, p, c)),
+        (n, p, c) => {
+            let missing: Vec<String> = [
+                n.is_none().then(|| "node".to_string()),
+                p.is_none().then(|| {
+                    format!(
+                        "playwright-core in {} (npm install --prefix {0} playwright-core@1.65.1)",
+                        pw_dir.display()
+                    )
+                }),
+                c.is_none()
+                    .then(|| "chromium (apt-get install chromium)".to_string()),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "the page check needs {}; .ci/run installs them (under CI this is a failure, not a skip)",
+                missing.join(", ")
+            );
+            eprintln!(
+                "NOTICE: skipping the page check in Chromium: missing {}",
+                missing.join(", ")
+            );
+            None
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_page_works_in_chromium_against_the_real_binary() {
+    let Some((node, pw_dir, chromium)) = tools() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let t = Tailrace::start(dir.path(), &[]).await;
+    let shot = target_dir().join("page.png");
+    let script = workspace().join("server/static-dev/check_page.mjs");
+    let child = tokio::process::Command::new(&node)
+        .arg(&script)
+        .arg(format!("http://{}", t.addr))
+        .arg(&shot)
+        .current_dir(&pw_dir)
+        .env("CHROMIUM", &chromium)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let out = tokio::time::timeout(CHECK_TIMEOUT, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("check_page.mjs did not finish within {CHECK_TIMEOUT:?}"))
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success(),
+        "check_page.mjs failed ({}):\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}\n{}",
+        out.status,
+        t.report()
+    );
+    assert!(
+        stdout.contains("passed: ") && shot.is_file(),
+        "every check passed and the screenshot {} was written:\n{stdout}",
+        shot.display()
+    );
+}
