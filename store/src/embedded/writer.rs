@@ -234,7 +234,7 @@ pub(crate) struct Writer {
 /// long tail (10^7 distinct hashtags) ran 15 % faster with it, `bench insert` random
 /// batched 4 % (docs/BENCHMARKS.md, "Memory after a burst"). Emptied, the cache's pages go
 /// back to the allocator, which returns them to the system: the binary gives SQLite mimalloc
-/// (`ingest::allocator::route_sqlite`); glibc kept them.
+/// (`tailrace::allocator::route_sqlite`); glibc kept them.
 #[derive(Default)]
 struct PageCache {
     /// Until when the cache stays large: the last large group's commit and the linger.
