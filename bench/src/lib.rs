@@ -119,6 +119,8 @@ pub struct Bench {
     pub data_root: PathBuf,
     /// Removes `data_root` when the run ends, when it is a temporary directory.
     _temp: Option<tempfile::TempDir>,
+    /// When the run started (Unix seconds): part of each scenario's MongoDB database name.
+    run: u64,
 }
 
 impl Bench {
@@ -159,6 +161,9 @@ impl Bench {
             out,
             data_root,
             _temp: temp,
+            run: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
         })
     }
 
@@ -184,12 +189,19 @@ impl Bench {
     }
 
     /// The config a scenario's store is opened with: the embedded engine in a fresh
-    /// directory, MongoDB in a database of the scenario's own (`<database>_<name>`), so no
-    /// scenario finds what an earlier one wrote.
+    /// directory, MongoDB in a database of the scenario's and this run's own
+    /// (`<database>_<name>_<unix seconds>`), so no scenario finds what an earlier one, or an
+    /// earlier run on the same server, wrote: a source's sequence and rollups would continue
+    /// from it.
     pub fn store_config(&self, name: &str) -> Config {
         let mut c = self.config.clone();
         c.store.path = self.data_dir(name);
-        c.store.database = format!("{}_{}", c.store.database, name.replace(['-', '.'], "_"));
+        c.store.database = format!(
+            "{}_{}_{}",
+            c.store.database,
+            name.replace(['-', '.'], "_"),
+            self.run
+        );
         c
     }
 

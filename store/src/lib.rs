@@ -49,6 +49,7 @@ pub mod filter;
 #[cfg(feature = "mongodb")]
 pub mod mongo;
 mod stamp;
+mod telemetry;
 mod types;
 pub mod update;
 

@@ -26,7 +26,7 @@ const PURGE_DELAY: c_int = 15;
 /// Sets the options; call first thing in `main`. A purge delay the operator chose
 /// (`MIMALLOC_PURGE_DELAY`, which mimalloc reads itself) is left as it is: holding freed
 /// pages for a while costs memory after a burst and saves the page faults of taking them
-/// back (docs/BENCHMARKS.md, "The change feed's catch-up").
+/// back (docs/BENCHMARKS.md, "Memory after a burst").
 pub fn tune() {
     tune_unless_chosen(std::env::var_os("MIMALLOC_PURGE_DELAY").is_some());
 }

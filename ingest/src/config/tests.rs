@@ -1213,3 +1213,21 @@ fn every_example_loads_and_builds() {
         });
     }
 }
+
+/// `config/ferretdb.toml` loads and asks only for what FerretDB serves: the MongoDB engine, no
+/// `changes` feed (no change streams there), no long-tail rollup field.
+#[test]
+fn the_ferretdb_config_loads_and_asks_for_no_change_stream() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/ferretdb.toml");
+    let text = std::fs::read_to_string(path).unwrap();
+    Jail::expect_with(|jail| {
+        jail.clear_env();
+        jail.create_file("ferretdb.toml", &text)?;
+        let c = Config::load(Some(Path::new("ferretdb.toml"))).unwrap();
+        assert_eq!(c.store.engine, StoreEngine::Mongodb);
+        let kinds: Vec<&str> = c.feeds.iter().map(|f| f.kind()).collect();
+        assert_eq!(kinds, ["tailable", "oplog"]);
+        assert!(!c.ingest.rollup_fields.iter().any(|f| f == "hashtags"));
+        Ok(())
+    });
+}

@@ -1,6 +1,7 @@
 //! Capped collections on MongoDB: creation and the compatibility check, the single writer task
 //! that assigns positions, the ring of acknowledgment times, and the tailable-await tail.
 
+use crate::telemetry::Problem;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -368,11 +369,16 @@ async fn settle_uncertain(
         }
     }
     if matched < landed {
-        tracing::warn!(
-            collection = %shared.name, stored = landed - matched,
-            "documents of an insert whose outcome was unknown were stored after all, and were \
-             not sent again as they were: they may be stored twice"
-        );
+        Problem {
+            error_type: "uncertain_insert",
+            detail: &format!(
+                "{}: {} documents of an insert whose outcome was unknown were stored after all, \
+                 and were not sent again as they were: they may be stored twice",
+                shared.name,
+                landed - matched
+            ),
+        }
+        .warn();
     }
     shared.acks.resync(newest);
     Ok(())
@@ -479,11 +485,15 @@ async fn write_group(
         match (&newest, stored) {
             (Ok(n), _) => shared.acks.resync(n.unwrap_or(0)),
             (Err(_), Some(s)) => shared.acks.resync(first + s as u64 - 1),
-            (Err(re), None) => tracing::warn!(
-                collection = %shared.name, error = %re,
-                "could not re-read the newest position after a failed insert; the next insert \
-                 settles what this one stored"
-            ),
+            (Err(re), None) => Problem {
+                error_type: "store_read",
+                detail: &format!(
+                    "{}: could not re-read the newest position after a failed insert ({re}); \
+                     the next insert settles what this one stored",
+                    shared.name
+                ),
+            }
+            .warn(),
         }
         let Some(s) = stored else {
             *uncertain = Some(Uncertain {
@@ -524,10 +534,16 @@ fn fail_job(shared: &CappedShared, job: AppendJob, error: StoreError) {
         Some(reply) => {
             let _ = reply.send(Err(error));
         }
-        None => tracing::error!(
-            collection = %shared.name, documents = job.docs.len(), error = %error,
-            "unacknowledged append to MongoDB failed; the documents are lost"
-        ),
+        None => Problem {
+            error_type: "unacknowledged_write",
+            detail: &format!(
+                "{}: an unacknowledged append of {} documents failed ({error}); the documents \
+                 are lost",
+                shared.name,
+                job.docs.len()
+            ),
+        }
+        .error(),
     }
 }
 
@@ -665,7 +681,11 @@ pub(crate) async fn ensure_capped(db: &Database, name: &str, spec: &CappedSpec) 
         match collection_info(db, name).await? {
             Some(info) => {
                 if let Some(warning) = check_existing_capped(name, &info, want)? {
-                    tracing::warn!("{warning}");
+                    Problem {
+                        error_type: "collection_options",
+                        detail: &warning,
+                    }
+                    .warn();
                 }
                 break;
             }
@@ -1056,7 +1076,11 @@ fn tail_stream(
             let mut cursor = match opened {
                 Ok(c) => c,
                 Err(e) if classify(&e) == Class::Transient => {
-                    tracing::warn!(collection = %shared.name, error = %e, "tail: cannot open the cursor; retrying");
+                    Problem {
+                        error_type: "tail_reopen",
+                        detail: &format!("{}: a tail cannot open its cursor ({e}); retrying", shared.name),
+                    }
+                    .warn();
                     if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
                         Err(StoreError::Closed)?;
                     }
@@ -1129,7 +1153,11 @@ fn tail_stream(
                         // was evicted with InternalError): re-open after `last`, where the
                         // first-document check tells eviction from a hole.
                         Class::Transient | Class::Other => {
-                            tracing::warn!(collection = %shared.name, error = %e, "tail: cursor failed; re-opening");
+                            Problem {
+                                error_type: "tail_reopen",
+                                detail: &format!("{}: a tail's cursor failed ({e}); re-opening after its last position", shared.name),
+                            }
+                            .warn();
                             if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
                                 Err(StoreError::Closed)?;
                             }

@@ -2,6 +2,7 @@
 //! [`Change`], and the stream that follows them (re-opening after network trouble, ending with
 //! `HistoryLost` when the resume point left the oplog).
 
+use crate::telemetry::Problem;
 use std::sync::{Arc, Mutex};
 
 use futures::FutureExt;
@@ -437,7 +438,11 @@ pub(crate) fn change_stream(
                     // The driver already resumed once on resumable errors; this is an outage
                     // that outlasted it. Re-open after the newest token, with backoff.
                     Class::Transient => {
-                        tracing::warn!(error = %e, "change stream failed; re-opening");
+                        Problem {
+                            error_type: "change_stream_reopen",
+                            detail: &format!("a change stream failed ({e}); re-opening after its last token"),
+                        }
+                        .warn();
                         let from = match events.resume_token() {
                             Some(t) => StartAt::After(t),
                             None => first_from.clone(),
@@ -468,7 +473,11 @@ async fn reopen(
             Ok(events) => return Ok(events),
             Err(e) => match classify(&e) {
                 Class::Transient => {
-                    tracing::warn!(error = %e, "change stream: cannot re-open yet");
+                    Problem {
+                        error_type: "change_stream_reopen",
+                        detail: &format!("a change stream cannot re-open yet ({e}); retrying"),
+                    }
+                    .warn();
                 }
                 Class::HistoryLost => {
                     let token = match from {

@@ -1,6 +1,7 @@
 //! Changefeed-backed (keyed) collections on MongoDB: `{_id: key, ...}` documents, created with
 //! change-stream pre- and post-images, updated with `$inc`/`$set` upserts.
 
+use crate::telemetry::Problem;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -138,14 +139,17 @@ async fn ensure_keyed_collection(db: &Database, name: &str, images: bool) -> Res
                         tracing::info!(collection = %name, "enabled change-stream pre- and post-images");
                     }
                     Err(e) if classify(&e) == Class::Transient => return Err(e.into()),
-                    Err(e) => tracing::warn!(
-                        collection = %name,
-                        reply = %reply_of(&e),
-                        "collMod to enable change-stream pre- and post-images was refused: \
-                         changes of this collection carry no before image (old_val), and an \
-                         update's after image is the document when the change is read; a user \
-                         with the dbAdmin role can run it once"
-                    ),
+                    Err(e) => Problem {
+                        error_type: "collmod_refused",
+                        detail: &format!(
+                            "{name}: collMod to enable change-stream pre- and post-images was \
+                             refused ({}): changes of this collection carry no before image \
+                             (old_val), and an update's after image is the document when the \
+                             change is read; a user with the dbAdmin role can run it once",
+                            reply_of(&e)
+                        ),
+                    }
+                    .warn(),
                 }
             }
             Ok(())
@@ -402,7 +406,13 @@ impl Keyed for MongoKeyed {
         self.inner
             .background(async move {
                 if let Err(e) = write.await {
-                    tracing::error!(collection = %name, error = %e, "unacknowledged update to MongoDB failed");
+                    Problem {
+                        error_type: "unacknowledged_write",
+                        detail: &format!(
+                            "{name}: an unacknowledged update failed ({e}); it is lost"
+                        ),
+                    }
+                    .error();
                 }
             })
             .await
@@ -430,7 +440,13 @@ impl Keyed for MongoKeyed {
         self.inner
             .background(async move {
                 if let Err(e) = write.await {
-                    tracing::error!(collection = %name, key = %key, error = %e, "unacknowledged set to MongoDB failed");
+                    Problem {
+                        error_type: "unacknowledged_write",
+                        detail: &format!(
+                            "{name}: an unacknowledged set of {key:?} failed ({e}); it is lost"
+                        ),
+                    }
+                    .error();
                 }
             })
             .await
@@ -455,7 +471,13 @@ impl Keyed for MongoKeyed {
         self.inner
             .background(async move {
                 if let Err(e) = write.await {
-                    tracing::error!(collection = %name, key = %key, error = %e, "unacknowledged delete in MongoDB failed");
+                    Problem {
+                        error_type: "unacknowledged_write",
+                        detail: &format!(
+                            "{name}: an unacknowledged delete of {key:?} failed ({e}); it is lost"
+                        ),
+                    }
+                    .error();
                 }
             })
             .await?;

@@ -28,7 +28,7 @@
 //! ## Durability
 //! | level | write concern |
 //! |---|---|
-//! | `unacknowledged` | `w: 1`, sent by the writer task (capped) or a background task (keyed, checkpoints); the caller does not wait. The Rust driver refuses `w: 0` on the client side. Failures are logged with `tracing::error!`. |
+//! | `unacknowledged` | `w: 1`, sent by the writer task (capped) or a background task (keyed, checkpoints); the caller does not wait. The Rust driver refuses `w: 0` on the client side. Failures are logged and counted (`tailrace_errors_total{component="store"}`). |
 //! | `acknowledged` | `w: 1` |
 //! | `journaled` | `w: 1, j: true` |
 //! | `majority` | `w: "majority", j: true` |
@@ -81,6 +81,7 @@ mod keyed;
 mod oplog;
 mod probe;
 
+use crate::telemetry::Problem;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -263,7 +264,11 @@ impl Inner {
             .await
             .is_err()
         {
-            tracing::warn!("a change stream is still opening; writing anyway");
+            Problem {
+                error_type: "stream_opening",
+                detail: "a change stream is still opening; writing anyway",
+            }
+            .warn();
         }
     }
 
@@ -511,7 +516,11 @@ impl Store for MongoStore {
         self.inner
             .background(async move {
                 if let Err((feed, e)) = write.await {
-                    tracing::error!(feed = %feed, error = %e, "unacknowledged checkpoint to MongoDB failed");
+                    Problem {
+                        error_type: "unacknowledged_write",
+                        detail: &format!("feed {feed}: an unacknowledged checkpoint failed ({e}); the feed resumes from its previous one"),
+                    }
+                    .error();
                 }
             })
             .await
@@ -540,7 +549,11 @@ impl Store for MongoStore {
             .await
             .is_err()
         {
-            tracing::warn!("MongoDB client: cursors still held after close; shutting down anyway");
+            Problem {
+                error_type: "close",
+                detail: "MongoDB client: cursors still held after close; shutting down anyway",
+            }
+            .warn();
             self.inner.client.clone().shutdown().immediate(true).await;
         }
         Ok(())

@@ -11,6 +11,7 @@
 //! - transactions appear as `applyOps` entries and are unpacked; tokens name the operation's
 //!   index inside its entry. Prepared (sharded) transactions are not followed.
 
+use crate::telemetry::Problem;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -349,7 +350,11 @@ pub(crate) fn oplog_stream(
             let mut cursor = match opened {
                 Ok(c) => c,
                 Err(e) if classify(&e) == Class::Transient => {
-                    tracing::warn!(error = %e, "oplog watcher: cannot open the cursor; retrying");
+                    Problem {
+                        error_type: "oplog_reopen",
+                        detail: &format!("the oplog watcher cannot open its cursor ({e}); retrying"),
+                    }
+                    .warn();
                     if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
                         Err(StoreError::Closed)?;
                     }
@@ -426,7 +431,11 @@ pub(crate) fn oplog_stream(
                         // An outage, or a failure that is neither a bad request nor a missing
                         // feature (a killed cursor, an internal error): re-open after `last`.
                         Class::Transient | Class::Other => {
-                            tracing::warn!(error = %e, "oplog watcher: cursor failed; re-opening");
+                            Problem {
+                                error_type: "oplog_reopen",
+                                detail: &format!("the oplog watcher's cursor failed ({e}); re-opening after its last position"),
+                            }
+                            .warn();
                             if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
                                 Err(StoreError::Closed)?;
                             }

@@ -9,6 +9,7 @@
 //! A network failure while probing fails the connect (the server cannot be used); any other
 //! refusal is an answer.
 
+use crate::telemetry::Problem;
 use futures::StreamExt;
 use mongodb::bson::{Bson, Document as BsonDoc, doc};
 use mongodb::error::{Error as DriverError, ErrorKind};
@@ -223,12 +224,16 @@ async fn probe_documents(db: &Database) -> Result<(Support, Support, Support)> {
         if classify(&e) == Class::Transient {
             return Err(e.into());
         }
-        tracing::warn!(
-            error = %reply_of(&e),
-            "could not create a scratch collection to probe the server; assuming it stores \
-             documents as sent, keeps capped bounds at every insert and keeps tailable cursors \
-             open, as MongoDB does"
-        );
+        Problem {
+            error_type: "probe",
+            detail: &format!(
+                "could not create a scratch collection to probe the server ({}); assuming it \
+                 stores documents as sent, keeps capped bounds at every insert and keeps \
+                 tailable cursors open, as MongoDB does",
+                reply_of(&e)
+            ),
+        }
+        .warn();
         return Ok((Support::Yes, Support::Yes, Support::Yes));
     }
     let coll = db.collection::<BsonDoc>(&name);
@@ -307,7 +312,14 @@ async fn probe_documents(db: &Database) -> Result<(Support, Support, Support)> {
     let dropped = coll.drop().await;
     let found = outcome?;
     if let Err(e) = dropped {
-        tracing::warn!(collection = %name, error = %reply_of(&e), "could not drop the probe's scratch collection");
+        Problem {
+            error_type: "probe",
+            detail: &format!(
+                "could not drop the probe's scratch collection {name} ({})",
+                reply_of(&e)
+            ),
+        }
+        .warn();
     }
     Ok(found)
 }
