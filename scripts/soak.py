@@ -16,11 +16,14 @@ Two shapes (issue 11):
 
 Every --every seconds it samples, from outside the process: resident memory (VmRSS, and its
 anonymous part: what the process allocated, without the binary's mapped pages), CPU time,
-the data directory's allocated bytes (the database, its WAL and shared memory), the number of
-rollup keys and op-log entries (a second, read-only SQLite connection), events read and
-written, and each feed's lag (from /metrics). It writes samples.csv and summary.md into --out
-and prints the summary: start, middle and end, and whether memory and disk levelled off
-(growth over the second half of the run against the first).
+what the process caused to be written to the disk (`write_bytes` of /proc/<pid>/io) and its
+write and sync calls (`syscw`), the data directory's allocated bytes (the journal, the keyed
+state's tables), events read and written, and each feed's lag (from /metrics). At the end it
+reads a sample of the stored events through the API (`/api/events/{position}`) for their size
+as compact JSON, the stream's own bytes, so the summary can say how many times those bytes
+were written. It writes samples.csv and summary.md into --out and prints the summary: start,
+middle and end, and whether memory and disk levelled off (growth over the second half of the
+run against the first).
 
 Uses only the standard library. Build first: cargo build --release.
 """
@@ -33,7 +36,6 @@ import random
 import shutil
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -120,20 +122,28 @@ def disk_bytes(path):
     return total
 
 
-def store_counts(db):
-    """(rollup keys, op-log entries, events kept), read through a read-only connection."""
-    try:
-        c = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+def io_counters(pid):
+    """(write_bytes, syscw) of /proc/<pid>/io: bytes the process caused to be sent to the
+    storage layer (page-cache pages it dirtied, direct writes), and its write calls."""
+    out = {}
+    with open(f"/proc/{pid}/io") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            out[k] = int(v)
+    return out.get("write_bytes", 0), out.get("syscw", 0)
+
+
+def event_bytes(port, newest, n=200):
+    """The mean size, as compact JSON, of up to `n` stored events before position `newest`."""
+    sizes = []
+    for pos in range(max(1, newest - n + 1), newest + 1):
         try:
-            keys = c.execute("SELECT COUNT(*) FROM kv WHERE coll = 'rollups'").fetchone()[0]
-            oplog = c.execute("SELECT COUNT(*) FROM oplog").fetchone()[0]
-            events = c.execute("SELECT COUNT(*) FROM capped_events").fetchone()[0]
-            return keys, oplog, events
-        finally:
-            c.close()
-    except sqlite3.Error as e:
-        print(f"  (store counts unavailable: {e})", file=sys.stderr)
-        return None, None, None
+            doc = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/events/{pos}", timeout=10))
+        except (OSError, ValueError):
+            continue
+        doc = doc.get("doc", doc)
+        sizes.append(len(json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()))
+    return sum(sizes) / len(sizes) if sizes else None
 
 
 def mib(b):
@@ -203,9 +213,10 @@ def main():
         rows = []
         t0 = time.monotonic()
         cpu0 = cpu_seconds(proc.pid)
+        io0 = io_counters(proc.pid)
         while True:
             m = metrics(port)
-            keys, oplog, kept = store_counts(os.path.join(data, "tailrace.db"))
+            written, syscw = io_counters(proc.pid)
             row = {
                 "seconds": round(time.monotonic() - t0, 1),
                 "read": int(msum(m, "tailrace_source_events_total", source="sample")),
@@ -216,10 +227,11 @@ def main():
                 "rss_bytes": rss_bytes(proc.pid),
                 "anon_bytes": rss_bytes(proc.pid, "RssAnon"),
                 "cpu_seconds": round(cpu_seconds(proc.pid) - cpu0, 2),
+                "write_bytes": written - io0[0],
+                "write_calls": syscw - io0[1],
                 "disk_bytes": disk_bytes(data),
-                "rollup_keys": keys,
-                "oplog_entries": oplog,
-                "events_kept": kept,
+                "journal_bytes": disk_bytes(os.path.join(data, "journal")),
+                "keyed_bytes": disk_bytes(os.path.join(data, "keyed")),
                 "lag_tail": int(msum(m, "tailrace_feed_lag_events", feed="tail")),
                 "lag_changes": int(msum(m, "tailrace_feed_lag_events", feed="changes")),
                 "rollups_expired": int(msum(m, "tailrace_rollups_expired_total")),
@@ -231,7 +243,7 @@ def main():
             print(
                 f"  {row['seconds']:>8.0f} s  read {row['read']:>10,} (+{row['burst_read']:,})  "
                 f"rss {mib(row['rss_bytes']):>12} (anon {mib(row['anon_bytes'])})  "
-                f"disk {mib(row['disk_bytes']):>12}  rollup keys {keys if keys is not None else '?':>9}  "
+                f"disk {mib(row['disk_bytes']):>12}  written {mib(row['write_bytes']):>12}  "
                 f"lag {row['lag_tail']}/{row['lag_changes']}",
                 flush=True,
             )
@@ -239,6 +251,14 @@ def main():
             if done or proc.poll() is not None:
                 break
             time.sleep(a.every)
+        # The stream's own bytes: the events as stored, as compact JSON.
+        newest = 0
+        try:
+            status = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/feeds/tail", timeout=10))
+            newest = int(status.get("position") or 0)
+        except (OSError, ValueError, TypeError):
+            pass
+        mean_event = event_bytes(port, newest) if newest else None
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=120)
     finally:
@@ -277,9 +297,10 @@ def main():
         ("RSS", "rss_bytes", mib),
         ("RSS, anonymous", "anon_bytes", mib),
         ("disk (data directory)", "disk_bytes", mib),
-        ("rollup keys", "rollup_keys", lambda v: "?" if v is None else f"{v:,}"),
-        ("op-log entries", "oplog_entries", lambda v: "?" if v is None else f"{v:,}"),
-        ("events kept", "events_kept", lambda v: "?" if v is None else f"{v:,}"),
+        ("  journal", "journal_bytes", mib),
+        ("  keyed state", "keyed_bytes", mib),
+        ("written (/proc/<pid>/io write_bytes)", "write_bytes", mib),
+        ("write calls (syscw)", "write_calls", lambda v: f"{v:,}"),
         ("CPU seconds", "cpu_seconds", lambda v: f"{v:,.1f}"),
         ("rollup keys expired", "rollups_expired", lambda v: f"{v:,}"),
         ("feed lag tail / changes", None, None),
@@ -290,8 +311,7 @@ def main():
             cells = [fmt(r[field]) for r in (first, q1, mid, last)]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("")
-    for label, field in [("RSS", "rss_bytes"), ("RSS, anonymous", "anon_bytes"), ("disk", "disk_bytes"),
-                         ("rollup keys", "rollup_keys")]:
+    for label, field in [("RSS", "rss_bytes"), ("RSS, anonymous", "anon_bytes"), ("disk", "disk_bytes")]:
         second, first_half = growth(field)
         fmt = mib if field.endswith("bytes") else (lambda v: f"{v:,}")
         # A quantity that a sweep keeps cutting back (rollup keys) oscillates: compare its peaks
@@ -321,6 +341,15 @@ def main():
             )
         else:
             lines.append(f"- The burst ({a.burst:,} events) was not read a minute before the end: no after-burst figure.")
+    events = max(last["read"] - first["read"], 1)
+    per_event = (last["write_bytes"] - first["write_bytes"]) / events
+    calls = (last["write_calls"] - first["write_calls"]) / events
+    lines.append(
+        f"- Written from the first sample to the last: {per_event:,.0f} bytes and {calls:.2f} write calls per event"
+        + (f", {per_event / mean_event:.2f}× the stream's own bytes (its events average {mean_event:,.0f} bytes "
+           "as compact JSON, a sample of 200 read back through the API)." if mean_event else
+           " (the events' own size could not be read back).")
+    )
     lines.append(
         f"- CPU: {last['cpu_seconds'] / secs * 100:.1f}% of one core on average; "
         f"feeds missing {last['missing']}, duplicates {last['duplicates']}, rejected {last['rejected']}."

@@ -10,7 +10,8 @@
 //!   ([`Keyed::changes`], [`Store::changes`] for the op log across collections), resumable from
 //!   a [`ResumeToken`].
 //!
-//! Engines: [`embedded::EmbeddedStore`] (SQLite in WAL mode; the default, no server), and
+//! Engines: [`embedded::EmbeddedStore`] (a segmented journal, with an LSM tree for keyed
+//! state; the default, no server), and
 //! `mongo::MongoStore` (MongoDB through the official driver; cargo feature `mongodb`). The
 //! contract test suite in `tests/contract/` runs against every engine.
 //!

@@ -1,23 +1,28 @@
-//! The store contract suite against the embedded engine, plus what only it can show.
+//! The store contract suite against the embedded engine, plus what only it can show:
+//! recovery (a reopen, a torn journal tail, keyed state replayed), segment release,
+//! validation rules, indexes added later, one process per directory.
 
 #![allow(clippy::unwrap_used)]
 
 #[macro_use]
 mod contract;
 
-use serde_json::json;
-use store::embedded::{EmbeddedOptions, EmbeddedStore};
-use store::{CappedSpec, Durability, Store};
+use store::Store;
+use store::embedded::{EmbeddedOptions, EmbeddedStore, Tuning};
 
 /// Small op log so `history_lost` runs quickly.
 const HISTORY: u64 = 1000;
 
 fn open(dir: &tempfile::TempDir) -> EmbeddedStore {
-    EmbeddedStore::open(
+    EmbeddedStore::open_tuned(
         dir.path(),
         EmbeddedOptions {
             oplog_max_entries: HISTORY,
             queue_capacity: 64,
+        },
+        Tuning {
+            segment_bytes: 64 * 1024,
+            memtable_bytes: 64 * 1024,
         },
     )
     .expect("open embedded store")
@@ -44,58 +49,443 @@ async fn history_lost() {
     contract::history_lost(&store, HISTORY).await;
 }
 
-#[tokio::test]
-async fn latest_uses_the_index_column() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
-    let spec = CappedSpec {
-        max_docs: 100,
-        max_bytes: 1 << 20,
-        indexes: vec!["user.id".into()],
-    };
-    store.capped("events", &spec).await.unwrap();
-    let plan = store.explain_latest("events", "user.id").await.unwrap();
-    assert!(
-        plan.contains("USING INDEX capped_events_ix_user_did"),
-        "plan should use the index: {plan}"
-    );
-    assert!(
-        !plan.contains("TEMP B-TREE"),
-        "newest-first must come from the index, not a sort: {plan}"
-    );
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use store::{
+    CappedSpec, ChangeFilter, ChangeStart, Durability, Filter, KeyUpdate, Position, Start, Update,
+};
+
+fn spec(max_docs: u64, indexes: &[&str]) -> CappedSpec {
+    CappedSpec {
+        max_docs,
+        max_bytes: 1 << 30,
+        indexes: indexes.iter().map(|s| s.to_string()).collect(),
+    }
 }
 
+fn event(i: u64) -> store::Document {
+    contract::doc(json!({
+        "i": i,
+        "user": {"id": i % 7, "screen_name": format!("ü{}🦀", i % 5)},
+        "text": format!("{} {}", "東京 مرحبا ".repeat((i % 13) as usize), i),
+        "$odd.key": {"a.b": i},
+    }))
+}
+
+/// Everything written — capped documents over many segments, keyed documents, checkpoints,
+/// the change log — reads back the same after a reopen, and writing goes on from there.
 #[tokio::test]
-async fn data_survives_reopen_and_positions_continue() {
+async fn a_reopened_store_reads_everything_back_and_continues() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = CappedSpec {
-        max_docs: 100,
-        max_bytes: 1 << 20,
-        indexes: vec![],
-    };
-    let first = {
+    let (positions, token) = {
         let store = open(&dir);
-        let c = store.capped("events", &spec).await.unwrap();
+        let c = store
+            .capped("events", &spec(100_000, &["user.id"]))
+            .await
+            .unwrap();
+        let k = store.keyed("rollups").await.unwrap();
+        let mut positions = Vec::new();
+        for b in 0..60u64 {
+            let docs = (b * 20..b * 20 + 20).map(event).collect();
+            positions.extend(c.append(docs, Durability::Acknowledged).await.unwrap());
+            k.update(
+                vec![
+                    KeyUpdate::new("source:s", Update::inc("count", 20).and_set("last", b)),
+                    KeyUpdate::new(format!("tag:{b}"), Update::inc("count", 1)),
+                ],
+                Durability::Journaled,
+            )
+            .await
+            .unwrap();
+        }
+        store
+            .save_checkpoint(
+                "feed",
+                json!({"pos": 7, "state": [1, "二"]}),
+                Durability::Journaled,
+            )
+            .await
+            .unwrap();
+        assert!(
+            store.segments() >= 2,
+            "small segments: several were written"
+        );
+        let token = store.newest_change().await.unwrap().unwrap();
+        store.close().await.unwrap();
+        (positions, token)
+    };
+    let store = open(&dir);
+    let c = store
+        .capped("events", &spec(100_000, &["user.id"]))
+        .await
+        .unwrap();
+    let k = store.keyed("rollups").await.unwrap();
+    for (i, p) in positions.iter().enumerate().step_by(97) {
+        let r = c.get(*p).await.unwrap().expect("retained");
+        assert_eq!(
+            Value::Object(r.doc),
+            Value::Object(event(i as u64)),
+            "at {p}"
+        );
+    }
+    let latest = c.latest("user.id", &json!(3), 5).await.unwrap();
+    let is: Vec<u64> = latest
+        .iter()
+        .map(|r| r.doc["i"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        is,
+        vec![1193, 1186, 1179, 1172, 1165],
+        "newest first, across segments"
+    );
+    assert_eq!(
+        k.get("source:s").await.unwrap().unwrap()["count"],
+        json!(1200)
+    );
+    assert_eq!(k.scan("tag:").await.unwrap().len(), 60);
+    assert_eq!(
+        store.load_checkpoint("feed").await.unwrap(),
+        Some(json!({"pos": 7, "state": [1, "二"]}))
+    );
+    let mut changes = k.changes(ChangeFilter::default(), ChangeStart::After(token));
+    let more = c
+        .append(vec![event(9999)], Durability::Journaled)
+        .await
+        .unwrap();
+    assert!(more[0] > *positions.last().unwrap(), "positions continue");
+    k.update(
+        vec![KeyUpdate::new("tag:new", Update::inc("count", 1))],
+        Durability::Journaled,
+    )
+    .await
+    .unwrap();
+    let next = tokio::time::timeout(contract::WAIT, changes.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        next.key, "tag:new",
+        "the change log continues after the reopen"
+    );
+    store.close().await.unwrap();
+}
+
+/// What a crash leaves at the journal's end — a record cut short, garbage — is ignored at
+/// open (it was never acknowledged), and the journal continues over it.
+#[tokio::test]
+async fn a_torn_tail_is_ignored_and_written_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = {
+        let store = open(&dir);
+        let c = store.capped("events", &spec(1000, &[])).await.unwrap();
         let p = c
-            .append(vec![contract::doc(json!({"a": 1}))], Durability::Journaled)
+            .append((0..5).map(event).collect(), Durability::Journaled)
             .await
             .unwrap();
         store.close().await.unwrap();
-        p[0]
+        p
     };
+    let before = store::embedded::inspect(dir.path()).unwrap();
+    assert!(!before.tail.torn, "a clean stop: {before:?}");
+    // A half-written record after the last one: a header that promises more than is there.
+    let journal = dir.path().join("journal");
+    let mut segs: Vec<_> = std::fs::read_dir(&journal)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    segs.sort();
+    let last = segs.last().unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(last).unwrap();
+    let mut junk = b"TRJ1".to_vec();
+    junk.extend_from_slice(&[0xff, 0x00, 0x01, 0x00]);
+    junk.extend_from_slice(&[0x5a; 200]);
+    std::os::unix::fs::FileExt::write_all_at(&f, &junk, before.tail.end).unwrap();
+    drop(f);
+    let torn = store::embedded::inspect(dir.path()).unwrap();
+    assert!(torn.tail.torn, "the garbage is seen: {torn:?}");
+    assert_eq!(torn.records, before.records);
+
     let store = open(&dir);
-    let c = store.capped("events", &spec).await.unwrap();
-    assert_eq!(c.get(first).await.unwrap().unwrap().doc["a"], json!(1));
-    let p = c
-        .append(vec![contract::doc(json!({"a": 2}))], Durability::Journaled)
+    let c = store.capped("events", &spec(1000, &[])).await.unwrap();
+    assert_eq!(c.usage().await.unwrap().docs, 5);
+    let q = c
+        .append(vec![event(5)], Durability::Journaled)
         .await
         .unwrap();
-    assert!(
-        p[0] > first,
-        "positions continue after a reopen: {} then {}",
-        first,
-        p[0]
+    assert_eq!(q[0], Position(p[4].0 + 1));
+    store.close().await.unwrap();
+    let after = store::embedded::inspect(dir.path()).unwrap();
+    assert!(!after.tail.torn, "written over: {after:?}");
+    assert_eq!(after.records, before.records + 1);
+    let store = open(&dir);
+    let c = store.capped("events", &spec(1000, &[])).await.unwrap();
+    let mut tail = c.tail(Start::Oldest);
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        let r = tokio::time::timeout(contract::WAIT, tail.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        seen.push(r.doc["i"].as_u64().unwrap());
+    }
+    assert_eq!(seen, vec![0, 1, 2, 3, 4, 5]);
+    store.close().await.unwrap();
+}
+
+/// Keyed writes not yet flushed to the tree's tables when the store went away (dropped, not
+/// closed: what a kill leaves) are replayed from the journal at the next open.
+#[tokio::test]
+async fn keyed_state_is_replayed_from_the_journal_after_a_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(&dir);
+        let k = store.keyed("rollups").await.unwrap();
+        for i in 0..300u64 {
+            k.update(
+                vec![
+                    KeyUpdate::new("hot", Update::inc("n", 1)),
+                    KeyUpdate::new(format!("cold:{i}"), Update::inc("n", 1)),
+                ],
+                Durability::Journaled,
+            )
+            .await
+            .unwrap();
+        }
+        k.delete("cold:7", Durability::Journaled).await.unwrap();
+        k.set(
+            "set",
+            contract::doc(json!({"a": "b"})),
+            Durability::Journaled,
+        )
+        .await
+        .unwrap();
+        drop(k);
+        drop(store);
+    }
+    // The threads let go of the directory once they have stopped.
+    let store = loop {
+        match EmbeddedStore::open_tuned(
+            dir.path(),
+            EmbeddedOptions {
+                oplog_max_entries: HISTORY,
+                queue_capacity: 64,
+            },
+            Tuning {
+                segment_bytes: 64 * 1024,
+                memtable_bytes: 64 * 1024,
+            },
+        ) {
+            Ok(s) => break s,
+            Err(store::StoreError::Locked(_)) => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let k = store.keyed("rollups").await.unwrap();
+    assert_eq!(k.get("hot").await.unwrap().unwrap()["n"], json!(300));
+    assert_eq!(k.scan("cold:").await.unwrap().len(), 299);
+    assert!(k.get("cold:7").await.unwrap().is_none());
+    assert_eq!(k.get("set").await.unwrap().unwrap()["a"], json!("b"));
+    // The write-time index came back too: every key can expire.
+    let n = k
+        .expire(
+            "cold:",
+            store::clock::now_us() + 1,
+            10_000,
+            Durability::Journaled,
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 299);
+    store.close().await.unwrap();
+}
+
+/// Old segments go once nothing needs them; a few documents of a slowly evicted collection
+/// in them (dead letters among events) move into the tree and stay readable, through a
+/// reopen too.
+#[tokio::test]
+async fn finished_segments_are_released_and_few_survivors_move_into_the_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let letters_spec = spec(1000, &["reason"]);
+    {
+        let store = open(&dir);
+        let events = store
+            .capped("events", &spec(50, &["user.id"]))
+            .await
+            .unwrap();
+        let letters = store.capped("dead", &letters_spec).await.unwrap();
+        for b in 0..200u64 {
+            events
+                .append(
+                    (b * 10..b * 10 + 10).map(event).collect(),
+                    Durability::Acknowledged,
+                )
+                .await
+                .unwrap();
+            if b % 50 == 0 {
+                letters
+                    .append(
+                        vec![contract::doc(json!({"reason": "bad", "b": b}))],
+                        Durability::Acknowledged,
+                    )
+                    .await
+                    .unwrap();
+            }
+        }
+        let deadline = tokio::time::Instant::now() + contract::WAIT;
+        loop {
+            store.flush_keyed_state().await.unwrap();
+            if store.segments() <= 4 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "segments were not released: {} left",
+                store.segments()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let got = letters.latest("reason", &json!("bad"), 10).await.unwrap();
+        let bs: Vec<Value> = got.iter().map(|r| r.doc["b"].clone()).collect();
+        assert_eq!(bs, vec![json!(150), json!(100), json!(50), json!(0)]);
+        store.close().await.unwrap();
+    }
+    let store = open(&dir);
+    let letters = store.capped("dead", &letters_spec).await.unwrap();
+    let events = store
+        .capped("events", &spec(50, &["user.id"]))
+        .await
+        .unwrap();
+    assert_eq!(letters.usage().await.unwrap().docs, 4);
+    let mut tail = letters.tail(Start::Oldest);
+    for want in [0, 50, 100, 150] {
+        let r = tokio::time::timeout(contract::WAIT, tail.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.doc["b"], json!(want));
+    }
+    let got = letters.latest("reason", &json!("bad"), 2).await.unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!(events.usage().await.unwrap().docs, 50);
+    let b = events.bounds().await.unwrap().unwrap();
+    assert_eq!(b.newest.0 - b.oldest.0, 49);
+    assert_eq!(
+        events.get(b.oldest).await.unwrap().unwrap().doc["i"],
+        json!(1950)
     );
+    store.close().await.unwrap();
+}
+
+/// A validation rule refuses what does not match it, in capped and keyed collections, and
+/// survives a reopen.
+#[tokio::test]
+async fn a_validation_rule_refuses_documents_and_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(&dir);
+        let c = store.capped("events", &spec(100, &[])).await.unwrap();
+        let k = store.keyed("rollups").await.unwrap();
+        let rule = |v: Value| Some(Filter::parse(&v).unwrap());
+        store
+            .set_validator("events", rule(json!({"poison": {"$exists": false}})))
+            .await
+            .unwrap();
+        store
+            .set_validator("rollups", rule(json!({"_id": {"$ne": "lang:ja"}})))
+            .await
+            .unwrap();
+        c.append(vec![contract::doc(json!({"ok": 1}))], Durability::Journaled)
+            .await
+            .unwrap();
+        let e = c
+            .append(
+                vec![contract::doc(json!({"poison": true}))],
+                Durability::Journaled,
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            !e.is_transient() && e.to_string().contains("validation"),
+            "{e}"
+        );
+        k.update(
+            vec![KeyUpdate::new("lang:en", Update::inc("count", 1))],
+            Durability::Journaled,
+        )
+        .await
+        .unwrap();
+        let e = k
+            .update(
+                vec![KeyUpdate::new("lang:ja", Update::inc("count", 1))],
+                Durability::Journaled,
+            )
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("validation"), "{e}");
+        store.close().await.unwrap();
+    }
+    let store = open(&dir);
+    let c = store.capped("events", &spec(100, &[])).await.unwrap();
+    assert!(
+        c.append(
+            vec![contract::doc(json!({"poison": 1}))],
+            Durability::Journaled
+        )
+        .await
+        .is_err()
+    );
+    assert_eq!(c.usage().await.unwrap().docs, 1);
+    store.set_validator("events", None).await.unwrap();
+    c.append(
+        vec![contract::doc(json!({"poison": 1}))],
+        Durability::Journaled,
+    )
+    .await
+    .unwrap();
+    store.close().await.unwrap();
+}
+
+/// A field indexed later finds the documents stored before, in every segment.
+#[tokio::test]
+async fn an_index_added_later_covers_the_documents_already_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(&dir);
+        let c = store.capped("events", &spec(10_000, &[])).await.unwrap();
+        for b in 0..40u64 {
+            c.append(
+                (b * 10..b * 10 + 10).map(event).collect(),
+                Durability::Acknowledged,
+            )
+            .await
+            .unwrap();
+        }
+        store.close().await.unwrap();
+    }
+    let store = open(&dir);
+    let c = store
+        .capped("events", &spec(10_000, &["user.screen_name"]))
+        .await
+        .unwrap();
+    c.append(vec![event(400)], Durability::Journaled)
+        .await
+        .unwrap();
+    let got = c
+        .latest("user.screen_name", &json!("ü0🦀"), 100)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 81, "every fifth of 401 documents");
+    assert_eq!(got[0].doc["i"], json!(400));
+    assert_eq!(got[80].doc["i"], json!(0));
+    store.close().await.unwrap();
 }
 
 #[tokio::test]
@@ -115,11 +505,11 @@ async fn an_undone_job_leaves_nothing_for_the_next_update_to_build_on() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
     let k = store.keyed("k").await.unwrap();
-    let set = store::Update::default().and_set("s", "text");
+    let set = Update::default().and_set("s", "text");
     k.update(
         vec![
-            store::KeyUpdate::new("a", store::Update::inc("n", 1)),
-            store::KeyUpdate::new("b", set),
+            KeyUpdate::new("a", Update::inc("n", 1)),
+            KeyUpdate::new("b", set),
         ],
         Durability::Journaled,
     )
@@ -128,146 +518,191 @@ async fn an_undone_job_leaves_nothing_for_the_next_update_to_build_on() {
     let bad = k
         .update(
             vec![
-                store::KeyUpdate::new("a", store::Update::inc("n", 10)),
-                store::KeyUpdate::new("b", store::Update::inc("s", 1)),
+                KeyUpdate::new("a", Update::inc("n", 10)),
+                KeyUpdate::new("b", Update::inc("s", 1)),
             ],
             Durability::Journaled,
         )
         .await;
     assert!(bad.is_err(), "$inc of a string fails the whole job");
     k.update(
-        vec![store::KeyUpdate::new("a", store::Update::inc("n", 1))],
+        vec![KeyUpdate::new("a", Update::inc("n", 1))],
         Durability::Journaled,
     )
     .await
     .unwrap();
     assert_eq!(k.get("a").await.unwrap().unwrap()["n"], json!(2));
+    store.close().await.unwrap();
 }
 
-/// A database written before `kv` had its write-time column opens, and its keys count as
-/// written at the upgrade: none expires at once.
-#[tokio::test]
-async fn a_database_of_the_earlier_layout_is_upgraded_without_expiring_everything() {
+/// Copies the SQLite-layout fixture (written by the SQLite engine; see its `make.rs.txt`)
+/// into a fresh directory.
+fn sqlite_fixture() -> (tempfile::TempDir, Value) {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sqlite-layout");
     let dir = tempfile::tempdir().unwrap();
-    {
-        let store = open(&dir);
-        let k = store.keyed("rollups").await.unwrap();
-        k.update(
-            vec![store::KeyUpdate::new(
-                "tag:a",
-                store::Update::inc("count", 3),
-            )],
-            Durability::Journaled,
-        )
-        .await
-        .unwrap();
-        store.close().await.unwrap();
+    std::fs::copy(src.join("tailrace.db"), dir.path().join("tailrace.db")).unwrap();
+    let expected: Value =
+        serde_json::from_slice(&std::fs::read(src.join("expected.json")).unwrap()).unwrap();
+    (dir, expected)
+}
+
+/// Everything the fixture's capped collection holds, as the dump has it.
+async fn dump_capped(c: &dyn store::Capped) -> Vec<Value> {
+    let Some(b) = c.bounds().await.unwrap() else {
+        return Vec::new();
+    };
+    let mut tail = c.tail(Start::Oldest);
+    let mut out = Vec::new();
+    loop {
+        let r = tokio::time::timeout(contract::WAIT, tail.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let done = r.position >= b.newest;
+        out.push(
+            json!({"position": r.position.0, "doc": r.doc, "committed_at_us": r.committed_at_us}),
+        );
+        if done {
+            return out;
+        }
     }
-    // The earlier layout: no `ts` column, no index on it.
-    let db = rusqlite::Connection::open(dir.path().join(store::embedded::schema::DB_FILE)).unwrap();
-    db.execute_batch(
-        "DROP INDEX kv_written;
-         CREATE TABLE kv_old(coll TEXT NOT NULL, key TEXT NOT NULL, body TEXT NOT NULL,
-                             PRIMARY KEY(coll, key)) WITHOUT ROWID;
-         INSERT INTO kv_old SELECT coll, key, body FROM kv;
-         DROP TABLE kv;
-         ALTER TABLE kv_old RENAME TO kv;",
+}
+
+/// A data directory of the SQLite layout is converted at its first open: every capped
+/// document at its position with its commit time, the change log with its tokens and images,
+/// the keyed documents, the checkpoints — all read back as the SQLite engine read them — and
+/// positions and tokens continue from where they were; the SQLite files are kept in
+/// `sqlite-backup/`; the next open converts nothing.
+#[tokio::test]
+async fn a_sqlite_data_directory_is_converted_whole_at_its_first_open() {
+    let (dir, expected) = sqlite_fixture();
+    // What a conversion cut short leaves: thrown away, and done again.
+    std::fs::create_dir_all(dir.path().join(".conversion/journal")).unwrap();
+    std::fs::write(
+        dir.path().join(".conversion/journal/0000000000000001.log"),
+        b"half",
     )
     .unwrap();
-    drop(db);
-    let before_upgrade = store::clock::now_us();
-    let store = open(&dir);
-    let k = store.keyed("rollups").await.unwrap();
-    assert_eq!(
-        k.expire("tag:", before_upgrade, 100, Durability::Journaled)
-            .await
-            .unwrap(),
-        0,
-        "keys count as written at the upgrade"
+    let events_spec = spec(
+        60,
+        &["user.screen_name", "user.id", "id", "_tailrace.source"],
     );
-    assert_eq!(k.get("tag:a").await.unwrap().unwrap()["count"], json!(3));
-    assert_eq!(
-        k.expire("tag:", store::clock::now_us(), 100, Durability::Journaled)
-            .await
-            .unwrap(),
-        1,
-        "and expire from there"
-    );
-}
-
-/// Index columns are filled by the writer from the document; a database of the earlier
-/// layout (an expression index on the JSON text) gets the column backfilled by SQLite's own
-/// `json_extract`. Both must find the same documents for every kind of scalar.
-#[tokio::test]
-async fn an_expression_index_of_the_earlier_layout_becomes_a_column_that_agrees() {
-    let dir = tempfile::tempdir().unwrap();
-    let values = [
-        json!("ünï 🦀 text"),
-        json!(42),
-        json!(-7),
-        json!(2.5),
-        json!(u64::MAX),
-        json!(true),
-        json!(false),
-    ];
-    let docs = |tag: &str| -> Vec<serde_json::Value> {
-        values
-            .iter()
-            .map(|v| json!({"k": v, "tag": tag}))
-            .chain([json!({"tag": tag}), json!({"k": {"nested": 1}, "tag": tag})])
-            .collect()
-    };
-    let spec = CappedSpec {
-        max_docs: 1000,
-        max_bytes: 1 << 20,
-        indexes: vec!["k".into()],
-    };
-    {
-        let store = open(&dir);
-        let c = store
-            .capped(
-                "events",
-                &CappedSpec {
-                    indexes: vec![],
-                    ..spec.clone()
-                },
-            )
-            .await
-            .unwrap();
-        let docs = docs("old")
-            .into_iter()
-            .map(|d| d.as_object().unwrap().clone())
-            .collect();
-        c.append(docs, Durability::Journaled).await.unwrap();
+    let letters_spec = spec(10_000, &["source", "reason"]);
+    for round in 0..2 {
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+        assert!(!dir.path().join("tailrace.db").exists(), "round {round}");
+        assert!(
+            dir.path().join("sqlite-backup/tailrace.db").exists(),
+            "round {round}"
+        );
+        assert!(!dir.path().join(".conversion").exists());
+        let events = store.capped("events", &events_spec).await.unwrap();
+        let letters = store.capped("dead_letters", &letters_spec).await.unwrap();
+        let rollups = store.keyed("rollups").await.unwrap();
+        let stats = store.keyed("stats").await.unwrap();
+        if round == 0 {
+            assert_eq!(
+                Value::Array(dump_capped(&*events).await),
+                expected["events"]
+            );
+            assert_eq!(
+                Value::Array(dump_capped(&*letters).await),
+                expected["dead_letters"]
+            );
+            for (name, k) in [("rollups", &rollups), ("stats", &stats)] {
+                let all: Vec<Value> = k
+                    .scan("")
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|d| json!({"key": d.key, "doc": d.doc}))
+                    .collect();
+                assert_eq!(Value::Array(all), expected[name], "{name}");
+            }
+            let mut changes = store.changes(ChangeFilter::default(), ChangeStart::Oldest);
+            for want in expected["changes"].as_array().unwrap() {
+                let c = tokio::time::timeout(contract::WAIT, changes.next())
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(&serde_json::to_value(&c).unwrap(), want);
+            }
+            for feed in ["tail", "changes"] {
+                assert_eq!(
+                    store.load_checkpoint(feed).await.unwrap().as_ref(),
+                    Some(&expected["checkpoints"][feed]),
+                    "{feed}"
+                );
+            }
+            // The indexes came along.
+            let by_user = events.latest("user.id", &json!(3), 2).await.unwrap();
+            assert_eq!(
+                by_user.iter().map(|r| r.position.0).collect::<Vec<_>>(),
+                vec![190, 173]
+            );
+            // Positions and tokens continue.
+            let last_pos = expected["events"].as_array().unwrap().last().unwrap()["position"]
+                .as_u64()
+                .unwrap();
+            let p = events
+                .append(
+                    vec![contract::doc(json!({"new": 1}))],
+                    Durability::Journaled,
+                )
+                .await
+                .unwrap();
+            assert_eq!(p[0].0, last_pos + 1);
+            let token: u64 = expected["changes"].as_array().unwrap().last().unwrap()["token"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            let mut s = rollups.changes(
+                ChangeFilter::default(),
+                ChangeStart::After(store::ResumeToken(token.to_string())),
+            );
+            rollups
+                .update(
+                    vec![KeyUpdate::new("lang:en", Update::inc("count", 1))],
+                    Durability::Journaled,
+                )
+                .await
+                .unwrap();
+            let c = tokio::time::timeout(contract::WAIT, s.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            assert_eq!(c.token.0, (token + 1).to_string());
+        } else {
+            assert_eq!(
+                events.usage().await.unwrap().docs,
+                60,
+                "the conversion is not redone"
+            );
+            assert_eq!(letters.usage().await.unwrap().docs, 5);
+        }
+        // Retention counts from the write times the SQLite engine kept (not the conversion's):
+        // none of them is idle as of the fixture's oldest change, all four hashtags are a
+        // second after its newest.
+        if round == 0 {
+            let changes = expected["changes"].as_array().unwrap();
+            let at = |c: &Value| c["committed_at_us"].as_i64().unwrap();
+            let (oldest, newest) = (at(&changes[0]), at(changes.last().unwrap()));
+            let expire = |before: i64| {
+                let rollups = rollups.clone();
+                async move {
+                    rollups
+                        .expire("hashtags:", before, 100, Durability::Journaled)
+                        .await
+                        .unwrap()
+                }
+            };
+            assert_eq!(expire(oldest - 1).await, 0);
+            assert_eq!(expire(newest + 1_000_000).await, 4);
+        }
         store.close().await.unwrap();
     }
-    // The earlier layout's expression index.
-    let db = rusqlite::Connection::open(dir.path().join(store::embedded::schema::DB_FILE)).unwrap();
-    db.execute_batch("CREATE INDEX idx_events_k ON capped_events(json_extract(body, '$.k'))")
-        .unwrap();
-    drop(db);
-    let store = open(&dir);
-    let c = store.capped("events", &spec).await.unwrap();
-    let docs = docs("new")
-        .into_iter()
-        .map(|d| d.as_object().unwrap().clone())
-        .collect();
-    c.append(docs, Durability::Journaled).await.unwrap();
-    for v in &values {
-        let found = c.latest("k", v, 10).await.unwrap();
-        let tags: Vec<_> = found.iter().map(|r| r.doc["tag"].clone()).collect();
-        assert_eq!(tags, [json!("new"), json!("old")], "latest(k = {v})");
-    }
-    let plan = store.explain_latest("events", "k").await.unwrap();
-    assert!(plan.contains("USING INDEX capped_events_ix_k"), "{plan}");
-    let db = rusqlite::Connection::open(dir.path().join(store::embedded::schema::DB_FILE)).unwrap();
-    let old: i64 = db
-        .query_row(
-            "SELECT COUNT(*) FROM sqlite_master WHERE name = 'idx_events_k'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(old, 0, "the expression index is dropped");
-    store.close().await.unwrap();
 }

@@ -3,9 +3,9 @@
 //! [`run`] (the pipeline with the HTTP server, the status line and signals, and its ordered
 //! shutdown), [`status`] (what the user sees), [`dead_letters`] (`tailrace dead-letters`),
 //! [`exporter`] (the Prometheus recorder), [`tail`] (`tailrace tail`), [`allocator`] (the
-//! binary's allocator, and SQLite's). The binary itself (`main.rs`) parses the command line,
-//! loads the configuration, installs telemetry and signal handling, calls the library and maps
-//! errors to exit codes.
+//! binary's allocator). The binary itself (`main.rs`) parses the command line, loads the
+//! configuration, installs telemetry and signal handling, calls the library and maps errors
+//! to exit codes.
 //!
 //! What it is not: the sources, ingester and configuration (`ingest`), the HTTP server
 //! (`server`) or the benchmarks (`bench`).

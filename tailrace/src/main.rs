@@ -146,15 +146,6 @@ fn main() -> ExitCode {
         Err(_) => filter,
     };
     init_logs(cli.log_format, filter);
-    // Before anything opens a database (see `tailrace::allocator`).
-    if let Err(code) = tailrace::allocator::route_sqlite() {
-        // Logged, not counted: this runs before the metrics recorder exists (it must come
-        // before anything opens a database), and it can only happen at startup.
-        tracing::warn!(
-            code,
-            "SQLite refused mimalloc as its allocator and keeps the C library's; memory it frees may stay resident"
-        );
-    }
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

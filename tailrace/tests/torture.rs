@@ -5,9 +5,11 @@
 //!
 //! Each cycle starts the binary, waits until its writes are flowing, then a random (seeded)
 //! moment more, scrapes `tailrace_source_last_acked_seq{source}` and kills it with `SIGKILL`.
-//! After each kill, before anything else touches the files, the test reads the write-ahead log
-//! (was a transaction being written at the kill?) and runs SQLite's `PRAGMA integrity_check`
-//! on a read-only connection; then it opens the store and checks:
+//! After each kill, before anything else touches the files, the test reads the journal
+//! without opening the store (`store::embedded::inspect`): every finished segment must hold
+//! only whole records with good checksums, in sequence, and the last one's end says whether a
+//! record was being written at the kill (a torn tail, which the store ignores at open: it was
+//! never acknowledged); then it opens the store and checks:
 //! - per source, sequence numbers 1..=stored, no hole, none twice, stored ≥ acknowledged;
 //! - the replay's lines, over events and dead letters in hand-over order, are exactly 1..=k
 //!   (none lost, none twice), each where it belongs (an event, or a dead letter with the
@@ -263,105 +265,6 @@ fn letter_line(raw: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// What the write-ahead log held at the kill: frames of committed transactions, and whether a
-/// transaction was being written (frames after the last commit frame, or a torn frame).
-/// Read from the file as SQLite's WAL format defines it, before anything opens the database
-/// (opening it recovers and may checkpoint the log).
-#[derive(Debug, Default, Clone, Copy)]
-struct WalTail {
-    committed_frames: u64,
-    /// Valid frames after the last commit frame.
-    uncommitted_frames: u64,
-    /// A frame of the current log generation that is cut short or fails its checksum.
-    torn: bool,
-}
-
-impl WalTail {
-    fn mid_commit(&self) -> bool {
-        self.uncommitted_frames > 0 || self.torn
-    }
-
-    fn read(path: &Path) -> WalTail {
-        let mut out = WalTail::default();
-        let Ok(b) = std::fs::read(path) else {
-            return out;
-        };
-        let be = |s: &[u8]| u32::from_be_bytes([s[0], s[1], s[2], s[3]]);
-        if b.len() < 32 {
-            return out;
-        }
-        // The magic number says in which byte order the checksums read the content.
-        let big_endian = match be(&b[0..4]) {
-            0x377f_0682 => false,
-            0x377f_0683 => true,
-            _ => return out,
-        };
-        let checksum = |mut s: (u32, u32), data: &[u8]| {
-            for w in data.chunks_exact(8) {
-                let word = |x: &[u8]| {
-                    let a = [x[0], x[1], x[2], x[3]];
-                    if big_endian {
-                        u32::from_be_bytes(a)
-                    } else {
-                        u32::from_le_bytes(a)
-                    }
-                };
-                s.0 = s.0.wrapping_add(word(&w[0..4])).wrapping_add(s.1);
-                s.1 = s.1.wrapping_add(word(&w[4..8])).wrapping_add(s.0);
-            }
-            s
-        };
-        let page = match be(&b[8..12]) {
-            1 => 65_536,
-            p => p as usize,
-        };
-        let mut sum = checksum((0, 0), &b[0..24]);
-        if page < 512 || sum != (be(&b[24..28]), be(&b[28..32])) {
-            return out;
-        }
-        let salt = &b[16..24];
-        let mut at = 32;
-        while at + 24 <= b.len() {
-            let head = &b[at..at + 24];
-            if &head[8..16] != salt {
-                break; // a frame of an earlier generation of the log
-            }
-            let Some(content) = b.get(at + 24..at + 24 + page) else {
-                out.torn = true;
-                break;
-            };
-            let next = checksum(checksum(sum, &head[0..8]), content);
-            if next != (be(&head[16..20]), be(&head[20..24])) {
-                out.torn = true;
-                break;
-            }
-            sum = next;
-            out.uncommitted_frames += 1;
-            if be(&head[4..8]) != 0 {
-                out.committed_frames += out.uncommitted_frames;
-                out.uncommitted_frames = 0;
-            }
-            at += 24 + page;
-        }
-        out
-    }
-}
-
-/// `PRAGMA integrity_check` on a read-only connection beside the store: the database as the
-/// kill left it, before the engine opens it.
-fn integrity_check(db: &Path) -> Vec<String> {
-    let conn = rusqlite::Connection::open_with_flags(
-        db,
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .unwrap_or_else(|e| panic!("opening {} read-only: {e}", db.display()));
-    let mut stmt = conn.prepare("PRAGMA integrity_check").unwrap();
-    stmt.query_map([], |r| r.get::<_, String>(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect()
-}
-
 /// Where a replay record was found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Stored {
@@ -391,11 +294,12 @@ struct Audit {
 /// What one audit found beyond what it asserts.
 #[derive(Debug, Default)]
 struct Found {
-    wal: WalTail,
+    journal: store::embedded::JournalReport,
     /// Per source, events stored whose `source:` rollup update was not (killed between the
     /// two commits of a batch).
     rollups_behind: BTreeMap<String, u64>,
-    integrity_ms: u128,
+    inspect_ms: u128,
+    /// Bytes of the data directory (journal, keyed state, catalog).
     db_bytes: u64,
 }
 
@@ -408,20 +312,12 @@ impl Audit {
     /// in failure messages.
     async fn inspect(&mut self, data: &Path, expect: &[Expect], what: &str) -> Found {
         let mut found = Found::default();
-        let db = data.join(store::embedded::schema::DB_FILE);
-        found.wal = WalTail::read(&data.join(format!("{}-wal", store::embedded::schema::DB_FILE)));
         let started = Instant::now();
-        let integrity = integrity_check(&db);
-        found.integrity_ms = started.elapsed().as_millis();
-        assert_eq!(
-            integrity,
-            ["ok"],
-            "{what}: PRAGMA integrity_check must say ok, said {integrity:?}"
-        );
-        found.db_bytes = std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0)
-            + std::fs::metadata(data.join(format!("{}-wal", store::embedded::schema::DB_FILE)))
-                .map(|m| m.len())
-                .unwrap_or(0);
+        found.journal = store::embedded::inspect(data).unwrap_or_else(|e| {
+            panic!("{what}: the journal must hold only whole records before its end: {e}")
+        });
+        found.inspect_ms = started.elapsed().as_millis();
+        found.db_bytes = dir_bytes(data);
 
         let store = EmbeddedStore::open(data, EmbeddedOptions::default())
             .unwrap_or_else(|e| panic!("{what}: the store does not open: {e}"));
@@ -614,6 +510,20 @@ impl Audit {
             self.replay_position = Some((received_us, offset));
         }
     }
+}
+
+/// Bytes of the files under `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 /// The documents of a capped collection after `after`, in position order.
@@ -894,11 +804,11 @@ async fn check_resumed(t: &Tailrace, resume_at: Option<u64>, run: usize) {
 /// Prints the figures docs/RELIABILITY.md quotes.
 fn report(plan: &Plan, rows: &[Row], audit: &Audit, last: &Found, elapsed: Duration) {
     eprintln!(
-        "cycle  wait_ms  acked(replay,stream)  stored(replay,stream)  rollups_behind  wal(committed,uncommitted,torn)  integrity_ms"
+        "cycle  wait_ms  acked(replay,stream)  stored(replay,stream)  rollups_behind  journal(segments,records,torn)  inspect_ms"
     );
     for r in rows {
         eprintln!(
-            "{:>5}  {:>7}  {:>9} {:>10}  {:>10} {:>10}  {:>14}  {:>9} {:>4} {:>5}  {:>12}",
+            "{:>5}  {:>7}  {:>9} {:>10}  {:>10} {:>10}  {:>14}  {:>8} {:>8} {:>5}  {:>10}",
             r.cycle,
             r.wait_ms,
             r.acked[0],
@@ -906,13 +816,13 @@ fn report(plan: &Plan, rows: &[Row], audit: &Audit, last: &Found, elapsed: Durat
             r.stored[0],
             r.stored[1],
             r.found.rollups_behind.values().sum::<u64>(),
-            r.found.wal.committed_frames,
-            r.found.wal.uncommitted_frames,
-            r.found.wal.torn,
-            r.found.integrity_ms
+            r.found.journal.segments,
+            r.found.journal.records,
+            r.found.journal.tail.torn,
+            r.found.inspect_ms
         );
     }
-    let mid_commit = rows.iter().filter(|r| r.found.wal.mid_commit()).count();
+    let mid_commit = rows.iter().filter(|r| r.found.journal.tail.torn).count();
     let between = rows
         .iter()
         .filter(|r| r.found.rollups_behind.values().any(|b| *b > 0))
@@ -926,7 +836,7 @@ fn report(plan: &Plan, rows: &[Row], audit: &Audit, last: &Found, elapsed: Durat
         .filter(|r| r.stored[0] < audit.stored(REPLAY))
         .count();
     eprintln!(
-        "torture: {} kills in {:.0} s (seed {:#x}); stored {} replay events + {} dead letters, {} stream events; database {} MB",
+        "torture: {} kills in {:.0} s (seed {:#x}); stored {} replay events + {} dead letters, {} stream events; data directory {} MB",
         plan.cycles,
         elapsed.as_secs_f64(),
         plan.seed,
@@ -936,7 +846,7 @@ fn report(plan: &Plan, rows: &[Row], audit: &Audit, last: &Found, elapsed: Durat
         last.db_bytes / 1_000_000
     );
     eprintln!(
-        "torture: kills while a transaction was being written to the WAL: {mid_commit}; between a batch's events and rollups commits: {between}; with events committed but not yet acknowledged: {unacked}; during the replay: {mid_replay}"
+        "torture: kills while a record was being written to the journal (a torn tail): {mid_commit}; between a batch's events and rollups commits: {between}; with events committed but not yet acknowledged: {unacked}; during the replay: {mid_replay}"
     );
 }
 

@@ -1,50 +1,63 @@
-//! The embedded engine: SQLite (bundled, WAL) behind the store contract. No server needed.
+//! The embedded engine: a segmented journal with an LSM tree for keyed state. No server.
 //!
-//! - **Writes** go through one writer ([`writer`]) that commits whatever is queued in one
-//!   transaction (group commit): `journaled` throughput is not one fsync per event. A caller
-//!   that finds the writer idle and nothing queued commits its write in its own thread.
-//! - **Durability**: `synchronous=FULL` (fsync per commit) for `journaled`/`majority`,
-//!   `NORMAL` (survives a process crash, not a power loss) for `acknowledged`;
-//!   `unacknowledged` returns once the write is queued.
+//! - **Writes** go through one writer ([`writer`]) that stages whatever is queued and writes
+//!   it as one record at the journal's tail (group commit): a commit is one sequential write
+//!   and, for `journaled`, one `fdatasync`, whatever the number of indexes and counters.
+//! - **Capped collections live in the journal**: a document is written once, in the record
+//!   of its commit; the writer keeps each collection's positions, sizes and seek points, and
+//!   per segment an index of the indexed fields' values (then the segment's `.idx` file).
+//!   Eviction moves the collection's oldest position; a segment is released once nothing
+//!   needs it ([`maint`]).
+//! - **Keyed collections, checkpoints** live in an LSM tree ([`tree`]) whose memtable is
+//!   flushed off the commit's path; the journal is its log.
+//! - **Durability**: `journaled`/`majority` sync the record before they answer;
+//!   `acknowledged` answers once it is written (it survives a process crash, not a power
+//!   loss); `unacknowledged` returns once the write is queued.
 //! - **Tailing** never polls: each commit is broadcast in memory to live tails and change
-//!   streams; a reader that fell behind (or starts in the past) reads the tables until it has
-//!   caught up, then listens again.
+//!   streams; a reader that fell behind (or starts in the past) reads the journal until it
+//!   has caught up, then listens again.
 
+mod catalog;
+mod format;
+mod journal;
+mod maint;
+mod migrate;
 pub mod probe;
 mod read;
+mod recover;
 pub mod schema;
-#[cfg(test)]
-mod tests;
+mod state;
+mod tree;
 mod writer;
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use async_trait::async_trait;
-use rusqlite::{Connection, OptionalExtension};
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc, oneshot};
+
+pub use journal::{IoCounts, TailState};
 
 use crate::{
     Bounds, Capped, CappedSpec, ChangeFilter, ChangeStart, ChangeStream, Document, Durability,
     Filter, KeyUpdate, Keyed, KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record,
     RecordStream, Result, ResumeToken, Start, Store, StoreError, Usage,
 };
-use writer::{Commit, Job, Op, Reply, Writer, WriterCell};
+use writer::{Commit, Job, Op, Reply, WriterCell};
 
-/// How many commits a live reader may fall behind before it switches to reading the tables.
+/// How many commits a live reader may fall behind before it switches to reading the journal.
 /// A commit is released once every live reader has it, so this bounds only a lagging reader.
 const HUB_CAPACITY: usize = 1024;
-/// How many idle reader connections are kept.
-const READER_POOL: usize = 8;
 
 /// Settings of the embedded engine.
 #[derive(Clone, Debug)]
 pub struct EmbeddedOptions {
-    /// The op log keeps at most this many changes; older resume tokens get `HistoryLost`.
+    /// The change log keeps at least this many changes; older resume tokens get
+    /// `HistoryLost`.
     pub oplog_max_entries: u64,
     /// Writes waiting for the writer thread; when full, writers wait (backpressure).
     pub queue_capacity: usize,
@@ -59,26 +72,52 @@ impl Default for EmbeddedOptions {
     }
 }
 
+/// Sizes of the engine's files and buffers. The defaults suit tailrace; tests use small
+/// segments to see them finished and released.
+#[derive(Clone, Debug)]
+pub struct Tuning {
+    /// Bytes allocated per journal segment (a record larger than this gets a segment of its
+    /// own size).
+    pub segment_bytes: u64,
+    /// The tree's memtable is sealed and flushed once it holds this many bytes.
+    pub memtable_bytes: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            segment_bytes: 8 << 20,
+            memtable_bytes: 4 << 20,
+        }
+    }
+}
+
 /// The embedded store. Cheap to clone; all clones share one writer.
 #[derive(Clone)]
 pub struct EmbeddedStore {
     inner: Arc<Inner>,
 }
 
-struct Inner {
-    db_path: PathBuf,
+pub(crate) struct Inner {
+    dir: PathBuf,
     /// `None` once closed: sends then fail with `Closed`.
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     /// The writer, committed to by the writer thread and by callers that find it idle.
     cell: Arc<WriterCell>,
     /// `None` once closed: live readers then end with `Closed`.
     hub: Mutex<Option<broadcast::Sender<Arc<Commit>>>>,
-    readers: Mutex<Vec<Connection>>,
     newest_op: Arc<AtomicU64>,
+    shared: Arc<RwLock<state::Shared>>,
+    tree: Arc<tree::Tree>,
+    snapshots: Arc<maint::Snapshots>,
+    oplog_max: u64,
+    stats: Arc<journal::IoStats>,
     capped: Mutex<HashMap<String, Arc<CappedShared>>>,
-    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// Held for the store's lifetime: one process per data directory.
-    _lock: File,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    maint: Mutex<Option<std::sync::mpsc::Sender<maint::Task>>>,
+    /// Held while the store is open (and its threads run): one process per data directory.
+    /// Let go of at `close`.
+    lock: Mutex<Option<Arc<File>>>,
 }
 
 struct CappedShared {
@@ -86,7 +125,7 @@ struct CappedShared {
     newest: Arc<AtomicU64>,
 }
 
-fn lock_err<T>(_: T) -> StoreError {
+pub(crate) fn lock_err<T>(_: T) -> StoreError {
     StoreError::Engine {
         engine: "embedded",
         message: "internal lock poisoned".into(),
@@ -96,6 +135,15 @@ fn lock_err<T>(_: T) -> StoreError {
 impl EmbeddedStore {
     /// Opens (creating when absent) the store in directory `dir`.
     pub fn open(dir: impl AsRef<Path>, options: EmbeddedOptions) -> Result<Self> {
+        Self::open_tuned(dir, options, Tuning::default())
+    }
+
+    /// [`EmbeddedStore::open`] with other file and buffer sizes.
+    pub fn open_tuned(
+        dir: impl AsRef<Path>,
+        options: EmbeddedOptions,
+        tuning: Tuning,
+    ) -> Result<Self> {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
             context: format!("creating data directory {}", dir.display()),
@@ -112,76 +160,224 @@ impl EmbeddedStore {
                 dir.display()
             )));
         }
-        let db_path = dir.join(schema::DB_FILE);
-        let conn = schema::open(&db_path)?;
-        conn.execute_batch(schema::CREATE)?;
-        schema::migrate(&conn)?;
-        let newest_op: i64 = conn
-            .query_row(
-                "SELECT seq FROM sqlite_sequence WHERE name = 'oplog'",
-                [],
-                |r| r.get(0),
-            )
-            .optional()?
-            .unwrap_or(0);
-        let newest_op = Arc::new(AtomicU64::new(newest_op as u64));
+        let lock = Arc::new(lock);
+        if migrate::needed(dir) {
+            migrate::from_sqlite(dir, &options, &tuning)?;
+        } else {
+            migrate::tidy(dir);
+        }
+        let stats = Arc::new(journal::IoStats::default());
+        let recovered = recover::open(dir, tuning.segment_bytes, stats.clone())?;
+        let tree = recovered.tree.clone();
+        let shared = recovered.shared.clone();
+        let catalog = recovered.catalog.clone();
+        let newest_op = Arc::new(AtomicU64::new(recovered.change_next.saturating_sub(1)));
+        {
+            let mut s = shared.write().map_err(lock_err)?;
+            s.point = (tree.visible(), recovered.change_next.saturating_sub(1));
+        }
         let (hub, _) = broadcast::channel(HUB_CAPACITY);
         let (tx, rx) = mpsc::channel(options.queue_capacity.max(1));
-        let writer = Writer::new(
-            conn,
-            &db_path,
-            options.oplog_max_entries,
+        let (maint_tx, maint_rx) = std::sync::mpsc::channel();
+        let rotate_asked = Arc::new(AtomicBool::new(false));
+        let writer = writer::Writer::new(
+            recovered,
             hub.clone(),
             newest_op.clone(),
+            maint_tx.clone(),
+            tuning.memtable_bytes,
+            rotate_asked.clone(),
         )?;
         let cell = Arc::new(WriterCell::new(writer));
-        let handle = std::thread::Builder::new()
-            .name("tailrace-writer".into())
-            .spawn({
-                let cell = cell.clone();
-                move || writer::run(cell, rx)
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(f)
+                .map_err(|source| StoreError::Io {
+                    context: format!("starting the {name} thread"),
+                    source,
+                })
+        };
+        let writer_thread = spawn("tailrace-writer", {
+            let cell = cell.clone();
+            let lock = lock.clone();
+            Box::new(move || {
+                writer::run(cell, rx);
+                drop(lock);
             })
-            .map_err(|source| StoreError::Io {
-                context: "starting the writer thread".into(),
-                source,
-            })?;
-        // Without a runtime (a tool opening the store from plain threads) a large cache
-        // waits for the next commit instead.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(writer::cut_idle_cache(
-                Arc::downgrade(&cell),
-                tx.downgrade(),
-            ));
-        }
+        })?;
+        let snapshots = Arc::new(maint::Snapshots::default());
+        let m = maint::Maint {
+            dir: dir.to_path_buf(),
+            tree: tree.clone(),
+            shared: shared.clone(),
+            catalog,
+            snapshots: snapshots.clone(),
+            rotate_asked,
+            oplog_max: options.oplog_max_entries,
+            submit: submitter(tx.downgrade(), Arc::downgrade(&cell)),
+            spilled: None,
+        };
+        let maint_thread = spawn("tailrace-maint", {
+            let lock = lock.clone();
+            Box::new(move || {
+                maint::run(m, maint_rx);
+                drop(lock);
+            })
+        })?;
         Ok(EmbeddedStore {
             inner: Arc::new(Inner {
-                db_path,
+                dir: dir.to_path_buf(),
                 jobs: Mutex::new(Some(tx)),
                 cell,
                 hub: Mutex::new(Some(hub)),
-                readers: Mutex::new(Vec::new()),
                 newest_op,
+                shared,
+                tree,
+                snapshots,
+                oplog_max: options.oplog_max_entries,
+                stats,
                 capped: Mutex::new(HashMap::new()),
-                writer: Mutex::new(Some(handle)),
-                _lock: lock,
+                threads: Mutex::new(vec![writer_thread, maint_thread]),
+                maint: Mutex::new(Some(maint_tx)),
+                lock: Mutex::new(Some(lock)),
             }),
         })
     }
 
-    /// The database file, for tools and tests that inspect it.
-    pub fn db_path(&self) -> &Path {
-        &self.inner.db_path
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.inner.dir
     }
 
-    /// SQLite's query plan for `latest(field = ..)` on a capped collection: shows whether the
-    /// index on the field's column is used.
-    pub async fn explain_latest(&self, coll: &str, field: &str) -> Result<String> {
-        schema::check_name(coll)?;
-        let (coll, field) = (coll.to_string(), field.to_string());
-        self.inner
-            .read(move |c| read::explain_latest(c, &coll, &field))
-            .await
+    /// What the journal has written so far (records, bytes, syncs).
+    pub fn io_counts(&self) -> IoCounts {
+        self.inner.stats.counts()
     }
+
+    /// Sets (or with `None` removes) a collection's validation rule: from then on a document
+    /// that does not match `rule` (a capped collection's document, a keyed collection's
+    /// document after an update) is refused, its write failing with an error that names the
+    /// rule — MongoDB's query validators (`validationAction: "error"`). Kept in the catalog.
+    pub async fn set_validator(&self, collection: &str, rule: Option<Filter>) -> Result<()> {
+        self.inner
+            .submit(
+                Op::Validate {
+                    coll: collection.to_owned(),
+                    rule,
+                },
+                Durability::Journaled,
+            )
+            .await
+            .map(|_| ())
+    }
+
+    /// Seals the tree's memtable and waits until the maintenance thread had a chance to flush
+    /// it (for tests of recovery and release).
+    #[doc(hidden)]
+    pub async fn flush_keyed_state(&self) -> Result<()> {
+        self.inner.cell.with(|w| w.request_rotation())?;
+        self.inner
+            .submit(Op::Barrier, Durability::Journaled)
+            .await?;
+        if let Ok(m) = self.inner.maint.lock()
+            && let Some(m) = m.as_ref()
+        {
+            let _ = m.send(maint::Task::Check);
+        }
+        Ok(())
+    }
+
+    /// Journal segments currently retained.
+    pub fn segments(&self) -> usize {
+        self.inner
+            .shared
+            .read()
+            .map(|s| s.segments.len())
+            .unwrap_or(0)
+    }
+}
+
+/// The maintenance thread's way to hand the writer an operation and wait for it.
+fn submitter(
+    jobs: mpsc::WeakSender<Job>,
+    cell: std::sync::Weak<WriterCell>,
+) -> Box<dyn Fn(Op) -> bool + Send> {
+    // Weak: the maintenance thread must not keep the writer (and with it the maintenance
+    // thread's own queue) alive once the store is gone.
+    Box::new(move |op| {
+        let (Some(sender), Some(cell)) = (jobs.upgrade(), cell.upgrade()) else {
+            return false;
+        };
+        let (tx, rx) = oneshot::channel();
+        cell.queued();
+        let job = Job {
+            op,
+            durability: Durability::Acknowledged,
+            reply: Some(tx),
+        };
+        if sender.blocking_send(job).is_err() {
+            cell.not_queued();
+            return false;
+        }
+        drop((sender, cell));
+        matches!(rx.blocking_recv(), Ok(Ok(_)))
+    })
+}
+
+/// What a data directory's journal holds, read without opening the store (and without
+/// changing anything): for the torture test, which looks at it right after a kill.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JournalReport {
+    /// Segments and whole records with good checksums.
+    pub segments: usize,
+    pub records: u64,
+    /// The last record's number.
+    pub last_lsn: u64,
+    /// Where the last segment's records end, and whether something other than zeros lies
+    /// there (a write the kill interrupted).
+    pub tail: TailState,
+    /// Bytes of the journal's files.
+    pub bytes: u64,
+}
+
+/// Reads the journal of the data directory `dir` (see [`JournalReport`]). A finished segment
+/// that does not hold only whole records, or records out of sequence, is an error.
+pub fn inspect(dir: impl AsRef<Path>) -> Result<JournalReport> {
+    let jdir = dir.as_ref().join(journal::DIR);
+    let first = catalog::Catalog::load(dir.as_ref())?.map_or(1, |c| c.first_segment);
+    let segs: Vec<u64> = journal::list_segments(&jdir)?
+        .into_iter()
+        .filter(|s| *s >= first)
+        .collect();
+    let mut report = JournalReport {
+        segments: segs.len(),
+        ..JournalReport::default()
+    };
+    let mut next: Option<u64> = None;
+    for (i, seq) in segs.iter().enumerate() {
+        let seg = journal::Segment::open(&jdir, *seq)?;
+        report.bytes += seg.file.metadata().map(|m| m.len()).unwrap_or(0);
+        let mut records = 0;
+        let tail = recover::scan_records(&seg, next, |_, h, _| {
+            records += 1;
+            next = Some(h.lsn + 1);
+            report.last_lsn = h.lsn;
+            Ok(())
+        })?;
+        report.records += records;
+        if i + 1 < segs.len() && tail.torn {
+            return Err(StoreError::Engine {
+                engine: "embedded",
+                message: format!(
+                    "journal segment {seq:x} is damaged at offset {}: a finished segment holds only whole records",
+                    tail.end
+                ),
+            });
+        }
+        report.tail = tail;
+    }
+    Ok(report)
 }
 
 impl Inner {
@@ -197,13 +393,7 @@ impl Inner {
             .ok_or(StoreError::Closed)?;
         let op = if durability.waits() {
             match self.cell.try_inline(op, durability) {
-                Ok(inline) => {
-                    if inline.wake_writer {
-                        // The WAL is checked after each group.
-                        self.cell.wake(&sender);
-                    }
-                    return inline.result;
-                }
+                Ok(result) => return result,
                 Err(op) => op,
             }
         } else {
@@ -241,35 +431,27 @@ impl Inner {
             .subscribe())
     }
 
-    /// Runs a read on a pooled reader connection, off the async threads.
+    /// Runs a read off the async threads.
     async fn read<T, F>(self: &Arc<Self>, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+        F: FnOnce(&Inner) -> Result<T> + Send + 'static,
     {
         let inner = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let pooled = inner.readers.lock().map_err(lock_err)?.pop();
-            let conn = match pooled {
-                Some(c) => c,
-                None => {
-                    let c = schema::open(&inner.db_path)?;
-                    c.pragma_update(None, "query_only", true)?;
-                    c
-                }
-            };
-            let out = f(&conn);
-            let mut pool = inner.readers.lock().map_err(lock_err)?;
-            if pool.len() < READER_POOL {
-                pool.push(conn);
-            }
-            out
-        })
-        .await
-        .map_err(|e| StoreError::Engine {
-            engine: "embedded",
-            message: format!("reader task: {e}"),
-        })?
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .map_err(|e| StoreError::Engine {
+                engine: "embedded",
+                message: format!("reader task: {e}"),
+            })?
+    }
+
+    /// A consistent read point: the tree's sequence number, the last change then, and a hold
+    /// that keeps the tree's versions as of it.
+    fn snapshot_point(&self) -> Result<(u64, u64, maint::Hold)> {
+        let shared = self.shared.read().map_err(lock_err)?;
+        let (seqno, token) = shared.point;
+        Ok((seqno, token, self.snapshots.hold(seqno)))
     }
 }
 
@@ -286,17 +468,22 @@ impl Store for EmbeddedStore {
                 "capped collection {name}: max_docs and max_bytes must be at least 1"
             )));
         }
-        let newest = Arc::new(AtomicU64::new(0));
-        self.inner
+        let reply = self
+            .inner
             .submit(
                 Op::CreateCapped {
                     name: name.to_string(),
                     spec: spec.clone(),
-                    newest: newest.clone(),
                 },
                 Durability::Journaled,
             )
             .await?;
+        let Reply::Newest(newest) = reply else {
+            return Err(StoreError::Engine {
+                engine: "embedded",
+                message: "the writer did not answer the collection's creation".into(),
+            });
+        };
         let shared = Arc::new(CappedShared {
             spec: spec.clone(),
             newest,
@@ -346,31 +533,17 @@ impl Store for EmbeddedStore {
 
     async fn oldest_change_at(&self) -> Result<Option<i64>> {
         self.inner
-            .read(|c| {
-                Ok(
-                    c.query_row("SELECT ts FROM oplog ORDER BY seq LIMIT 1", [], |r| {
-                        r.get(0)
-                    })
-                    .optional()?,
-                )
+            .read(|i| {
+                let (changes, _) = read::changes_after(i, None, &ChangeFilter::default(), 1)?;
+                Ok(changes.first().map(|c| c.committed_at_us))
             })
             .await
     }
 
     async fn load_checkpoint(&self, feed: &str) -> Result<Option<Value>> {
-        let feed = feed.to_string();
-        let body: Option<String> = self
-            .inner
-            .read(move |c| {
-                Ok(c.query_row(
-                    "SELECT body FROM checkpoints WHERE feed = ?1",
-                    [feed],
-                    |r| r.get(0),
-                )
-                .optional()?)
-            })
-            .await?;
-        Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
+        let key = tree::checkpoint_key(feed);
+        let body = self.inner.read(move |i| i.tree.get(&key)).await?;
+        Ok(body.map(|b| serde_json::from_slice(&b)).transpose()?)
     }
 
     async fn save_checkpoint(
@@ -400,22 +573,35 @@ impl Store for EmbeddedStore {
         }
         self.inner.jobs.lock().map_err(lock_err)?.take();
         self.inner.hub.lock().map_err(lock_err)?.take();
-        let handle = self.inner.writer.lock().map_err(lock_err)?.take();
-        if let Some(handle) = handle {
-            tokio::task::spawn_blocking(move || handle.join())
-                .await
-                .map_err(|e| StoreError::Engine {
-                    engine: "embedded",
-                    message: e.to_string(),
-                })?
-                .map_err(|_| StoreError::Engine {
-                    engine: "embedded",
-                    message: "writer thread panicked".into(),
-                })?;
+        let threads = std::mem::take(&mut *self.inner.threads.lock().map_err(lock_err)?);
+        let mut threads = threads.into_iter();
+        // The writer thread first; then, the writer (which holds the maintenance thread's
+        // queue) closed, the maintenance thread.
+        if let Some(w) = threads.next() {
+            join(w).await?;
         }
-        // No caller commits inline any more (the sender is gone): the connection closes.
-        self.inner.cell.close()
+        self.inner.cell.close()?;
+        self.inner.maint.lock().map_err(lock_err)?.take();
+        for t in threads {
+            join(t).await?;
+        }
+        // Both threads are done: the directory is free for the next open.
+        self.inner.lock.lock().map_err(lock_err)?.take();
+        Ok(())
     }
+}
+
+async fn join(handle: std::thread::JoinHandle<()>) -> Result<()> {
+    tokio::task::spawn_blocking(move || handle.join())
+        .await
+        .map_err(|e| StoreError::Engine {
+            engine: "embedded",
+            message: e.to_string(),
+        })?
+        .map_err(|_| StoreError::Engine {
+            engine: "embedded",
+            message: "a storage thread panicked".into(),
+        })
 }
 
 /// A capped collection of the embedded engine.
@@ -439,7 +625,7 @@ impl EmbeddedCapped {
         })
     }
 
-    /// Whether `keyed` is a collection of this very store (one writer, one database file).
+    /// Whether `keyed` is a collection of this very store (one writer, one journal).
     fn same_store(&self, keyed: &dyn Keyed) -> bool {
         keyed
             .as_any()
@@ -505,17 +691,16 @@ impl Capped for EmbeddedCapped {
     }
 
     async fn newest_matching(&self, filter: &Filter, limit: usize) -> Result<NewestMatching> {
-        let table = schema::capped_table(&self.name);
-        let filter = filter.clone();
+        let (coll, filter) = (self.name.clone(), filter.clone());
         self.inner
-            .read(move |c| read::newest_matching(c, &table, &filter, limit))
+            .read(move |i| read::newest_matching(i, &coll, &filter, limit))
             .await
     }
 
     async fn get(&self, position: Position) -> Result<Option<Record>> {
-        let table = schema::capped_table(&self.name);
+        let coll = self.name.clone();
         self.inner
-            .read(move |c| read::get_record(c, &table, position))
+            .read(move |i| Ok(read::read_docs(i, &coll, position.0, position.0, 1)?.pop()))
             .await
     }
 
@@ -526,33 +711,36 @@ impl Capped for EmbeddedCapped {
                 field: field.to_string(),
             });
         }
-        let table = schema::capped_table(&self.name);
-        let (field, value) = (field.to_string(), value.clone());
+        if !matches!(value, Value::String(_) | Value::Number(_) | Value::Bool(_)) {
+            return Err(StoreError::Invalid(format!(
+                "latest() compares scalars only, not {value}"
+            )));
+        }
+        let (coll, field, value) = (self.name.clone(), field.to_string(), value.clone());
         self.inner
-            .read(move |c| read::latest(c, &table, &field, &value, limit))
+            .read(move |i| read::latest(i, &coll, &field, &value, limit))
             .await
     }
 
     async fn bounds(&self) -> Result<Option<Bounds>> {
-        let table = schema::capped_table(&self.name);
-        self.inner.read(move |c| read::bounds(c, &table)).await
+        let shared = self.inner.shared.read().map_err(lock_err)?;
+        Ok(shared.capped.get(&self.name).and_then(|v| {
+            (v.next > v.oldest && v.count > 0).then(|| Bounds {
+                oldest: Position(v.oldest),
+                newest: Position(v.next - 1),
+            })
+        }))
     }
 
     async fn usage(&self) -> Result<Usage> {
-        let table = schema::capped_table(&self.name);
-        self.inner
-            .read(move |c| {
-                let (n, b): (i64, i64) = c.query_row(
-                    &format!("SELECT COUNT(*), COALESCE(SUM(sz), 0) FROM {table}"),
-                    [],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )?;
-                Ok(Usage {
-                    docs: n as u64,
-                    bytes: b as u64,
-                })
-            })
-            .await
+        let shared = self.inner.shared.read().map_err(lock_err)?;
+        Ok(shared
+            .capped
+            .get(&self.name)
+            .map_or(Usage::default(), |v| Usage {
+                docs: v.count,
+                bytes: v.bytes,
+            }))
     }
 }
 
@@ -645,17 +833,14 @@ impl Keyed for EmbeddedKeyed {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Document>> {
-        let (coll, key) = (self.name.clone(), key.to_string());
+        let k = tree::doc_key(&self.name, key);
         self.inner
-            .read(move |c| {
-                let body: Option<String> = c
-                    .query_row(
-                        "SELECT body FROM kv WHERE coll = ?1 AND key = ?2",
-                        [coll, key],
-                        |r| r.get(0),
-                    )
-                    .optional()?;
-                Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
+            .read(move |i| {
+                let Some(v) = i.tree.get(&k)? else {
+                    return Ok(None);
+                };
+                let (_, json) = tree::split_value(&v)?;
+                Ok(Some(serde_json::from_slice(json)?))
             })
             .await
     }
@@ -663,7 +848,7 @@ impl Keyed for EmbeddedKeyed {
     async fn scan(&self, prefix: &str) -> Result<Vec<KeyedDoc>> {
         let (coll, prefix) = (self.name.clone(), prefix.to_string());
         self.inner
-            .read(move |c| read::scan(c, &coll, &prefix))
+            .read(move |i| read::scan_page(i, &coll, &prefix, None, usize::MAX, i.tree.visible()))
             .await
     }
 
@@ -679,7 +864,9 @@ impl Keyed for EmbeddedKeyed {
             after.map(str::to_string),
         );
         self.inner
-            .read(move |c| read::scan_page(c, &coll, &prefix, after.as_deref(), limit))
+            .read(move |i| {
+                read::scan_page(i, &coll, &prefix, after.as_deref(), limit, i.tree.visible())
+            })
             .await
     }
 

@@ -1,30 +1,30 @@
-//! Reads of the embedded engine: point reads, index queries, and the tail / change streams
-//! that catch up from the tables and then follow the writer's in-memory commit broadcast.
+//! Reads of the engine: documents by position (from the journal, or the tree for documents
+//! of released segments), changes by sequence number, index lookups, and the tail and change
+//! streams that catch up from the journal and then follow the writer's in-memory broadcast.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rusqlite::types::ValueRef;
-use rusqlite::{Connection, OptionalExtension, ToSql, params};
-use serde_json::Value;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::Inner;
-use super::schema::{self, capped_table};
+use super::format::{Entry, Header};
+use super::journal::{Segment, SegmentScan};
+use super::state::{self, SegIndex};
+use super::tree;
 use crate::{
-    Bounds, Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Document, Filter, KeyedDoc,
-    KeyedSnapshot, NewestMatching, Position, Record, RecordStream, Result, ResumeToken, Start,
-    StoreError,
+    Change, ChangeFilter, ChangeStart, ChangeStream, Document, Filter, KeyedDoc, KeyedSnapshot,
+    NewestMatching, Position, Record, RecordStream, Result, ResumeToken, Start, StoreError,
 };
 
-/// Rows fetched per catch-up query: bounds memory while a reader is far behind.
-const CATCH_UP_BATCH: usize = 512;
-/// Rows read per step while walking back for `newest_matching`, and per page of a snapshot:
-/// bounds memory whatever the collection's size.
+/// Documents or changes read per catch-up step: bounds memory while a reader is far behind.
+pub(super) const CATCH_UP_BATCH: usize = 512;
+/// Documents read per step while walking back for `newest_matching`, and per page of a
+/// snapshot: bounds memory whatever the collection's size.
 const PAGE_ROWS: usize = 256;
 
-fn parse_doc(body: &str) -> Result<Document> {
-    Ok(serde_json::from_str(body)?)
+fn parse_doc(json: &[u8]) -> Result<Document> {
+    Ok(serde_json::from_slice(json)?)
 }
 
 pub(super) fn parse_token(token: &ResumeToken) -> Result<u64> {
@@ -35,434 +35,441 @@ pub(super) fn parse_token(token: &ResumeToken) -> Result<u64> {
     })
 }
 
-pub(super) fn get_record(
-    c: &Connection,
-    table: &str,
-    position: Position,
-) -> Result<Option<Record>> {
-    c.query_row(
-        &format!("SELECT pos, body, ts FROM {table} WHERE pos = ?1"),
-        [position.0 as i64],
-        |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, i64>(2)?,
-            ))
-        },
-    )
-    .optional()?
-    .map(|(pos, body, ts)| {
-        Ok(Record {
-            position: Position(pos as u64),
-            doc: parse_doc(&body)?,
-            committed_at_us: Some(ts),
-        })
-    })
-    .transpose()
+/// The segments to read from `seq` on, each with where its records end.
+fn segments_from(inner: &Inner, seq: u64) -> Result<Vec<(Arc<Segment>, u64)>> {
+    let shared = inner.shared.read().map_err(super::lock_err)?;
+    Ok(shared
+        .segments
+        .range(seq..)
+        .map(|(_, i)| (i.seg.clone(), i.end))
+        .collect())
 }
 
-/// A JSON scalar as the SQL value `json_extract` returns for it.
-fn sql_value(value: &Value) -> Result<Box<dyn ToSql + Send>> {
-    Ok(match value {
-        Value::String(s) => Box::new(s.clone()),
-        Value::Bool(b) => Box::new(*b as i64),
-        Value::Number(n) => match n.as_i64() {
-            Some(i) => Box::new(i),
-            None => Box::new(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        other => {
-            return Err(StoreError::Invalid(format!(
-                "latest() compares scalars only, not {other}"
-            )));
-        }
-    })
-}
-
-pub(super) fn latest(
-    c: &Connection,
-    table: &str,
-    field: &str,
-    value: &Value,
+/// The documents of `coll` at positions `[from, to]` (fewer past `limit`), in order. Positions
+/// no longer retained, or holding no document, are skipped.
+pub(super) fn read_docs(
+    inner: &Inner,
+    coll: &str,
+    from: u64,
+    to: u64,
     limit: usize,
 ) -> Result<Vec<Record>> {
-    schema::check_field(field)?;
-    let value = sql_value(value)?;
-    let mut stmt = c.prepare_cached(&format!(
-        "SELECT pos, body, ts FROM {table} WHERE {} = ?1 ORDER BY pos DESC LIMIT ?2",
-        schema::field_sql(c, table, field)?
-    ))?;
-    let rows = stmt.query_map(params![value, limit as i64], |r| {
-        Ok((
-            r.get::<_, i64>(0)?,
-            r.get::<_, String>(1)?,
-            r.get::<_, i64>(2)?,
-        ))
-    })?;
-    rows.map(|row| {
-        let (pos, body, ts) = row?;
-        Ok(Record {
-            position: Position(pos as u64),
-            doc: parse_doc(&body)?,
-            committed_at_us: Some(ts),
-        })
-    })
-    .collect()
+    let (oldest, next, journal_from, seek) = {
+        let shared = inner.shared.read().map_err(super::lock_err)?;
+        let Some(v) = shared.capped.get(coll) else {
+            return Ok(Vec::new());
+        };
+        let from = from.max(v.oldest).max(1);
+        (
+            v.oldest,
+            v.next,
+            v.journal_from,
+            v.seek(from.max(v.journal_from)),
+        )
+    };
+    let from = from.max(oldest).max(1);
+    let to = to.min(next.saturating_sub(1));
+    let mut out = Vec::new();
+    if from > to || limit == 0 {
+        return Ok(out);
+    }
+    if from < journal_from {
+        let prefix = tree::spill_prefix(coll);
+        let start = tree::spill_key(coll, from);
+        let mut after: Option<Vec<u8>> = None;
+        let first = inner.tree.get(&start)?.map(|v| (start.clone(), v));
+        if let Some((k, v)) = first {
+            push_spilled(&prefix, &k, &v, &mut out)?;
+            after = Some(k);
+        } else {
+            after.get_or_insert_with(|| {
+                let mut k = prefix.clone();
+                k.extend_from_slice(&from.saturating_sub(1).to_be_bytes());
+                k
+            });
+        }
+        while out.len() < limit {
+            let page =
+                inner
+                    .tree
+                    .page(&prefix, after.as_deref(), PAGE_ROWS, inner.tree.visible())?;
+            let Some((last, _)) = page.last() else { break };
+            after = Some(last.to_vec());
+            let mut done = false;
+            for (k, v) in &page {
+                let pos = spilled_pos(&prefix, k);
+                if pos >= journal_from || pos > to || out.len() >= limit {
+                    done = true;
+                    break;
+                }
+                push_spilled(&prefix, k, v, &mut out)?;
+            }
+            if done || page.len() < PAGE_ROWS {
+                break;
+            }
+        }
+        out.retain(|r| r.position.0 >= from && r.position.0 <= to);
+        if out.len() >= limit || to < journal_from {
+            out.truncate(limit);
+            return Ok(out);
+        }
+    }
+    let from = from.max(journal_from);
+    let Some(seek) = seek else { return Ok(out) };
+    let mut first = true;
+    for (seg, end) in segments_from(inner, seek.seq)? {
+        let start = if first { seek.off } else { 0 };
+        first = false;
+        let mut scan = SegmentScan::new(&seg, start, end);
+        while let Some((_, bytes)) = scan.next_raw()? {
+            let h = Header::parse(bytes)?;
+            for (si, s) in h.sections.iter().enumerate() {
+                if s.coll != coll {
+                    continue;
+                }
+                let (lo, hi) = (s.first, s.first + s.count as u64);
+                if hi <= from {
+                    continue;
+                }
+                if lo > to {
+                    return Ok(out);
+                }
+                let base = h.section_entry(si);
+                let want_lo = from.max(lo);
+                let want_hi = (to + 1).min(hi);
+                let (e_lo, e_hi) = (base + (want_lo - lo) as u32, base + (want_hi - lo) as u32);
+                for (bi, _) in h.blocks_for(e_lo, e_hi) {
+                    let data = h.block(bytes, bi)?;
+                    for e in h.entries(bi, &data) {
+                        let (index, entry) = e?;
+                        if index < e_lo {
+                            continue;
+                        }
+                        if index >= e_hi {
+                            break;
+                        }
+                        if let Entry::Doc(json) = entry {
+                            out.push(Record {
+                                position: Position(lo + (index - base) as u64),
+                                doc: parse_doc(json)?,
+                                committed_at_us: Some(h.ts),
+                            });
+                            if out.len() >= limit {
+                                return Ok(out);
+                            }
+                        }
+                    }
+                }
+                if want_hi > to {
+                    return Ok(out);
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
-/// The query plan of `latest` on `field` (tests assert that the index is used).
-pub fn explain_latest(c: &Connection, coll: &str, field: &str) -> Result<String> {
-    schema::check_field(field)?;
-    let table = capped_table(coll);
-    let mut stmt = c.prepare(&format!(
-        "EXPLAIN QUERY PLAN SELECT pos, body, ts FROM {table} WHERE {} = ?1 ORDER BY pos DESC LIMIT 20",
-        schema::field_sql(c, &table, field)?
-    ))?;
-    let rows = stmt.query_map(["x"], |r| r.get::<_, String>(3))?;
-    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?.join("; "))
+fn spilled_pos(prefix: &[u8], k: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    if let Some(s) = k.get(prefix.len()..prefix.len() + 8) {
+        b.copy_from_slice(s);
+    }
+    u64::from_be_bytes(b)
 }
 
-/// The oldest and newest positions of a capped table. Two scalar subqueries, each a seek
-/// to one end of the rowid B-tree: SQLite turns a lone `MIN(pos)` or `MAX(pos)` into a seek,
-/// but `SELECT MIN(pos), MAX(pos)` into a scan of the whole table, which every tailable feed
-/// ran twice a second (its lag and its headroom) and which grew with the collection.
-pub(super) fn bounds(c: &Connection, table: &str) -> Result<Option<Bounds>> {
-    let (lo, hi): (Option<i64>, Option<i64>) = c
-        .prepare_cached(&bounds_sql(table))?
-        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    Ok(lo.zip(hi).map(|(lo, hi)| Bounds {
-        oldest: Position(lo as u64),
-        newest: Position(hi as u64),
-    }))
+fn push_spilled(prefix: &[u8], k: &[u8], v: &[u8], out: &mut Vec<Record>) -> Result<()> {
+    let (ts, json) = tree::split_value(v)?;
+    out.push(Record {
+        position: Position(spilled_pos(prefix, k)),
+        doc: parse_doc(json)?,
+        committed_at_us: Some(ts),
+    });
+    Ok(())
 }
 
-fn bounds_sql(table: &str) -> String {
-    format!("SELECT (SELECT MIN(pos) FROM {table}), (SELECT MAX(pos) FROM {table})")
+/// The next documents after `after` (from the oldest when `None`), or `PositionLost` when the
+/// one right after `after` was evicted.
+fn capped_after(inner: &Inner, coll: &str, after: Option<u64>) -> Result<Vec<Record>> {
+    let (oldest, next) = {
+        let shared = inner.shared.read().map_err(super::lock_err)?;
+        shared
+            .capped
+            .get(coll)
+            .map_or((1, 1), |v| (v.oldest, v.next))
+    };
+    if let Some(after) = after
+        && oldest > after + 1
+        && next > oldest
+    {
+        return Err(StoreError::PositionLost {
+            collection: coll.to_string(),
+            after: Position(after),
+            oldest: Position(oldest),
+        });
+    }
+    let from = after.map_or(oldest, |a| a + 1);
+    let batch = read_docs(inner, coll, from, u64::MAX, CATCH_UP_BATCH)?;
+    // Evicted while being read: the reader is overtaken after all.
+    if let (Some(after), Some(first)) = (after, batch.first())
+        && first.position.0 > after + 1
+    {
+        let oldest = inner
+            .shared
+            .read()
+            .map_err(super::lock_err)?
+            .capped
+            .get(coll)
+            .map_or(1, |v| v.oldest);
+        if oldest > after + 1 {
+            return Err(StoreError::PositionLost {
+                collection: coll.to_string(),
+                after: Position(after),
+                oldest: Position(oldest),
+            });
+        }
+    }
+    Ok(batch)
 }
 
-pub(super) fn scan(c: &Connection, coll: &str, prefix: &str) -> Result<Vec<KeyedDoc>> {
-    // Keys in [prefix, prefix + U+10FFFF) share the prefix; this keeps the primary key usable.
-    let upper = format!("{prefix}\u{10FFFF}");
-    let mut stmt = c.prepare_cached(
-        "SELECT key, body FROM kv WHERE coll = ?1 AND key >= ?2 AND key < ?3 ORDER BY key",
-    )?;
-    let rows = stmt.query_map(params![coll, prefix, upper], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-    })?;
-    rows.map(|row| {
-        let (key, body) = row?;
-        Ok(KeyedDoc {
-            key,
-            doc: parse_doc(&body)?,
-        })
-    })
-    .collect()
-}
-
-/// The `limit` newest documents matching `filter`, walking back from the newest in chunks of
-/// [`PAGE_ROWS`], all in one read transaction so `as_of` and the rows agree.
+/// The `limit` newest documents of `coll` matching `filter`, walking back from the newest in
+/// chunks of [`PAGE_ROWS`].
 pub(super) fn newest_matching(
-    c: &Connection,
-    table: &str,
+    inner: &Inner,
+    coll: &str,
     filter: &Filter,
     limit: usize,
 ) -> Result<NewestMatching> {
-    let tx = c.unchecked_transaction()?;
-    let newest: Option<i64> =
-        tx.query_row(&format!("SELECT MAX(pos) FROM {table}"), [], |r| r.get(0))?;
-    let Some(newest) = newest else {
+    let (oldest, next) = {
+        let shared = inner.shared.read().map_err(super::lock_err)?;
+        shared
+            .capped
+            .get(coll)
+            .map_or((1, 1), |v| (v.oldest, v.next))
+    };
+    if next <= oldest {
         return Ok(NewestMatching {
             records: Vec::new(),
             as_of: None,
         });
-    };
+    }
+    let newest = next - 1;
     let mut records = Vec::new();
-    let mut stmt = tx.prepare_cached(&format!(
-        "SELECT pos, body, ts FROM {table} WHERE pos <= ?1 ORDER BY pos DESC LIMIT ?2"
-    ))?;
-    let mut below = newest;
+    let mut hi = newest;
     while records.len() < limit {
-        let rows = stmt
-            .query_map(params![below, PAGE_ROWS as i64], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, i64>(2)?,
-                ))
-            })?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        let Some(&(last, _, _)) = rows.last() else {
-            break;
-        };
-        let full = rows.len() == PAGE_ROWS;
-        for (pos, body, ts) in rows {
-            let doc = parse_doc(&body)?;
-            if filter.matches(&doc) {
-                records.push(Record {
-                    position: Position(pos as u64),
-                    doc,
-                    committed_at_us: Some(ts),
-                });
+        let lo = hi.saturating_sub(PAGE_ROWS as u64 - 1).max(oldest);
+        let chunk = read_docs(inner, coll, lo, hi, usize::MAX)?;
+        for r in chunk.into_iter().rev() {
+            if filter.matches(&r.doc) {
+                records.push(r);
                 if records.len() == limit {
                     break;
                 }
             }
         }
-        if !full {
+        if lo <= oldest {
             break;
         }
-        below = last - 1;
+        hi = lo - 1;
     }
     Ok(NewestMatching {
         records,
-        as_of: Some(Position(newest as u64)),
+        as_of: Some(Position(newest)),
     })
 }
 
-/// At most `limit` documents of `coll` whose key starts with `prefix` and sorts after `after`.
-pub(super) fn scan_page(
-    c: &Connection,
+/// The `limit` newest documents of `coll` whose `field` equals `value`, from the index.
+pub(super) fn latest(
+    inner: &Inner,
     coll: &str,
-    prefix: &str,
-    after: Option<&str>,
+    field: &str,
+    value: &serde_json::Value,
     limit: usize,
-) -> Result<Vec<KeyedDoc>> {
-    let upper = format!("{prefix}\u{10FFFF}");
-    // `key > after` as its own statement (not `?4 IS NULL OR ...`), so it bounds the range
-    // scan of the primary key: a late page costs no more than the first.
-    let (sql, lower): (&str, &str) = match after {
-        Some(a) if a >= prefix => (
-            "SELECT key, body FROM kv WHERE coll = ?1 AND key > ?2 AND key < ?3
-             ORDER BY key LIMIT ?4",
-            a,
-        ),
-        _ => (
-            "SELECT key, body FROM kv WHERE coll = ?1 AND key >= ?2 AND key < ?3
-             ORDER BY key LIMIT ?4",
-            prefix,
-        ),
+) -> Result<Vec<Record>> {
+    let Some(canonical) = state::canonical(Some(value)) else {
+        return Ok(Vec::new());
     };
-    let mut stmt = c.prepare_cached(sql)?;
-    let rows = stmt.query_map(params![coll, lower, upper, limit as i64], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-    })?;
-    rows.map(|row| {
-        let (key, body) = row?;
-        Ok(KeyedDoc {
-            key,
-            doc: parse_doc(&body)?,
-        })
-    })
-    .collect()
-}
-
-/// One page of a snapshot: up to [`PAGE_ROWS`] rows of `coll` after `after`, and the filter's
-/// matches among them; `None` as the last key when the collection is exhausted.
-fn snapshot_page(
-    c: &Connection,
-    coll: &str,
-    after: Option<&str>,
-    filter: Option<&Filter>,
-) -> Result<(Vec<KeyedDoc>, Option<String>)> {
-    let map = |r: &rusqlite::Row<'_>| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?));
-    let rows = match after {
-        Some(after) => c
-            .prepare_cached(
-                "SELECT key, body FROM kv WHERE coll = ?1 AND key > ?2 ORDER BY key LIMIT ?3",
-            )?
-            .query_map(params![coll, after, PAGE_ROWS as i64], map)?
-            .collect::<rusqlite::Result<Vec<_>>>()?,
-        None => c
-            .prepare_cached("SELECT key, body FROM kv WHERE coll = ?1 ORDER BY key LIMIT ?2")?
-            .query_map(params![coll, PAGE_ROWS as i64], map)?
-            .collect::<rusqlite::Result<Vec<_>>>()?,
+    let hash = state::index_hash(coll, field, &canonical);
+    // Segments newest first: positions only grow along the journal, so once `limit` matches
+    // are found no older segment can hold a newer one.
+    let (segs, oldest, journal_from) = {
+        let shared = inner.shared.read().map_err(super::lock_err)?;
+        let Some(v) = shared.capped.get(coll) else {
+            return Ok(Vec::new());
+        };
+        let segs: Vec<u64> = shared
+            .segments
+            .iter()
+            .rev()
+            .filter(|(_, i)| i.colls.contains_key(coll))
+            .map(|(seq, _)| *seq)
+            .collect();
+        (segs, v.oldest, v.journal_from)
     };
-    let last = (rows.len() == PAGE_ROWS)
-        .then(|| rows.last().map(|(k, _)| k.clone()))
-        .flatten();
-    let mut docs = Vec::with_capacity(rows.len());
-    for (key, body) in rows {
-        let doc = parse_doc(&body)?;
-        if filter.is_none_or(|f| f.matches(&doc)) {
-            docs.push(KeyedDoc { key, doc });
-        }
-    }
-    Ok((docs, last))
-}
-
-/// A snapshot of a keyed collection: one read transaction on a connection of its own (not
-/// the pool's: it stays open while the pages are read), in which the op log's newest sequence
-/// number and every page are read, so the token and the documents agree exactly.
-pub(super) async fn snapshot(
-    inner: Arc<Inner>,
-    coll: String,
-    filter: Option<Filter>,
-) -> Result<KeyedSnapshot> {
-    let filter = filter.filter(|f| !f.is_match_all());
-    let db_path = inner.db_path.clone();
-    let (conn, seq) = blocking(move || {
-        let conn = schema::open(&db_path)?;
-        conn.pragma_update(None, "query_only", true)?;
-        // A deferred transaction takes its snapshot at the first read: this one.
-        conn.execute_batch("BEGIN")?;
-        let seq: i64 = conn.query_row(
-            "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'oplog'), 0)",
-            [],
-            |r| r.get(0),
-        )?;
-        Ok((conn, seq))
-    })
-    .await?;
-    let docs = async_stream::try_stream! {
-        let mut conn = conn;
-        let mut after: Option<String> = None;
-        loop {
-            let (c, f, a) = (coll.clone(), filter.clone(), after.clone());
-            let (back, page, last) = blocking(move || {
-                let out = snapshot_page(&conn, &c, a.as_deref(), f.as_ref());
-                out.map(|(page, last)| (conn, page, last))
-            })
-            .await?;
-            conn = back;
-            for doc in page {
-                yield doc;
-            }
-            match last {
-                Some(last) => after = Some(last),
-                None => break,
-            }
-        }
-        // Dropping the connection ends the read transaction.
-        drop(conn);
-    };
-    Ok(KeyedSnapshot {
-        token: ResumeToken(seq.to_string()),
-        docs: Box::pin(docs),
-    })
-}
-
-/// Runs `f` on the blocking pool.
-async fn blocking<T, F>(f: F) -> Result<T>
-where
-    T: Send + 'static,
-    F: FnOnce() -> Result<T> + Send + 'static,
-{
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| StoreError::Engine {
-            engine: "embedded",
-            message: format!("reader task: {e}"),
-        })?
-}
-
-/// The next documents after `after` (from the oldest when `None`), or `PositionLost` when the
-/// one right after `after` was evicted. One read transaction, so the check and the rows agree.
-fn capped_after(c: &Connection, coll: &str, after: Option<u64>) -> Result<Vec<Record>> {
-    let table = capped_table(coll);
-    let tx = c.unchecked_transaction()?;
-    if let Some(after) = after {
-        let oldest: Option<i64> =
-            tx.query_row(&format!("SELECT MIN(pos) FROM {table}"), [], |r| r.get(0))?;
-        if let Some(oldest) = oldest
-            && oldest as u64 > after + 1
+    let mut found: Vec<Record> = Vec::new();
+    let mut candidates: Vec<u64> = Vec::new();
+    for seq in &segs {
+        candidates.clear();
         {
-            return Err(StoreError::PositionLost {
-                collection: coll.to_string(),
-                after: Position(after),
-                oldest: Position(oldest as u64),
-            });
+            let shared = inner.shared.read().map_err(super::lock_err)?;
+            let Some(info) = shared.segments.get(seq) else {
+                continue;
+            };
+            match &info.index {
+                SegIndex::File { path, entries } => {
+                    let (path, entries) = (path.clone(), *entries);
+                    drop(shared);
+                    SegIndex::File { path, entries }.lookup(hash, &mut candidates)?;
+                }
+                other => other.lookup(hash, &mut candidates)?,
+            }
+        }
+        candidates.sort_unstable_by(|a, b| b.cmp(a));
+        candidates.dedup();
+        candidates.retain(|p| *p >= oldest);
+        // The next candidates that could complete the answer, read together when they lie
+        // close (a value most documents have), one by one when they lie far apart.
+        let mut i = 0;
+        while i < candidates.len() {
+            let j = (i + limit - found.len()).min(candidates.len());
+            let (hi, lo) = (candidates[i], candidates[j - 1]);
+            let docs = if hi - lo <= 4 * (j - i) as u64 + 64 {
+                read_docs(inner, coll, lo, hi, usize::MAX)?
+            } else {
+                // Oldest first, as a range read returns them.
+                let mut docs = Vec::with_capacity(j - i);
+                for &pos in candidates[i..j].iter().rev() {
+                    docs.extend(read_docs(inner, coll, pos, pos, 1)?);
+                }
+                docs
+            };
+            for r in docs.into_iter().rev() {
+                if candidates[i..j].contains(&r.position.0)
+                    && state::canonical(crate::update::get_path(&r.doc, field)).as_deref()
+                        == Some(canonical.as_slice())
+                {
+                    found.push(r);
+                    // Every position an older segment holds is smaller.
+                    if found.len() >= limit {
+                        return Ok(found);
+                    }
+                }
+            }
+            i = j;
         }
     }
-    let mut stmt = tx.prepare_cached(&format!(
-        "SELECT pos, body, ts FROM {table} WHERE pos > ?1 ORDER BY pos LIMIT ?2"
-    ))?;
-    let rows = stmt.query_map(
-        params![after.unwrap_or(0) as i64, CATCH_UP_BATCH as i64],
-        |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, i64>(2)?,
-            ))
-        },
-    )?;
-    rows.map(|row| {
-        let (pos, body, ts) = row?;
-        Ok(Record {
-            position: Position(pos as u64),
-            doc: parse_doc(&body)?,
-            committed_at_us: Some(ts),
-        })
-    })
-    .collect()
+    // Documents of released segments, kept in the tree: few, read whole.
+    if oldest < journal_from {
+        for r in read_docs(inner, coll, oldest, journal_from - 1, usize::MAX)? {
+            if state::canonical(crate::update::get_path(&r.doc, field)).as_deref()
+                == Some(canonical.as_slice())
+            {
+                found.push(r);
+            }
+        }
+        found.sort_unstable_by_key(|r| std::cmp::Reverse(r.position));
+    }
+    found.truncate(limit);
+    Ok(found)
 }
 
-/// The next op-log entries after `after` that `filter` admits ([`ChangeFilter::admits`]:
-/// collection, operation, key), and the sequence number of the last entry read, admitted or
-/// not; or `HistoryLost` when the one right after `after` is gone.
-///
-/// The images of an entry the filter does not admit are never decoded: a change feed on the
-/// sources' summaries reads past the long-tail counters' entries (~1.4 per realistic event)
-/// at the cost of comparing their keys.
-fn changes_after(
-    c: &Connection,
+/// The change log's logical bounds: the oldest retained sequence number (the history keeps
+/// `oplog_max_entries`) and the next one.
+fn change_bounds(inner: &Inner) -> Result<(u64, u64)> {
+    let shared = inner.shared.read().map_err(super::lock_err)?;
+    let next = shared.change_next;
+    let oldest = shared
+        .change_first
+        .max(next.saturating_sub(inner.oplog_max))
+        .max(1);
+    Ok((oldest, next))
+}
+
+/// The next changes after `after` that `filter` admits, and the sequence number of the last
+/// one read, admitted or not; or `HistoryLost` when the one right after `after` is gone.
+/// The images of an entry the filter does not admit are never parsed.
+pub(super) fn changes_after(
+    inner: &Inner,
     after: Option<u64>,
     filter: &ChangeFilter,
+    max: usize,
 ) -> Result<(Vec<Change>, Option<u64>)> {
-    let tx = c.unchecked_transaction()?;
-    if let Some(after) = after {
-        let oldest: Option<i64> = tx.query_row("SELECT MIN(seq) FROM oplog", [], |r| r.get(0))?;
-        if let Some(oldest) = oldest
-            && oldest as u64 > after + 1
-        {
-            return Err(StoreError::HistoryLost {
-                token: ResumeToken(after.to_string()),
-                oldest: ResumeToken(oldest.to_string()),
-            });
-        }
-    }
-    let mut stmt = tx.prepare_cached(
-        "SELECT seq, coll, op, key, before, after, ts FROM oplog WHERE seq > ?1 ORDER BY seq LIMIT ?2",
-    )?;
-    let mut rows = stmt.query(params![after.unwrap_or(0) as i64, CATCH_UP_BATCH as i64])?;
-    let (mut changes, mut last) = (Vec::new(), None);
-    while let Some(r) = rows.next()? {
-        let seq = r.get::<_, i64>(0)?;
-        last = Some(seq as u64);
-        let op: ChangeOp = text(r, 2)?.parse().map_err(StoreError::Invalid)?;
-        let (coll, key) = (text(r, 1)?, text(r, 3)?);
-        if !filter.admits(coll, op, key) {
-            continue;
-        }
-        let image = |i: usize| -> Result<Option<Document>> {
-            match r.get_ref(i)? {
-                ValueRef::Null => Ok(None),
-                _ => parse_doc(text(r, i)?).map(Some),
-            }
-        };
-        changes.push(Change {
-            op,
-            collection: coll.to_string(),
-            key: key.to_string(),
-            before: if filter.wants_before(op) {
-                image(4)?
-            } else {
-                None
-            },
-            after: image(5)?,
-            token: ResumeToken(seq.to_string()),
-            committed_at_us: r.get(6)?,
+    let (oldest, next) = change_bounds(inner)?;
+    if let Some(after) = after
+        && oldest > after + 1
+        && next > oldest
+    {
+        return Err(StoreError::HistoryLost {
+            token: ResumeToken(after.to_string()),
+            oldest: ResumeToken(oldest.to_string()),
         });
     }
+    let from = after.map_or(oldest, |a| (a + 1).max(oldest));
+    let mut changes = Vec::new();
+    let mut last = None;
+    if from >= next {
+        return Ok((changes, last));
+    }
+    let seek = {
+        let shared = inner.shared.read().map_err(super::lock_err)?;
+        shared.change_seek(from)
+    };
+    let Some(seek) = seek else {
+        return Ok((changes, last));
+    };
+    let mut read = 0usize;
+    let mut first = true;
+    'segments: for (seg, end) in segments_from(inner, seek.seq)? {
+        let start = if first { seek.off } else { 0 };
+        first = false;
+        let mut scan = SegmentScan::new(&seg, start, end);
+        while let Some((_, bytes)) = scan.next_raw()? {
+            let h = Header::parse(bytes)?;
+            if h.change_count == 0 || h.change_first + (h.change_count as u64) <= from {
+                continue;
+            }
+            let docs = h.docs();
+            let (c_lo, c_hi) = (docs, docs + h.change_count);
+            for (bi, _) in h.blocks_for(c_lo, c_hi) {
+                let data = h.block(bytes, bi)?;
+                for e in h.entries(bi, &data) {
+                    let (index, entry) = e?;
+                    if index < c_lo {
+                        continue;
+                    }
+                    if index >= c_hi {
+                        break;
+                    }
+                    let Entry::Change(c) = entry else { continue };
+                    let seq = h.change_first + (index - c_lo) as u64;
+                    if seq < from {
+                        continue;
+                    }
+                    last = Some(seq);
+                    read += 1;
+                    if filter.admits(c.coll, c.op, c.key) {
+                        let before = match c.before {
+                            Some(b) if filter.wants_before(c.op) => Some(parse_doc(b)?),
+                            _ => None,
+                        };
+                        let change = Change {
+                            op: c.op,
+                            collection: c.coll.to_owned(),
+                            key: c.key.to_owned(),
+                            before,
+                            after: c.after.map(parse_doc).transpose()?,
+                            token: ResumeToken(seq.to_string()),
+                            committed_at_us: h.ts,
+                        };
+                        changes.push(change);
+                    }
+                }
+            }
+            if read >= max {
+                break 'segments;
+            }
+        }
+    }
     Ok((changes, last))
-}
-
-/// Column `i` of `r` as text, borrowed from the row.
-fn text<'r>(r: &'r rusqlite::Row<'_>, i: usize) -> Result<&'r str> {
-    let value = r.get_ref(i)?;
-    value.as_str().map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(i, value.data_type(), Box::new(e)).into()
-    })
 }
 
 pub(super) fn tail_stream(
@@ -471,9 +478,9 @@ pub(super) fn tail_stream(
     newest: Arc<AtomicU64>,
     start: Start,
 ) -> RecordStream {
-    // Subscribe before looking at the table: every commit after this point is either in the
-    // table when we read it or in the broadcast, so nothing falls in between. Done here, not
-    // in the stream, so that `Start::Now` means when `tail` was called, not its first poll.
+    // Subscribe before reading the journal: every commit after this point is either read or
+    // in the broadcast, so nothing falls in between. Done here, not in the stream, so that
+    // `Start::Now` means when `tail` was called, not its first poll.
     let subscribed = inner.subscribe();
     let mut last: Option<u64> = match start {
         Start::Oldest => None,
@@ -485,7 +492,7 @@ pub(super) fn tail_stream(
         loop {
             loop {
                 let c = coll.clone();
-                let batch = inner.read(move |conn| capped_after(conn, &c, last)).await?;
+                let batch = inner.read(move |i| capped_after(i, &c, last)).await?;
                 if batch.is_empty() {
                     break;
                 }
@@ -505,8 +512,9 @@ pub(super) fn tail_stream(
                                 let p = record.position.0;
                                 match last {
                                     Some(l) if p <= l => continue,
-                                    // Not the next one: read the table to fill the hole.
+                                    // Not the next one: read the journal to fill the hole.
                                     Some(l) if p != l + 1 => break 'live,
+                                    None => break 'live,
                                     _ => {}
                                 }
                                 last = Some(p);
@@ -514,7 +522,7 @@ pub(super) fn tail_stream(
                             }
                         }
                     }
-                    // Fell behind the broadcast: read the table until caught up again.
+                    // Fell behind the broadcast: read the journal until caught up again.
                     Err(RecvError::Lagged(_)) => break 'live,
                     Err(RecvError::Closed) => Err(StoreError::Closed)?,
                 }
@@ -563,7 +571,7 @@ pub(super) fn change_stream(
             loop {
                 let admitted = filter.clone();
                 let (batch, read_to) = inner
-                    .read(move |conn| changes_after(conn, last, &admitted))
+                    .read(move |i| changes_after(i, last, &admitted, CATCH_UP_BATCH))
                     .await?;
                 let Some(read_to) = read_to else {
                     break;
@@ -583,16 +591,17 @@ pub(super) fn change_stream(
                 match live.recv().await {
                     Ok(commit) => {
                         for change in &commit.changes {
-                            let seq = parse_token(&change.token)?;
+                            let seq = change.seq;
                             match last {
                                 Some(l) if seq <= l => continue,
                                 Some(l) if seq != l + 1 => break 'live,
+                                None => break 'live,
                                 _ => {}
                             }
                             last = Some(seq);
                             advance(seq);
-                            if filter.matches(change) {
-                                yield filter.shaped_copy(change);
+                            if change.matches(&filter) {
+                                yield change.to_change(&filter);
                             }
                         }
                     }
@@ -605,39 +614,71 @@ pub(super) fn change_stream(
     ChangeStream::new(Box::pin(inner_stream), read_up_to)
 }
 
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
+/// At most `limit` documents of keyed collection `coll` whose key starts with `prefix` and
+/// sorts after `after`, at `seqno`.
+pub(super) fn scan_page(
+    inner: &Inner,
+    coll: &str,
+    prefix: &str,
+    after: Option<&str>,
+    limit: usize,
+    seqno: u64,
+) -> Result<Vec<KeyedDoc>> {
+    let mut p = tree::doc_prefix(coll);
+    let base = p.len();
+    p.extend_from_slice(prefix.as_bytes());
+    let after_key = after
+        .filter(|a| *a >= prefix)
+        .map(|a| tree::doc_key(coll, a));
+    let page = inner.tree.page(&p, after_key.as_deref(), limit, seqno)?;
+    page.into_iter()
+        .map(|(k, v)| {
+            let key = std::str::from_utf8(&k[base..])
+                .map_err(|_| StoreError::Engine {
+                    engine: "embedded",
+                    message: "keyed state: a key that is not UTF-8".into(),
+                })?
+                .to_owned();
+            let (_, json) = tree::split_value(&v)?;
+            Ok(KeyedDoc {
+                key,
+                doc: parse_doc(json)?,
+            })
+        })
+        .collect()
+}
 
-    /// `bounds` seeks both ends of the table, whatever its size, and finds them after the
-    /// oldest rows were evicted.
-    #[test]
-    fn bounds_seek_the_ends_instead_of_scanning() {
-        let c = Connection::open_in_memory().unwrap();
-        c.execute_batch(
-            "CREATE TABLE capped_e(pos INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT, sz INTEGER)",
-        )
-        .unwrap();
-        assert!(bounds(&c, "capped_e").unwrap().is_none(), "empty");
-        let plan: Vec<String> = c
-            .prepare(&format!("EXPLAIN QUERY PLAN {}", bounds_sql("capped_e")))
-            .unwrap()
-            .query_map([], |r| r.get::<_, String>(3))
-            .unwrap()
-            .collect::<rusqlite::Result<_>>()
-            .unwrap();
-        assert!(
-            plan.iter().all(|step| !step.starts_with("SCAN capped_e")),
-            "no scan of the table: {plan:?}"
-        );
-        for _ in 0..10 {
-            c.execute("INSERT INTO capped_e(body, sz) VALUES ('{}', 2)", [])
-                .unwrap();
+/// A snapshot of a keyed collection: the tree read at one sequence number (held, so the tree
+/// keeps the versions it sees), and the change token of that moment.
+pub(super) async fn snapshot(
+    inner: Arc<Inner>,
+    coll: String,
+    filter: Option<Filter>,
+) -> Result<KeyedSnapshot> {
+    let filter = filter.filter(|f| !f.is_match_all());
+    let (seqno, token, hold) = inner.snapshot_point()?;
+    let docs = async_stream::try_stream! {
+        let _hold = hold;
+        let mut after: Option<String> = None;
+        loop {
+            let (c, a, i) = (coll.clone(), after.clone(), inner.clone());
+            let page = inner
+                .read(move |_| scan_page(&i, &c, "", a.as_deref(), PAGE_ROWS, seqno))
+                .await?;
+            let full = page.len() == PAGE_ROWS;
+            after = page.last().map(|d| d.key.clone());
+            for doc in page {
+                if filter.as_ref().is_none_or(|f| f.matches(&doc.doc)) {
+                    yield doc;
+                }
+            }
+            if !full {
+                break;
+            }
         }
-        c.execute("DELETE FROM capped_e WHERE pos <= 3", [])
-            .unwrap();
-        let b = bounds(&c, "capped_e").unwrap().unwrap();
-        assert_eq!((b.oldest, b.newest), (Position(4), Position(10)));
-    }
+    };
+    Ok(KeyedSnapshot {
+        token: ResumeToken(token.to_string()),
+        docs: Box::pin(docs),
+    })
 }

@@ -1,75 +1,65 @@
-//! The single writer: owns the write connection, commits whatever is queued in one
-//! transaction (group commit), evicts capped collections, appends to the op log, then
-//! publishes the commit to tail readers and answers every caller.
+//! The single writer: stages whatever is queued, writes it as one journal record (group
+//! commit), syncs it when any write of the group asked for `journaled`, then applies it (the
+//! capped collections' positions and indexes, the keyed state in the tree), publishes it to
+//! the live readers and answers every caller.
 //!
 //! The [`Writer`] sits behind a lock ([`WriterCell`]). A caller that finds it idle, with
-//! nothing queued, commits its own small job in its own thread ([`WriterCell::try_inline`]):
-//! a single write then pays no hand-off to another thread and back (two cross-thread wake-ups,
-//! 20-60 µs each on a small VM, more than SQLite's own commit at `synchronous=NORMAL`).
-//! Otherwise the job is queued, and the writer thread ([`run`]) commits everything queued
-//! together. A caller never overtakes a queued job: it commits inline only while no job is
-//! queued or being committed ([`WriterCell::pending`]), so one caller's writes still commit
-//! in the order it made them, whichever way each went.
+//! nothing queued, commits its own small job in its own thread ([`WriterCell::try_inline`]): a
+//! single write then pays no hand-off to another thread and back (two cross-thread wake-ups,
+//! tens of microseconds each on a small VM, a good part of a journaled commit). Otherwise the
+//! job is queued, and the writer thread ([`run`]) commits everything queued together. A
+//! caller never overtakes a queued job: it commits inline only while no job is queued or
+//! being committed ([`WriterCell::pending`]), so one caller's writes still commit in the
+//! order it made them, whichever way each went.
+//!
+//! Each job is staged on its own ([`JobOut`]) against what the group staged before it, and
+//! joins the group only if it succeeds: one bad job (a refused document, an `$inc` of a
+//! string) fails alone. A failed write fails the whole group, and nothing of it is applied.
 
-use std::collections::HashMap;
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, TryLockError};
-use std::time::{Duration, Instant};
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, TryLockError};
 
-use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use super::schema::{self, capped_table};
+use super::catalog::{self, Catalog};
+use super::format::Builder;
+use super::journal::{self, Segment};
+use super::maint::Task;
+use super::state::{self, MemIndex, SEEK_EVERY, Seek, SegColl, SegIndex, SegInfo, Shared};
+use lsm_tree::AbstractTree;
+
+use super::tree::{self, Tree};
 use crate::clock::now_us;
 use crate::{
-    CappedSpec, Change, ChangeOp, Document, Durability, KeyUpdate, Position, Record, Result,
-    ResumeToken, StoreError, update,
+    CappedSpec, Change, ChangeOp, Document, Durability, Filter, KeyUpdate, Position, Record,
+    Result, ResumeToken, StoreError, update,
 };
-
-/// The WAL is copied into the database once it holds this many pages (see [`Writer::new`]).
-#[cfg(not(test))]
-const WAL_CHECKPOINT_PAGES: i64 = 16_384;
-/// Small in unit tests, so a test sees several checkpoints.
-#[cfg(test)]
-pub(crate) const WAL_CHECKPOINT_PAGES: i64 = 64;
 
 /// A job of more documents or updates than this is always queued for the writer thread, never
 /// committed in its caller's thread: a large commit would hold an async thread for as long as
-/// it takes. (Running it in [`tokio::task::block_in_place`] instead moves the runtime to a
-/// fresh thread each time; every one of them then keeps its own allocator heap: 70/s ran with
-/// six such threads and 5-8 MiB more resident memory.) A single event, a feed's checkpoint,
-/// the rollups of a slow stream's event stay inline.
+/// it takes. A single event, a feed's checkpoint, the rollups of a slow stream's event stay
+/// inline.
 pub(crate) const INLINE_MAX_ITEMS: usize = 16;
-
-/// At most this many jobs share one transaction, so one commit's latency stays bounded.
+/// At most this many jobs share one record, so one commit's latency stays bounded.
 const MAX_GROUP: usize = 1024;
-
-/// The write connection's page cache while it commits large groups, in KiB (SQLite's
-/// `cache_size` when negative). A batch of long-tail events changes index and rollup pages
-/// scattered over the file; with SQLite's default cache (2,000 KiB) most of them were read
-/// again for the next batch (`pread`: 11 % of the writer's samples). See [`PageCache`].
-pub(crate) const BUSY_CACHE_KIB: i64 = 16 * 1024;
-/// SQLite's default, kept while writes are small: at 70 events/s a larger cache would fill
-/// over the hours, and hold its pages.
-pub(crate) const IDLE_CACHE_KIB: i64 = 2_000;
-/// A group of at least this many documents and updates is a busy writer's.
-const BUSY_GROUP_ITEMS: usize = 256;
-/// How long after the last large group the cache is cut back.
-#[cfg(not(test))]
-const BUSY_CACHE_LINGER: Duration = Duration::from_secs(10);
-#[cfg(test)]
-pub(crate) const BUSY_CACHE_LINGER: Duration = Duration::from_secs(1);
+/// A group stops taking jobs once its entries pass this many bytes (one job may pass it alone).
+const MAX_GROUP_BYTES: usize = 8 << 20;
 
 /// What a caller asks the writer to do.
 pub(crate) enum Op {
     CreateCapped {
         name: String,
         spec: CappedSpec,
-        newest: Arc<AtomicU64>,
     },
     CreateKeyed {
         name: String,
+    },
+    /// Sets (or with `None` removes) a collection's validation rule.
+    Validate {
+        coll: String,
+        rule: Option<Filter>,
     },
     Append {
         coll: String,
@@ -101,8 +91,13 @@ pub(crate) enum Op {
         feed: String,
         body: String,
     },
-    /// Commits everything queued before it; used by `close` to flush, and to wake the
-    /// writer thread for a WAL checkpoint.
+    /// Capped documents of a segment about to be released, still retained: kept in the tree.
+    Spill {
+        coll: String,
+        docs: Vec<(u64, i64, Vec<u8>)>,
+    },
+    /// Commits everything queued before it; used by `close` to flush, and by the maintenance
+    /// thread to have the writer thread seal the memtable.
     Barrier,
     /// Several operations as one job: all of them or none (an append and the updates derived
     /// from it). Answered with the first append's positions.
@@ -119,11 +114,23 @@ impl Op {
             _ => 1,
         }
     }
+
+    /// Bytes of JSON it carries, roughly.
+    fn bytes(&self) -> usize {
+        match self {
+            Op::Append { bodies, .. } => bodies.iter().map(String::len).sum(),
+            Op::Checkpoint { body, .. } => body.len(),
+            Op::Together(ops) => ops.iter().map(Op::bytes).sum(),
+            _ => 64,
+        }
+    }
 }
 
 /// The writer's answer.
 pub(crate) enum Reply {
     Positions(Vec<Position>),
+    /// A capped collection's newest position, shared with its handles.
+    Newest(Arc<AtomicU64>),
     Deleted(bool),
     Expired(u64),
     Done,
@@ -142,58 +149,92 @@ pub(crate) struct Job {
 pub(crate) struct Commit {
     /// Appended records per capped collection, in position order.
     pub appended: Vec<(String, Vec<Record>)>,
-    /// Published changes in op-log order.
-    pub changes: Vec<Change>,
+    /// Published changes in sequence order.
+    pub changes: Vec<LiveChange>,
 }
 
-/// In-memory bookkeeping of a capped collection, so eviction needs no `COUNT(*)`.
-struct CappedMeta {
-    table: String,
-    /// The index columns of the table and their fields (every one, whatever the spec of the
-    /// handle that appends: a document is indexed by every index its collection has).
-    indexed: Vec<(String, String)>,
-    /// The insert statement, with a parameter per index column.
-    insert: String,
-    max_docs: u64,
-    max_bytes: u64,
-    count: u64,
-    bytes: u64,
-    /// Shared with readers: the newest committed position (0 = none yet).
-    newest: Arc<AtomicU64>,
+/// A change as the writer publishes it: its images shared, so each reader copies only the
+/// ones it wants (the feeds read post-images only).
+pub(crate) struct LiveChange {
+    pub op: ChangeOp,
+    pub collection: String,
+    pub key: String,
+    pub before: Option<Arc<Document>>,
+    pub after: Option<Arc<Document>>,
+    pub seq: u64,
+    pub committed_at_us: i64,
 }
 
-/// Documents of keyed collections as last written, with their JSON text: an update of a hot
-/// key (a source's summary, updated on every event) then needs no read and no parse. The
-/// writer is the only writer, so the cache is exact; it is cleared whenever a job or a
-/// transaction is rolled back.
+impl LiveChange {
+    /// Whether it passes `filter` (as [`crate::ChangeFilter::matches`] does for a [`Change`]).
+    pub fn matches(&self, filter: &crate::ChangeFilter) -> bool {
+        filter.admits(&self.collection, self.op, &self.key)
+            && filter.document_filter().is_none_or(|f| {
+                let image = match self.op {
+                    ChangeOp::Delete => self.before.as_deref(),
+                    _ => self.after.as_deref(),
+                };
+                image.is_some_and(|d| f.matches(d))
+            })
+    }
+
+    /// The change as `filter` delivers it: the images it wants, copied.
+    pub fn to_change(&self, filter: &crate::ChangeFilter) -> Change {
+        Change {
+            op: self.op,
+            collection: self.collection.clone(),
+            key: self.key.clone(),
+            before: if filter.wants_before(self.op) {
+                self.before.as_deref().cloned()
+            } else {
+                None
+            },
+            after: self.after.as_deref().cloned(),
+            token: ResumeToken(self.seq.to_string()),
+            committed_at_us: self.committed_at_us,
+        }
+    }
+}
+
+/// A keyed document as the writer last knows it: the document, its JSON and its write time.
+#[derive(Clone)]
+pub(crate) struct Kv {
+    /// Shared with the changes that carry it and the cache: a hot key's document is copied
+    /// once per update (to change it), not once per place it goes.
+    pub doc: Arc<Document>,
+    pub json: Arc<str>,
+    pub ts: i64,
+}
+
+/// Documents of keyed collections as last written: an update of a hot key (a source's
+/// summary, updated on every event) then needs no read and no parse. The writer is the only
+/// writer, so the cache is exact.
 #[derive(Default)]
 struct KvCache {
-    /// By collection, then key (nested so a lookup by borrowed strings allocates nothing).
-    docs: HashMap<String, HashMap<String, (Document, String)>>,
+    docs: HashMap<String, HashMap<String, Kv>>,
     len: usize,
 }
 
 impl KvCache {
     /// Entries kept at most; beyond, the cache starts over (cold keys of a long tail are read
-    /// from the table anyway).
-    const CAPACITY: usize = 4096;
+    /// from the tree anyway). The keys written on every batch (a source's summary, the
+    /// common values) are few.
+    const CAPACITY: usize = 1024;
 
-    /// Takes the entry out: its key is about to be rewritten or deleted.
-    fn take(&mut self, coll: &str, key: &str) -> Option<(Document, String)> {
-        let entry = self.docs.get_mut(coll)?.remove(key)?;
-        self.len -= 1;
-        Some(entry)
+    fn get(&self, coll: &str, key: &str) -> Option<&Kv> {
+        self.docs.get(coll)?.get(key)
     }
 
-    fn put(&mut self, coll: &str, key: &str, doc: Document, body: String) {
+    fn put(&mut self, coll: &str, key: &str, kv: Kv) {
         if self.len >= Self::CAPACITY {
-            self.clear();
+            self.docs.clear();
+            self.len = 0;
         }
         let keys = match self.docs.get_mut(coll) {
             Some(keys) => keys,
             None => self.docs.entry(coll.to_owned()).or_default(),
         };
-        if keys.insert(key.to_owned(), (doc, body)).is_none() {
+        if keys.insert(key.to_owned(), kv).is_none() {
             self.len += 1;
         }
     }
@@ -205,186 +246,1317 @@ impl KvCache {
             self.len -= 1;
         }
     }
+}
 
-    fn clear(&mut self) {
-        self.docs.clear();
-        self.len = 0;
+/// The writer's own view of a capped collection.
+struct WCapped {
+    max_docs: u64,
+    max_bytes: u64,
+    indexes: Vec<String>,
+    validator: Option<Filter>,
+    oldest: u64,
+    next: u64,
+    /// Sizes of positions `[oldest, next)`; `u32::MAX` where there is no document.
+    sizes: VecDeque<u32>,
+    count: u64,
+    bytes: u64,
+    newest: Arc<AtomicU64>,
+    /// The last seek point added: (segment, offset).
+    last_seek: Option<(u64, u64)>,
+}
+
+/// A capped collection's documents staged by a job or a group: the collection, the
+/// documents, their JSON and each one's index hashes.
+type Appended = (String, Vec<Document>, Vec<String>, Vec<Vec<u64>>);
+/// Documents of a released segment moved into the tree: collection, (position, commit
+/// time, JSON).
+type Spilled = (String, Vec<(u64, i64, Vec<u8>)>);
+/// What recovery found of a capped collection: oldest and next positions, the sizes of
+/// `[oldest, next)`, the last seek point.
+pub(crate) type RecoveredCapped = (u64, u64, VecDeque<u32>, Option<(u64, u64)>);
+
+/// A change of an earlier layout's log: operation, collection, key, before and after.
+pub(crate) type ImportedChange = (ChangeOp, String, String, Option<Kv>, Option<Kv>);
+
+/// A keyed key's state as staged: `None` once deleted.
+#[derive(Clone)]
+struct Slot {
+    now: Option<Kv>,
+    /// Its write time in the tree before the group (for the write-time index).
+    orig_ts: Option<i64>,
+}
+
+/// A staged change.
+pub(crate) struct StagedChange {
+    op: ChangeOp,
+    coll: String,
+    key: String,
+    before: Option<Kv>,
+    after: Option<Kv>,
+}
+
+/// What one job stages; joins the group if the job succeeds.
+#[derive(Default)]
+struct JobOut {
+    appends: Vec<Appended>,
+    changes: Vec<StagedChange>,
+    kv: HashMap<(String, String), Slot>,
+    checkpoints: Vec<(String, String)>,
+    spills: Vec<Spilled>,
+    /// Which appends (index into `appends`) answer the job.
+    answer_append: Option<usize>,
+}
+
+/// What the group staged.
+#[derive(Default)]
+struct Group {
+    /// Per capped collection, in order of first append: its documents, bodies and index
+    /// hashes.
+    appends: Vec<Appended>,
+    changes: Vec<StagedChange>,
+    kv: HashMap<(String, String), Slot>,
+    checkpoints: Vec<(String, String)>,
+    spills: Vec<Spilled>,
+    bytes: usize,
+}
+
+impl Group {
+    fn next_pos(&self, w: &Writer, coll: &str) -> u64 {
+        let base = w.capped.get(coll).map_or(1, |c| c.next);
+        base + self
+            .appends
+            .iter()
+            .find(|(c, ..)| c == coll)
+            .map_or(0, |a| a.1.len() as u64)
     }
 }
 
 pub(crate) struct Writer {
-    /// Declared first, so it stops (and closes its connection) before the writer's own
-    /// connection closes, which then is the last and removes the WAL.
-    copier: WalCopier,
-    conn: Connection,
-    capped: HashMap<String, CappedMeta>,
-    kv: KvCache,
-    oplog_max_entries: u64,
-    /// Whether `synchronous=FULL` is currently set; toggled per group as durability needs.
-    sync_full: bool,
+    dir: PathBuf,
+    jdir: PathBuf,
+    journal: journal::Writer,
+    /// The next record number.
+    lsn: u64,
+    change_next: u64,
+    tree: Arc<Tree>,
+    shared: Arc<RwLock<Shared>>,
+    catalog: Arc<Mutex<Catalog>>,
+    capped: HashMap<String, WCapped>,
+    keyed_validators: HashMap<String, Filter>,
+    cache: KvCache,
     hub: broadcast::Sender<Arc<Commit>>,
     newest_op: Arc<AtomicU64>,
-    /// Pages in the WAL after the last commit (SQLite's WAL hook sets it).
-    wal_pages: Arc<AtomicU64>,
-    cache: PageCache,
+    record: Vec<u8>,
+    maint: std::sync::mpsc::Sender<Task>,
+    memtable_bytes: u64,
+    rotate_asked: Arc<AtomicBool>,
+    last_change_seek: Option<(u64, u64)>,
+    /// After a failed sync nothing more is written: what the disk holds is unknown.
+    poisoned: Option<String>,
 }
 
-/// The write connection's page cache: larger while the writer commits large groups, emptied
-/// and back to SQLite's default [`BUSY_CACHE_LINGER`] after the last one. `bench replay`'s
-/// long tail (10^7 distinct hashtags) ran 15 % faster with it, `bench insert` random
-/// batched 4 % (docs/BENCHMARKS.md, "Memory after a burst"). Emptied, the cache's pages go
-/// back to the allocator, which returns them to the system: the binary gives SQLite mimalloc
-/// (`tailrace::allocator::route_sqlite`); glibc kept them.
-#[derive(Default)]
-struct PageCache {
-    /// Until when the cache stays large: the last large group's commit and the linger.
-    /// `None` while it is at its default. Checked at each commit, and by [`cut_idle_cache`]
-    /// when no commit comes.
-    busy_until: Option<Instant>,
+/// What recovery hands the writer.
+pub(crate) struct Recovered {
+    pub dir: PathBuf,
+    pub journal: journal::Writer,
+    pub lsn: u64,
+    pub change_next: u64,
+    pub tree: Arc<Tree>,
+    pub shared: Arc<RwLock<Shared>>,
+    pub catalog: Arc<Mutex<Catalog>>,
+    /// Per capped collection: oldest, next, sizes of `[oldest, next)`, last seek.
+    pub capped: HashMap<String, RecoveredCapped>,
+    pub last_change_seek: Option<(u64, u64)>,
 }
 
-impl PageCache {
-    /// Whether the cache is large and its while is over.
-    fn due(&self, now: Instant) -> bool {
-        self.busy_until.is_some_and(|until| now >= until)
-    }
-
-    /// The `cache_size` to set before committing a group of `items`, if it changes.
-    fn resize(&mut self, items: usize, now: Instant) -> Option<i64> {
-        if items >= BUSY_GROUP_ITEMS {
-            let grow = self.busy_until.is_none();
-            self.busy_until = Some(now + BUSY_CACHE_LINGER);
-            return grow.then_some(-BUSY_CACHE_KIB);
-        }
-        if self.due(now) {
-            self.busy_until = None;
-            return Some(-IDLE_CACHE_KIB);
-        }
-        None
+fn lock_err<T>(_: T) -> StoreError {
+    StoreError::Engine {
+        engine: "embedded",
+        message: "internal lock poisoned".into(),
     }
 }
 
-/// No copy of the WAL is under way.
-const COPY_IDLE: u8 = 0;
-/// The copy thread is copying the WAL.
-const COPY_RUNNING: u8 = 1;
-/// The copy thread is done; the writer copies what was committed meanwhile.
-const COPY_DONE: u8 = 2;
-
-/// Copies the WAL into the database on a thread and connection of its own. A copy of a full
-/// WAL (16,384 pages) took 80-300 ms on this machine's disk, most of it the database file's
-/// `fsync`; made on the writer's connection, it held the writer and every caller for that
-/// long (`bench insert`, random: ten times in a 7-second run). SQLite lets another
-/// connection copy while the writer commits: the copy takes the frames committed when it
-/// starts, and the writer then copies the few committed meanwhile itself
-/// ([`Writer::maintain_wal`]), after which the WAL starts over at the next commit.
-struct WalCopier {
-    shared: Arc<CopyState>,
-    thread: Option<std::thread::JoinHandle<()>>,
+fn refused(coll: &str, rule: &Filter) -> StoreError {
+    StoreError::Engine {
+        engine: "embedded",
+        message: format!(
+            "document failed validation: collection {coll} accepts only documents matching {}",
+            rule.as_json()
+        ),
+    }
 }
 
-#[derive(Default)]
-struct CopyState {
-    /// [`COPY_IDLE`], [`COPY_RUNNING`] or [`COPY_DONE`].
-    state: AtomicU8,
-    stop: AtomicBool,
-    /// Copies made by the copy thread.
-    copies: AtomicU64,
-    lock: Mutex<()>,
-    wake: Condvar,
-}
-
-impl WalCopier {
-    fn start(db: &Path) -> Result<Self> {
-        let conn = schema::open(db)?;
-        let shared = Arc::new(CopyState::default());
-        let thread = std::thread::Builder::new()
-            .name("tailrace-wal-copy".into())
-            .spawn({
-                let shared = shared.clone();
-                move || copy_wal_when_asked(conn, &shared)
-            })
-            .map_err(|source| StoreError::Io {
-                context: "starting the WAL copy thread".into(),
-                source,
-            })?;
-        Ok(WalCopier {
-            shared,
-            thread: Some(thread),
+impl Writer {
+    pub(crate) fn new(
+        r: Recovered,
+        hub: broadcast::Sender<Arc<Commit>>,
+        newest_op: Arc<AtomicU64>,
+        maint: std::sync::mpsc::Sender<Task>,
+        memtable_bytes: u64,
+        rotate_asked: Arc<AtomicBool>,
+    ) -> Result<Writer> {
+        let catalog = r.catalog.lock().map_err(lock_err)?.clone();
+        let mut capped = HashMap::new();
+        for (name, (oldest, next, sizes, last_seek)) in r.capped {
+            let entry = catalog.collections.get(&name);
+            let validator = entry
+                .and_then(|c| c.validator.as_ref())
+                .map(Filter::parse)
+                .transpose()
+                .map_err(|e| StoreError::Invalid(e.to_string()))?;
+            let count = sizes.iter().filter(|s| **s != u32::MAX).count() as u64;
+            let bytes = sizes
+                .iter()
+                .filter(|s| **s != u32::MAX)
+                .map(|s| *s as u64)
+                .sum();
+            capped.insert(
+                name,
+                WCapped {
+                    max_docs: entry.map_or(u64::MAX, |c| c.max_docs),
+                    max_bytes: entry.map_or(u64::MAX, |c| c.max_bytes),
+                    indexes: entry.map(|c| c.indexes.clone()).unwrap_or_default(),
+                    validator,
+                    oldest,
+                    next,
+                    sizes,
+                    count,
+                    bytes,
+                    newest: Arc::new(AtomicU64::new(next.saturating_sub(1))),
+                    last_seek,
+                },
+            );
+        }
+        let mut keyed_validators = HashMap::new();
+        for (name, c) in &catalog.collections {
+            if c.kind == catalog::Kind::Keyed
+                && let Some(v) = &c.validator
+            {
+                keyed_validators.insert(
+                    name.clone(),
+                    Filter::parse(v).map_err(|e| StoreError::Invalid(e.to_string()))?,
+                );
+            }
+        }
+        Ok(Writer {
+            jdir: r.dir.join(journal::DIR),
+            dir: r.dir,
+            journal: r.journal,
+            lsn: r.lsn,
+            change_next: r.change_next,
+            tree: r.tree,
+            shared: r.shared,
+            catalog: r.catalog,
+            capped,
+            keyed_validators,
+            cache: KvCache::default(),
+            hub,
+            newest_op,
+            record: Vec::new(),
+            maint,
+            memtable_bytes,
+            rotate_asked,
+            last_change_seek: r.last_change_seek,
+            poisoned: None,
         })
     }
 
-    fn state(&self) -> u8 {
-        self.shared.state.load(Ordering::Acquire)
+    /// The shared `newest` position of a capped collection (for its handles).
+    pub(crate) fn newest_of(&self, coll: &str) -> Option<Arc<AtomicU64>> {
+        self.capped.get(coll).map(|c| c.newest.clone())
     }
 
-    /// Starts a copy unless one is under way, or done and not yet followed up by the writer.
-    fn ask(&self) {
-        if self
-            .shared
-            .state
-            .compare_exchange(COPY_IDLE, COPY_RUNNING, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            // Under the lock, so the thread is either before its check or waiting.
-            let _guard = self.shared.lock.lock();
-            self.shared.wake.notify_one();
-        }
-    }
-
-    fn finished(&self) {
-        self.shared.state.store(COPY_IDLE, Ordering::Release);
-    }
-}
-
-impl Drop for WalCopier {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        {
-            let _guard = self.shared.lock.lock();
-            self.shared.wake.notify_one();
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// The WAL copy thread: waits to be asked, copies (`PASSIVE`: waits for no reader or writer),
-/// says it is done; until stopped.
-fn copy_wal_when_asked(conn: Connection, shared: &CopyState) {
-    loop {
-        {
-            let Ok(mut guard) = shared.lock.lock() else {
-                return;
+    /// Commits `jobs` (one record); returns each job's result, in order.
+    pub(crate) fn commit_group(&mut self, jobs: &mut [Job]) -> Vec<Result<Reply>> {
+        if let Some(why) = &self.poisoned {
+            let e = StoreError::Engine {
+                engine: "embedded",
+                message: why.clone(),
             };
-            while shared.state.load(Ordering::Acquire) != COPY_RUNNING
-                && !shared.stop.load(Ordering::Acquire)
-            {
-                guard = match shared.wake.wait(guard) {
-                    Ok(guard) => guard,
-                    Err(_) => return,
-                };
+            return jobs.iter().map(|_| Err(e.duplicate("embedded"))).collect();
+        }
+        let now = now_us();
+        let mut group = Group::default();
+        let mut results: Vec<Result<Reply>> = Vec::with_capacity(jobs.len());
+        let mut sync = false;
+        for job in jobs.iter_mut() {
+            let op = std::mem::replace(&mut job.op, Op::Barrier);
+            let mut out = JobOut::default();
+            match self.stage(op, now, &group, &mut out) {
+                Ok(reply) => {
+                    sync |= job.durability.syncs();
+                    results.push(Ok(self.merge(&mut group, out, reply)));
+                }
+                Err(e) => results.push(Err(e)),
             }
         }
-        if shared.stop.load(Ordering::Acquire) {
+        if let Err(e) = self.write_and_apply(group, now, sync) {
+            let engine_err = |r: Result<Reply>| match r {
+                Ok(_) => Err(e.duplicate("embedded")),
+                Err(own) => Err(own),
+            };
+            return results.into_iter().map(engine_err).collect();
+        }
+        if self.rotate_asked.swap(false, Ordering::AcqRel)
+            || self.tree.tree.active_memtable().size() >= self.memtable_bytes
+        {
+            self.rotate();
+        }
+        results
+    }
+
+    /// Seals the tree's memtable (after marking it complete up to the last record) and has the
+    /// maintenance thread flush it.
+    fn rotate(&mut self) {
+        let last = self.lsn.saturating_sub(1);
+        self.tree
+            .tree
+            .insert(tree::APPLIED, last.to_le_bytes().to_vec(), last);
+        if self.tree.tree.rotate_memtable().is_some() {
+            let _ = self.maint.send(Task::Flush);
+        }
+    }
+
+    /// Joins a staged job to the group; fills in its positions.
+    fn merge(&mut self, group: &mut Group, out: JobOut, reply: Reply) -> Reply {
+        let mut positions = None;
+        for (i, (coll, docs, bodies, hashes)) in out.appends.into_iter().enumerate() {
+            let first = group.next_pos(self, &coll);
+            if out.answer_append == Some(i) {
+                positions = Some((first..first + docs.len() as u64).map(Position).collect());
+            }
+            group.bytes += bodies.iter().map(String::len).sum::<usize>();
+            match group.appends.iter_mut().find(|a| a.0 == coll) {
+                Some(a) => {
+                    a.1.extend(docs);
+                    a.2.extend(bodies);
+                    a.3.extend(hashes);
+                }
+                None => group.appends.push((coll, docs, bodies, hashes)),
+            }
+        }
+        for c in &out.changes {
+            group.bytes += c.after.as_ref().map_or(0, |a| a.json.len())
+                + c.before.as_ref().map_or(0, |b| b.json.len());
+        }
+        group.changes.extend(out.changes);
+        for (k, slot) in out.kv {
+            match group.kv.get_mut(&k) {
+                Some(existing) => existing.now = slot.now,
+                None => {
+                    group.kv.insert(k, slot);
+                }
+            }
+        }
+        group.checkpoints.extend(out.checkpoints);
+        group.spills.extend(out.spills);
+        match (reply, positions) {
+            (Reply::Positions(_), Some(p)) | (Reply::Done, Some(p)) => Reply::Positions(p),
+            (r, _) => r,
+        }
+    }
+
+    /// Stages one operation into `out`.
+    fn stage(&mut self, op: Op, now: i64, group: &Group, out: &mut JobOut) -> Result<Reply> {
+        match op {
+            Op::CreateCapped { name, spec } => {
+                self.create_capped(&name, &spec)?;
+                let newest = self.newest_of(&name).ok_or_else(|| StoreError::Engine {
+                    engine: "embedded",
+                    message: format!("capped collection {name} was not created"),
+                })?;
+                Ok(Reply::Newest(newest))
+            }
+            Op::CreateKeyed { name } => {
+                self.create_keyed(&name)?;
+                Ok(Reply::Done)
+            }
+            Op::Validate { coll, rule } => {
+                self.set_validator(&coll, rule)?;
+                Ok(Reply::Done)
+            }
+            Op::Append { coll, docs, bodies } => {
+                let meta = self.capped.get(&coll).ok_or_else(|| {
+                    StoreError::Invalid(format!("capped collection {coll} was not opened"))
+                })?;
+                if bodies.len() != docs.len() {
+                    return Err(StoreError::Invalid(format!(
+                        "append to {coll}: {} documents and {} encodings",
+                        docs.len(),
+                        bodies.len()
+                    )));
+                }
+                if let Some(rule) = &meta.validator
+                    && docs.iter().any(|d| !rule.matches(d))
+                {
+                    return Err(refused(&coll, rule));
+                }
+                let hashes = docs
+                    .iter()
+                    .map(|d| {
+                        meta.indexes
+                            .iter()
+                            .filter_map(|f| state::value_hash(&coll, f, update::get_path(d, f)))
+                            .collect()
+                    })
+                    .collect();
+                if out.answer_append.is_none() {
+                    out.answer_append = Some(out.appends.len());
+                }
+                out.appends.push((coll, docs, bodies, hashes));
+                Ok(Reply::Positions(Vec::new()))
+            }
+            Op::Update { coll, updates } => {
+                self.check_keyed(&coll)?;
+                for u in updates {
+                    let current = self.read_kv(&coll, &u.key, group, out)?;
+                    let mut doc = match &current {
+                        Some(c) => Document::clone(&c.doc),
+                        None => {
+                            let mut d = Document::new();
+                            d.insert("_id".into(), u.key.clone().into());
+                            d
+                        }
+                    };
+                    update::apply_owned(&mut doc, u.update)?;
+                    let op = if current.is_some() {
+                        ChangeOp::Update
+                    } else {
+                        ChangeOp::Insert
+                    };
+                    self.write_kv(&coll, u.key, op, current, doc, now, group, out)?;
+                }
+                Ok(Reply::Done)
+            }
+            Op::Set { coll, key, mut doc } => {
+                self.check_keyed(&coll)?;
+                let current = self.read_kv(&coll, &key, group, out)?;
+                doc.insert("_id".into(), key.clone().into());
+                let op = if current.is_some() {
+                    ChangeOp::Replace
+                } else {
+                    ChangeOp::Insert
+                };
+                self.write_kv(&coll, key, op, current, doc, now, group, out)?;
+                Ok(Reply::Done)
+            }
+            Op::Delete { coll, key } => {
+                self.check_keyed(&coll)?;
+                let Some(before) = self.read_kv(&coll, &key, group, out)? else {
+                    return Ok(Reply::Deleted(false));
+                };
+                self.delete_kv(&coll, key, before, group, out)?;
+                Ok(Reply::Deleted(true))
+            }
+            Op::Expire {
+                coll,
+                prefix,
+                before,
+                limit,
+            } => {
+                self.check_keyed(&coll)?;
+                let n = self.expire(&coll, &prefix, before, limit, group, out)?;
+                Ok(Reply::Expired(n))
+            }
+            Op::Checkpoint { feed, body } => {
+                out.checkpoints.push((feed, body));
+                Ok(Reply::Done)
+            }
+            Op::Spill { coll, docs } => {
+                out.spills.push((coll, docs));
+                Ok(Reply::Done)
+            }
+            Op::Barrier => Ok(Reply::Done),
+            Op::Together(ops) => {
+                let mut reply = None;
+                for op in ops {
+                    let r = self.stage(op, now, group, out)?;
+                    if reply.is_none() && matches!(r, Reply::Positions(_)) {
+                        reply = Some(r);
+                    }
+                }
+                Ok(reply.unwrap_or(Reply::Done))
+            }
+        }
+    }
+
+    fn check_keyed(&self, coll: &str) -> Result<()> {
+        let catalog = self.catalog.lock().map_err(lock_err)?;
+        match catalog.collections.get(coll) {
+            Some(c) if c.kind == catalog::Kind::Keyed => Ok(()),
+            _ => Err(StoreError::Invalid(format!(
+                "keyed collection {coll} was not opened"
+            ))),
+        }
+    }
+
+    /// The current state of a key: staged by this job, by the group, cached, or in the tree.
+    fn read_kv(&self, coll: &str, key: &str, group: &Group, out: &JobOut) -> Result<Option<Kv>> {
+        let k = (coll.to_owned(), key.to_owned());
+        if let Some(slot) = out.kv.get(&k).or_else(|| group.kv.get(&k)) {
+            return Ok(slot.now.clone());
+        }
+        if let Some(kv) = self.cache.get(coll, key) {
+            return Ok(Some(kv.clone()));
+        }
+        self.read_tree(coll, key)
+    }
+
+    fn read_tree(&self, coll: &str, key: &str) -> Result<Option<Kv>> {
+        let Some(v) = self.tree.get(&tree::doc_key(coll, key))? else {
+            return Ok(None);
+        };
+        let (ts, json) = tree::split_value(&v)?;
+        let json = std::str::from_utf8(json).map_err(|_| StoreError::Engine {
+            engine: "embedded",
+            message: format!("keyed state: {coll}/{key} is not UTF-8"),
+        })?;
+        Ok(Some(Kv {
+            doc: Arc::new(serde_json::from_str(json)?),
+            json: Arc::from(json),
+            ts,
+        }))
+    }
+
+    /// The write time the tree held for a key before this group (for its write-time index
+    /// entry): as staged by the job or the group when they touched it, else `current`'s.
+    fn orig_ts(
+        k: &(String, String),
+        group: &Group,
+        out: &JobOut,
+        current: Option<&Kv>,
+    ) -> Option<i64> {
+        match out.kv.get(k).or_else(|| group.kv.get(k)) {
+            Some(slot) => slot.orig_ts,
+            None => current.map(|c| c.ts),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write_kv(
+        &self,
+        coll: &str,
+        key: String,
+        op: ChangeOp,
+        before: Option<Kv>,
+        doc: Document,
+        now: i64,
+        group: &Group,
+        out: &mut JobOut,
+    ) -> Result<()> {
+        if let Some(rule) = self.keyed_validators.get(coll)
+            && !rule.matches(&doc)
+        {
+            return Err(refused(coll, rule));
+        }
+        let json: Arc<str> = Arc::from(serde_json::to_string(&doc)?);
+        let after = Kv {
+            doc: Arc::new(doc),
+            json,
+            ts: now,
+        };
+        let k = (coll.to_owned(), key.clone());
+        let orig_ts = Self::orig_ts(&k, group, out, before.as_ref());
+        out.changes.push(StagedChange {
+            op,
+            coll: coll.to_owned(),
+            key,
+            before,
+            after: Some(after.clone()),
+        });
+        out.kv.insert(
+            k,
+            Slot {
+                now: Some(after),
+                orig_ts,
+            },
+        );
+        Ok(())
+    }
+
+    fn delete_kv(
+        &self,
+        coll: &str,
+        key: String,
+        before: Kv,
+        group: &Group,
+        out: &mut JobOut,
+    ) -> Result<()> {
+        let k = (coll.to_owned(), key.clone());
+        let orig_ts = Self::orig_ts(&k, group, out, Some(&before));
+        out.changes.push(StagedChange {
+            op: ChangeOp::Delete,
+            coll: coll.to_owned(),
+            key,
+            before: Some(before),
+            after: None,
+        });
+        out.kv.insert(k, Slot { now: None, orig_ts });
+        Ok(())
+    }
+
+    /// Stages the deletes of up to `limit` keys of `coll` starting with `prefix` whose last
+    /// write is older than `before`, oldest first.
+    fn expire(
+        &self,
+        coll: &str,
+        prefix: &str,
+        before: i64,
+        limit: usize,
+        group: &Group,
+        out: &mut JobOut,
+    ) -> Result<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let tprefix = tree::time_prefix(coll);
+        let last_bucket = tree::bucket(before);
+        let seqno = self.tree.visible();
+        let mut candidates: Vec<(i64, String, Kv)> = Vec::new();
+        let mut after: Option<Vec<u8>> = None;
+        'scan: loop {
+            let page = self.tree.page(&tprefix, after.as_deref(), 1024, seqno)?;
+            let Some((last, _)) = page.last() else { break };
+            after = Some(last.to_vec());
+            let full = page.len() == 1024;
+            let mut bucket_of_page = 0;
+            for (k, _) in page {
+                let rest = &k[tprefix.len()..];
+                if rest.len() < 8 {
+                    continue;
+                }
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&rest[..8]);
+                let bucket = u64::from_be_bytes(b);
+                if bucket > last_bucket {
+                    break 'scan;
+                }
+                // Once enough keys are found in older buckets, the rest are newer.
+                if candidates.len() >= limit && bucket > bucket_of_page {
+                    break 'scan;
+                }
+                bucket_of_page = bucket;
+                let Ok(key) = std::str::from_utf8(&rest[8..]) else {
+                    continue;
+                };
+                if !key.starts_with(prefix) {
+                    continue;
+                }
+                let k = (coll.to_owned(), key.to_owned());
+                if out.kv.contains_key(&k) || group.kv.contains_key(&k) {
+                    // Written (or deleted) by this group: not idle.
+                    continue;
+                }
+                let Some(kv) = self.read_tree(coll, key)? else {
+                    continue;
+                };
+                if kv.ts < before && tree::bucket(kv.ts) == bucket {
+                    candidates.push((kv.ts, key.to_owned(), kv));
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        candidates.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        candidates.truncate(limit);
+        let n = candidates.len() as u64;
+        for (_, key, kv) in candidates {
+            self.delete_kv(coll, key, kv, group, out)?;
+        }
+        Ok(n)
+    }
+
+    pub(crate) fn create_capped(&mut self, name: &str, spec: &CappedSpec) -> Result<()> {
+        let mut new_fields = Vec::new();
+        {
+            let mut catalog = self.catalog.lock().map_err(lock_err)?;
+            let entry = catalog
+                .collections
+                .entry(name.to_owned())
+                .or_insert_with(|| catalog::Collection::new(catalog::Kind::Capped));
+            if entry.kind != catalog::Kind::Capped {
+                return Err(StoreError::Incompatible {
+                    collection: name.to_string(),
+                    problem: "exists as a keyed collection, not a capped one".into(),
+                });
+            }
+            for field in &spec.indexes {
+                crate::embedded::schema::check_field(field)?;
+                if !entry.indexes.contains(field) {
+                    entry.indexes.push(field.clone());
+                    new_fields.push(field.clone());
+                }
+            }
+            // Limits may change between runs: the new ones apply from the next append.
+            entry.max_docs = spec.max_docs;
+            entry.max_bytes = spec.max_bytes;
+            let indexes = entry.indexes.clone();
+            let validator = entry
+                .validator
+                .as_ref()
+                .map(Filter::parse)
+                .transpose()
+                .map_err(|e| StoreError::Invalid(e.to_string()))?;
+            catalog.save(&self.dir)?;
+            let c = self
+                .capped
+                .entry(name.to_owned())
+                .or_insert_with(|| WCapped {
+                    max_docs: spec.max_docs,
+                    max_bytes: spec.max_bytes,
+                    indexes: Vec::new(),
+                    validator: None,
+                    oldest: 1,
+                    next: 1,
+                    sizes: VecDeque::new(),
+                    count: 0,
+                    bytes: 0,
+                    newest: Arc::new(AtomicU64::new(0)),
+                    last_seek: None,
+                });
+            c.max_docs = spec.max_docs;
+            c.max_bytes = spec.max_bytes;
+            c.indexes = indexes;
+            c.validator = validator;
+        }
+        {
+            let mut shared = self.shared.write().map_err(lock_err)?;
+            shared
+                .capped
+                .entry(name.to_owned())
+                .or_insert_with(|| state::CappedView {
+                    oldest: 1,
+                    next: 1,
+                    journal_from: 1,
+                    ..Default::default()
+                });
+        }
+        if !new_fields.is_empty() {
+            super::recover::backfill_index(
+                &self.jdir,
+                &self.shared,
+                &self.tree,
+                name,
+                &new_fields,
+            )?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn create_keyed(&mut self, name: &str) -> Result<()> {
+        let mut catalog = self.catalog.lock().map_err(lock_err)?;
+        match catalog.collections.get(name) {
+            Some(c) if c.kind == catalog::Kind::Keyed => Ok(()),
+            Some(_) => Err(StoreError::Incompatible {
+                collection: name.to_string(),
+                problem: "exists as a capped collection, not a keyed one".into(),
+            }),
+            None => {
+                catalog.collections.insert(
+                    name.to_owned(),
+                    catalog::Collection::new(catalog::Kind::Keyed),
+                );
+                catalog.save(&self.dir)
+            }
+        }
+    }
+
+    fn set_validator(&mut self, coll: &str, rule: Option<Filter>) -> Result<()> {
+        let mut catalog = self.catalog.lock().map_err(lock_err)?;
+        let entry = catalog
+            .collections
+            .get_mut(coll)
+            .ok_or_else(|| StoreError::Invalid(format!("collection {coll} does not exist")))?;
+        entry.validator = rule.as_ref().map(|r| r.as_json().clone());
+        let kind = entry.kind;
+        catalog.save(&self.dir)?;
+        match kind {
+            catalog::Kind::Capped => {
+                if let Some(c) = self.capped.get_mut(coll) {
+                    c.validator = rule;
+                }
+            }
+            catalog::Kind::Keyed => match rule {
+                Some(r) => {
+                    self.keyed_validators.insert(coll.to_owned(), r);
+                }
+                None => {
+                    self.keyed_validators.remove(coll);
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// Writes the group's record, syncs it if asked, applies and publishes it.
+    fn write_and_apply(&mut self, group: Group, now: i64, sync: bool) -> Result<()> {
+        // Evictions: each appended collection keeps its newest documents within its limits.
+        let mut oldest_after: HashMap<String, (u64, usize, u64, u64)> = HashMap::new();
+        for (coll, docs, bodies, _) in &group.appends {
+            let Some(c) = self.capped.get(coll.as_str()) else {
+                continue;
+            };
+            let (mut count, mut bytes) = (c.count, c.bytes);
+            for b in bodies {
+                count += 1;
+                bytes += b.len() as u64;
+            }
+            // Walk from the oldest, over the existing sizes and then the new documents.
+            let (mut oldest, mut i) = (c.oldest, 0usize);
+            let total = c.sizes.len() + docs.len();
+            while i + 1 < total && (count > c.max_docs || bytes > c.max_bytes) {
+                let size = if i < c.sizes.len() {
+                    c.sizes[i]
+                } else {
+                    bodies[i - c.sizes.len()].len() as u32
+                };
+                if size != u32::MAX {
+                    count -= 1;
+                    bytes -= size as u64;
+                }
+                i += 1;
+                oldest += 1;
+            }
+            // Past holes too, so the oldest position holds a document.
+            while i + 1 < total {
+                let size = if i < c.sizes.len() { c.sizes[i] } else { 0 };
+                if size != u32::MAX {
+                    break;
+                }
+                i += 1;
+                oldest += 1;
+            }
+            oldest_after.insert(coll.clone(), (oldest, i, count, bytes));
+        }
+
+        let has_entries =
+            !group.appends.is_empty() || !group.changes.is_empty() || !group.checkpoints.is_empty();
+        let lsn = self.lsn;
+        let change_first = self.change_next;
+        let mut written = None;
+        if has_entries {
+            let mut b = Builder::new();
+            for (coll, docs, bodies, _) in &group.appends {
+                let first = self.capped.get(coll.as_str()).map_or(1, |c| c.next);
+                let oldest = oldest_after.get(coll.as_str()).map_or(first, |o| o.0);
+                b.section(coll, first, oldest);
+                for body in bodies {
+                    b.doc(body.as_bytes());
+                }
+                let _ = docs;
+            }
+            for (i, c) in group.changes.iter().enumerate() {
+                b.change(
+                    change_first + i as u64,
+                    c.op,
+                    &c.coll,
+                    &c.key,
+                    c.before.as_ref().map(|k| k.json.as_bytes()),
+                    c.after.as_ref().map(|k| k.json.as_bytes()),
+                );
+            }
+            for (feed, body) in &group.checkpoints {
+                b.checkpoint(feed, body.as_bytes());
+            }
+            let mut record = std::mem::take(&mut self.record);
+            b.finish(lsn, now, &mut record);
+            let w = self.journal.append(&record);
+            self.record = record;
+            let w = w?;
+            if sync && let Err(e) = self.journal.sync() {
+                self.poisoned = Some(format!(
+                    "a journal sync failed ({e}); nothing more is written until tailrace restarts"
+                ));
+                return Err(e);
+            }
+            written = Some(w);
+        }
+        // Applied from here on: nothing below may fail the group.
+        let mut commit = Commit::default();
+        if let Some(w) = written {
+            self.lsn += 1;
+            self.apply_journal_meta(&group, w, lsn, &oldest_after);
+        }
+        // Capped collections.
+        for (coll, docs, bodies, _) in group.appends {
+            let Some(c) = self.capped.get_mut(&coll) else {
+                continue;
+            };
+            let first = c.next;
+            for b in &bodies {
+                c.sizes.push_back(b.len() as u32);
+            }
+            c.next += docs.len() as u64;
+            if let Some(&(oldest, drop_n, count, bytes)) = oldest_after.get(coll.as_str()) {
+                for _ in 0..drop_n {
+                    c.sizes.pop_front();
+                }
+                c.oldest = oldest;
+                c.count = count;
+                c.bytes = bytes;
+            }
+            c.newest.store(c.next - 1, Ordering::Release);
+            let records = docs
+                .into_iter()
+                .enumerate()
+                .map(|(i, doc)| Record {
+                    position: Position(first + i as u64),
+                    doc,
+                    committed_at_us: Some(now),
+                })
+                .collect();
+            commit.appended.push((coll, records));
+        }
+        // Keyed state, checkpoints, spills: into the tree, as of this record.
+        let seqno = if written.is_some() {
+            lsn
+        } else {
+            lsn.saturating_sub(1)
+        };
+        for ((coll, key), slot) in group.kv {
+            let dk = tree::doc_key(&coll, &key);
+            if let Some(orig) = slot.orig_ts {
+                let moved = slot
+                    .now
+                    .as_ref()
+                    .is_none_or(|n| tree::bucket(n.ts) != tree::bucket(orig));
+                if moved {
+                    self.tree
+                        .tree
+                        .remove(tree::time_key(&coll, tree::bucket(orig), &key), seqno);
+                }
+            }
+            match slot.now {
+                Some(kv) => {
+                    if slot
+                        .orig_ts
+                        .is_none_or(|o| tree::bucket(o) != tree::bucket(kv.ts))
+                    {
+                        self.tree.tree.insert(
+                            tree::time_key(&coll, tree::bucket(kv.ts), &key),
+                            Vec::new(),
+                            seqno,
+                        );
+                    }
+                    self.tree
+                        .tree
+                        .insert(dk, tree::value(kv.ts, kv.json.as_bytes()), seqno);
+                    if slot.orig_ts.is_some() {
+                        // A key written before is likely written again (a hot counter, a
+                        // summary); a new one, on a long tail, mostly is not.
+                        self.cache.put(&coll, &key, kv);
+                    } else {
+                        self.cache.remove(&coll, &key);
+                    }
+                }
+                None => {
+                    self.tree.tree.remove(dk, seqno);
+                    self.cache.remove(&coll, &key);
+                }
+            }
+        }
+        for (feed, body) in group.checkpoints {
+            self.tree
+                .tree
+                .insert(tree::checkpoint_key(&feed), body.into_bytes(), seqno);
+        }
+        for (coll, docs) in group.spills {
+            for (pos, ts, json) in docs {
+                self.tree
+                    .tree
+                    .insert(tree::spill_key(&coll, pos), tree::value(ts, &json), seqno);
+            }
+        }
+        self.tree.publish(seqno);
+        // Changes.
+        if !group.changes.is_empty() {
+            for (i, c) in group.changes.into_iter().enumerate() {
+                let seq = change_first + i as u64;
+                commit.changes.push(LiveChange {
+                    op: c.op,
+                    collection: c.coll,
+                    key: c.key,
+                    before: c.before.map(|k| k.doc),
+                    after: c.after.map(|k| k.doc),
+                    seq,
+                    committed_at_us: now,
+                });
+            }
+            self.change_next = change_first + commit.changes.len() as u64;
+            self.newest_op
+                .store(self.change_next - 1, Ordering::Release);
+            if let Ok(mut shared) = self.shared.write() {
+                shared.change_next = self.change_next;
+                if shared.change_first == 0 {
+                    shared.change_first = change_first;
+                }
+            }
+        }
+        if let Ok(mut shared) = self.shared.write() {
+            shared.point = (self.tree.visible(), self.change_next.saturating_sub(1));
+        }
+        if !commit.appended.is_empty() || !commit.changes.is_empty() {
+            let _ = self.hub.send(Arc::new(commit));
+        }
+        Ok(())
+    }
+
+    /// After a record was written: the segment table, seek points, index entries and the
+    /// capped views readers use.
+    fn apply_journal_meta(
+        &mut self,
+        group: &Group,
+        w: journal::Written,
+        lsn: u64,
+        oldest_after: &HashMap<String, (u64, usize, u64, u64)>,
+    ) {
+        let Ok(mut shared) = self.shared.write() else {
             return;
+        };
+        if w.rolled || !shared.segments.contains_key(&w.seq) {
+            // The previous segment is finished: its index goes to a file (maintenance).
+            if let Some((&prev, _)) = shared.segments.iter().next_back()
+                && prev < w.seq
+            {
+                self.seal(&mut shared, prev);
+            }
+            match Segment::open(&self.jdir, w.seq) {
+                Ok(seg) => {
+                    shared.segments.insert(
+                        w.seq,
+                        SegInfo {
+                            seg,
+                            first_lsn: lsn,
+                            last_lsn: 0,
+                            end: 0,
+                            changes: (self.change_next, self.change_next),
+                            colls: Default::default(),
+                            index: SegIndex::Memory(MemIndex::default()),
+                        },
+                    );
+                }
+                Err(e) => {
+                    self.poisoned = Some(format!("the journal's new segment cannot be read: {e}"));
+                    return;
+                }
+            }
         }
-        let started = Instant::now();
-        match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-            Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
-        }) {
-            Ok((pages, copied)) => tracing::debug!(
-                pages,
-                copied,
-                ms = started.elapsed().as_millis() as u64,
-                "WAL copied by the copy thread"
-            ),
-            // The writer copies what is left, as it did before this thread existed.
-            Err(e) => tracing::warn!(error = %e, "WAL copy failed; the writer copies it"),
+        let end = self.journal.tail();
+        let change_end = self.change_next + group.changes.len() as u64;
+        let mut seeks: Vec<(String, Seek)> = Vec::new();
+        let mut change_seek = None;
+        {
+            let Some(info) = shared.segments.get_mut(&w.seq) else {
+                return;
+            };
+            info.last_lsn = lsn;
+            info.end = end;
+            if info.changes.0 == info.changes.1 {
+                info.changes = (self.change_next, self.change_next);
+            }
+            info.changes.1 = change_end;
+            for (coll, docs, _, hashes) in &group.appends {
+                let Some(c) = self.capped.get_mut(coll.as_str()) else {
+                    continue;
+                };
+                let first = c.next;
+                let end_pos = first + docs.len() as u64;
+                let oldest = oldest_after.get(coll.as_str()).map_or(c.oldest, |o| o.0);
+                let sc = info.colls.entry(coll.clone()).or_insert(SegColl {
+                    first,
+                    end: first,
+                    oldest_after: oldest,
+                });
+                sc.end = end_pos;
+                sc.oldest_after = oldest;
+                if let SegIndex::Memory(m) = &mut info.index {
+                    for (i, hs) in hashes.iter().enumerate() {
+                        for h in hs {
+                            m.push(*h, first + i as u64);
+                        }
+                    }
+                }
+                let due = match c.last_seek {
+                    Some((seq, off)) => seq != w.seq || w.offset >= off + SEEK_EVERY,
+                    None => true,
+                };
+                if due {
+                    c.last_seek = Some((w.seq, w.offset));
+                    seeks.push((
+                        coll.clone(),
+                        Seek {
+                            pos: first,
+                            seq: w.seq,
+                            off: w.offset,
+                        },
+                    ));
+                }
+            }
+            if !group.changes.is_empty() {
+                let due = match self.last_change_seek {
+                    Some((seq, off)) => seq != w.seq || w.offset >= off + SEEK_EVERY,
+                    None => true,
+                };
+                if due {
+                    self.last_change_seek = Some((w.seq, w.offset));
+                    change_seek = Some(Seek {
+                        pos: self.change_next,
+                        seq: w.seq,
+                        off: w.offset,
+                    });
+                }
+            }
         }
-        shared.copies.fetch_add(1, Ordering::Relaxed);
-        shared.state.store(COPY_DONE, Ordering::Release);
+        for (coll, seek) in seeks {
+            if let Some(v) = shared.capped.get_mut(&coll) {
+                v.seeks.push_back(seek);
+            }
+        }
+        if let Some(s) = change_seek {
+            shared.change_seeks.push_back(s);
+        }
+        for (coll, docs, bodies, _) in &group.appends {
+            let Some(v) = shared.capped.get_mut(coll.as_str()) else {
+                continue;
+            };
+            let next = self.capped.get(coll.as_str()).map_or(1, |c| c.next) + docs.len() as u64;
+            v.next = next;
+            if let Some(&(oldest, _, count, bytes)) = oldest_after.get(coll.as_str()) {
+                v.oldest = oldest;
+                v.count = count;
+                v.bytes = bytes;
+            } else {
+                v.count += bodies.len() as u64;
+            }
+        }
+    }
+
+    /// Freezes segment `seq`'s index and asks for its file.
+    fn seal(&self, shared: &mut Shared, seq: u64) {
+        let Some(info) = shared.segments.get_mut(&seq) else {
+            return;
+        };
+        let SegIndex::Memory(m) =
+            std::mem::replace(&mut info.index, SegIndex::Sealed(Arc::default()))
+        else {
+            return;
+        };
+        let entries = Arc::new(m.into_sorted());
+        info.index = SegIndex::Sealed(entries.clone());
+        let summary = super::recover::summarize(shared, seq, &self.capped_sizes());
+        if let Some(summary) = summary {
+            let _ = self.maint.send(Task::WriteIndex {
+                path: journal::index_path(&self.jdir, seq),
+                summary,
+                entries,
+            });
+        }
+    }
+
+    /// Each capped collection's oldest position and sizes from it.
+    fn capped_sizes(&self) -> HashMap<String, (u64, Vec<u32>)> {
+        self.capped
+            .iter()
+            .map(|(k, c)| (k.clone(), (c.oldest, c.sizes.iter().copied().collect())))
+            .collect()
+    }
+
+    /// Imports documents of a capped collection at the positions they had (the conversion of
+    /// an earlier layout): positions between the collection's next one and `first` hold no
+    /// document. One record, committed at `ts`.
+    pub(crate) fn import_capped(
+        &mut self,
+        coll: &str,
+        first: u64,
+        docs: Vec<(Document, String)>,
+        ts: i64,
+    ) -> Result<()> {
+        let c = self.capped.get_mut(coll).ok_or_else(|| {
+            StoreError::Invalid(format!("capped collection {coll} was not opened"))
+        })?;
+        if first < c.next {
+            return Err(StoreError::Invalid(format!(
+                "importing {coll} at position {first}, below its next position {}",
+                c.next
+            )));
+        }
+        if c.count == 0 {
+            c.sizes.clear();
+            c.oldest = first;
+        } else {
+            for _ in c.next..first {
+                c.sizes.push_back(u32::MAX);
+            }
+        }
+        c.next = first;
+        let (oldest, next) = (c.oldest, c.next);
+        if let Ok(mut shared) = self.shared.write()
+            && let Some(v) = shared.capped.get_mut(coll)
+        {
+            v.oldest = oldest;
+            v.next = next;
+            v.journal_from = v.journal_from.min(first).max(1);
+        }
+        let indexes = self
+            .capped
+            .get(coll)
+            .map(|c| c.indexes.clone())
+            .unwrap_or_default();
+        let hashes = docs
+            .iter()
+            .map(|(d, _)| {
+                indexes
+                    .iter()
+                    .filter_map(|f| state::value_hash(coll, f, update::get_path(d, f)))
+                    .collect()
+            })
+            .collect();
+        let (docs, bodies) = docs.into_iter().unzip();
+        let group = Group {
+            appends: vec![(coll.to_owned(), docs, bodies, hashes)],
+            ..Group::default()
+        };
+        self.write_and_apply(group, ts, false)
+    }
+
+    /// Imports changes with the sequence numbers they had, from `first_seq` on (the
+    /// conversion of an earlier layout): into the change log only, not into the keyed state
+    /// (which is imported as it is now). One record, committed at `ts`.
+    pub(crate) fn import_changes(
+        &mut self,
+        first_seq: u64,
+        ts: i64,
+        changes: Vec<ImportedChange>,
+    ) -> Result<()> {
+        if first_seq < self.change_next {
+            return Err(StoreError::Invalid(format!(
+                "importing changes from {first_seq}, below the next sequence number {}",
+                self.change_next
+            )));
+        }
+        let empty = self.newest_op.load(Ordering::Acquire) == 0;
+        self.change_next = first_seq;
+        if let Ok(mut shared) = self.shared.write() {
+            shared.change_next = first_seq;
+            if empty {
+                shared.change_first = first_seq;
+            }
+        }
+        let group = Group {
+            changes: changes
+                .into_iter()
+                .map(|(op, coll, key, before, after)| StagedChange {
+                    op,
+                    coll,
+                    key,
+                    before,
+                    after,
+                })
+                .collect(),
+            ..Group::default()
+        };
+        self.write_and_apply(group, ts, false)
+    }
+
+    /// Imports a keyed document as it is now, written at `ts` (the conversion of an earlier
+    /// layout): into the keyed state, without a change.
+    pub(crate) fn import_kv(&mut self, coll: &str, key: &str, json: &str, ts: i64) {
+        let seqno = self.lsn.saturating_sub(1);
+        self.tree.tree.insert(
+            tree::time_key(coll, tree::bucket(ts), key),
+            Vec::new(),
+            seqno,
+        );
+        self.tree.tree.insert(
+            tree::doc_key(coll, key),
+            tree::value(ts, json.as_bytes()),
+            seqno,
+        );
+        self.tree.publish(seqno);
+    }
+
+    /// Imports a feed's checkpoint (the conversion of an earlier layout).
+    pub(crate) fn import_checkpoint(&mut self, feed: &str, body: &str) {
+        let seqno = self.lsn.saturating_sub(1);
+        self.tree
+            .tree
+            .insert(tree::checkpoint_key(feed), body.as_bytes().to_vec(), seqno);
+        self.tree.publish(seqno);
+    }
+
+    /// Makes the next change's sequence number at least `seq` (the conversion of an earlier
+    /// layout, whose newest changes may have been trimmed), durably (in the catalog).
+    pub(crate) fn continue_changes_at(&mut self, seq: u64) -> Result<()> {
+        if seq <= self.change_next {
+            return Ok(());
+        }
+        let empty = self.newest_op.load(Ordering::Acquire) == 0;
+        self.change_next = seq;
+        self.newest_op.store(seq - 1, Ordering::Release);
+        if let Ok(mut shared) = self.shared.write() {
+            shared.change_next = seq;
+            if empty {
+                shared.change_first = seq;
+            }
+        }
+        let mut catalog = self.catalog.lock().map_err(lock_err)?;
+        catalog.next_change = catalog.next_change.max(seq);
+        if empty {
+            catalog.first_change = seq;
+        }
+        catalog.save(&self.dir)
+    }
+
+    /// Makes a capped collection's next position at least `pos` (as above), durably.
+    pub(crate) fn continue_positions_at(&mut self, coll: &str, pos: u64) -> Result<()> {
+        let Some(c) = self.capped.get_mut(coll) else {
+            return Ok(());
+        };
+        if pos <= c.next {
+            return Ok(());
+        }
+        if c.count == 0 {
+            c.sizes.clear();
+            c.oldest = pos;
+        } else {
+            for _ in c.next..pos {
+                c.sizes.push_back(u32::MAX);
+            }
+        }
+        c.next = pos;
+        c.newest.store(pos - 1, Ordering::Release);
+        let (oldest, next) = (c.oldest, c.next);
+        if let Ok(mut shared) = self.shared.write()
+            && let Some(v) = shared.capped.get_mut(coll)
+        {
+            v.oldest = oldest;
+            v.next = next;
+        }
+        let mut catalog = self.catalog.lock().map_err(lock_err)?;
+        if let Some(entry) = catalog.collections.get_mut(coll) {
+            entry.next_pos = entry.next_pos.max(next);
+            if entry.oldest_pos < oldest {
+                entry.oldest_pos = oldest;
+            }
+            entry.journal_from = entry.journal_from.max(entry.oldest_pos.min(next));
+        }
+        catalog.save(&self.dir)
+    }
+
+    /// Syncs what the journal holds.
+    pub(crate) fn sync_journal(&mut self) -> Result<()> {
+        self.journal.sync()
+    }
+
+    /// Seals the memtable now (its flush is queued for the maintenance thread).
+    pub(crate) fn seal_memtable(&mut self) {
+        self.rotate();
+    }
+
+    /// Has the memtable sealed after the next commit.
+    pub(crate) fn request_rotation(&self) {
+        self.rotate_asked.store(true, Ordering::Release);
     }
 }
 
@@ -396,10 +1568,6 @@ pub(crate) struct WriterCell {
     /// while this is 0: it is counted before a job is queued and uncounted once its group is
     /// committed, so a queued job is never overtaken.
     pending: AtomicUsize,
-    /// Jobs committed in their caller's thread (for tests and diagnostics).
-    inline: AtomicU64,
-    /// A caller's inline commit found the WAL full and woke the writer thread to copy it.
-    checkpoint_asked: std::sync::atomic::AtomicBool,
 }
 
 impl WriterCell {
@@ -407,34 +1575,30 @@ impl WriterCell {
         WriterCell {
             writer: Mutex::new(Some(writer)),
             pending: AtomicUsize::new(0),
-            inline: AtomicU64::new(0),
-            checkpoint_asked: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     /// Commits `op` in the calling thread when the writer is idle, nothing is queued and `op`
     /// is small ([`INLINE_MAX_ITEMS`]); gives `op` back otherwise (the caller then queues it).
-    /// When the commit leaves the WAL full, the caller must wake the writer thread to copy
-    /// it (`Inline::wake_writer`): the copy is not done on the caller's thread.
     pub(crate) fn try_inline(
         &self,
         op: Op,
         durability: Durability,
-    ) -> std::result::Result<Inline, Op> {
+    ) -> std::result::Result<Result<Reply>, Op> {
         if op.items() > INLINE_MAX_ITEMS || self.pending.load(Ordering::Acquire) != 0 {
             return Err(op);
         }
         let mut guard = match self.writer.try_lock() {
             Ok(guard) => guard,
             Err(TryLockError::WouldBlock) => return Err(op),
-            Err(TryLockError::Poisoned(_)) => return Ok(Inline::done(Err(poisoned()))),
+            Err(TryLockError::Poisoned(_)) => return Ok(Err(poisoned())),
         };
         // Counted before the lock is released by whoever held it: checked again under it.
         if self.pending.load(Ordering::Acquire) != 0 {
             return Err(op);
         }
         let Some(writer) = guard.as_mut() else {
-            return Ok(Inline::done(Err(StoreError::Closed)));
+            return Ok(Err(StoreError::Closed));
         };
         let mut jobs = [Job {
             op,
@@ -442,71 +1606,14 @@ impl WriterCell {
             reply: None,
         }];
         let result = writer.commit_group(&mut jobs).pop();
-        let wake_writer = writer.wal_due() && !self.checkpoint_asked.swap(true, Ordering::AcqRel);
-        self.inline.fetch_add(1, Ordering::Relaxed);
-        Ok(Inline {
-            result: result.unwrap_or(Err(StoreError::Closed)),
-            wake_writer,
-        })
+        Ok(result.unwrap_or(Err(StoreError::Closed)))
     }
 
-    /// How many jobs were committed in their caller's thread so far.
-    #[cfg(test)]
-    pub(crate) fn inline_commits(&self) -> u64 {
-        self.inline.load(Ordering::Relaxed)
-    }
-
-    /// Copies of the WAL made by the copy thread so far.
-    #[cfg(test)]
-    pub(crate) fn background_copies(&self) -> u64 {
-        self.hold()
-            .as_ref()
-            .map_or(0, |w| w.copier.shared.copies.load(Ordering::Relaxed))
-    }
-
-    /// Jobs queued and not yet answered.
-    #[cfg(test)]
-    pub(crate) fn pending(&self) -> usize {
-        self.pending.load(Ordering::Acquire)
-    }
-
-    /// The write connection's `cache_size` (negative: KiB).
-    #[cfg(test)]
-    pub(crate) fn cache_size(&self) -> i64 {
-        let guard = self.hold();
-        let writer = guard.as_ref().expect("open");
-        writer
-            .conn
-            .query_row("PRAGMA cache_size", [], |r| r.get(0))
-            .expect("cache_size")
-    }
-
-    /// Bytes of the write connection's page cache in use (`SQLITE_DBSTATUS_CACHE_USED`).
-    #[cfg(test)]
-    #[allow(unsafe_code)]
-    pub(crate) fn cache_used(&self) -> i64 {
-        let guard = self.hold();
-        let writer = guard.as_ref().expect("open");
-        let (mut used, mut highwater) = (0, 0);
-        // SAFETY: the handle is the writer's open connection, used by no one else while the
-        // lock is held; SQLite writes the two counters and returns.
-        let rc = unsafe {
-            rusqlite::ffi::sqlite3_db_status(
-                writer.conn.handle(),
-                rusqlite::ffi::SQLITE_DBSTATUS_CACHE_USED,
-                &mut used,
-                &mut highwater,
-                0,
-            )
-        };
-        assert_eq!(rc, rusqlite::ffi::SQLITE_OK);
-        i64::from(used)
-    }
-
-    /// Holds the writer, as a long commit would: every write is queued meanwhile.
-    #[cfg(test)]
-    pub(crate) fn hold(&self) -> std::sync::MutexGuard<'_, Option<Writer>> {
-        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    /// Runs `f` on the writer (for setup that needs it, and tests).
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Writer) -> T) -> Result<T> {
+        let mut guard = self.writer.lock().map_err(|_| poisoned())?;
+        let writer = guard.as_mut().ok_or(StoreError::Closed)?;
+        Ok(f(writer))
     }
 
     /// Counts a job about to be queued (see [`WriterCell::pending`]).
@@ -514,31 +1621,14 @@ impl WriterCell {
         self.pending.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Queues an empty job ([`Op::Barrier`]) so the writer thread commits a group and does
-    /// what it does after one (copy a full WAL, cut a page cache whose while is over). A full
-    /// queue needs none: the writer thread is busy with it and will.
-    pub(crate) fn wake(&self, jobs: &mpsc::Sender<Job>) {
-        self.queued();
-        let wake = Job {
-            op: Op::Barrier,
-            durability: Durability::Acknowledged,
-            reply: None,
-        };
-        if jobs.try_send(wake).is_err() {
-            self.not_queued();
-        }
-    }
-
     /// Uncounts a job that could not be queued after all.
     pub(crate) fn not_queued(&self) {
         self.pending.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// Takes the writer out, closing its connection (after the writer thread has stopped).
-    pub(crate) fn close(&self) -> Result<()> {
-        let writer = self.writer.lock().map_err(|_| poisoned())?.take();
-        drop(writer);
-        Ok(())
+    /// Takes the writer out (after the writer thread has stopped).
+    pub(crate) fn close(&self) -> Result<Option<Writer>> {
+        Ok(self.writer.lock().map_err(|_| poisoned())?.take())
     }
 }
 
@@ -549,49 +1639,11 @@ fn poisoned() -> StoreError {
     }
 }
 
-/// Cuts a large page cache back when no commit comes to do it (a stream that stopped right
-/// after a burst): every [`BUSY_CACHE_LINGER`], if the cache's while is over, queues a
-/// [`Op::Barrier`], whose empty commit cuts it. Holds neither the writer nor the queue
-/// between checks, so a store dropped unclosed closes its connection as before; ends once
-/// they are gone.
-pub(crate) async fn cut_idle_cache(cell: std::sync::Weak<WriterCell>, jobs: mpsc::WeakSender<Job>) {
-    loop {
-        tokio::time::sleep(BUSY_CACHE_LINGER).await;
-        let (Some(cell), Some(sender)) = (cell.upgrade(), jobs.upgrade()) else {
-            return;
-        };
-        // Busy (the lock taken): the commit under way cuts it if due.
-        let due = match cell.writer.try_lock() {
-            Ok(guard) => guard.as_ref().is_some_and(|w| w.cache.due(Instant::now())),
-            Err(_) => false,
-        };
-        if due {
-            cell.wake(&sender);
-        }
-    }
-}
-
-/// What an inline commit did.
-pub(crate) struct Inline {
-    pub result: Result<Reply>,
-    /// The WAL is full: queue a job (a [`Op::Barrier`]) so the writer thread copies it.
-    pub wake_writer: bool,
-}
-
-impl Inline {
-    fn done(result: Result<Reply>) -> Self {
-        Inline {
-            result,
-            wake_writer: false,
-        }
-    }
-}
-
 /// The writer thread: commits what callers queued, everything queued at once (up to
-/// [`MAX_GROUP`] jobs) in one transaction, and copies the WAL into the database when it is
-/// full, until every sender is gone.
+/// [`MAX_GROUP`] jobs or [`MAX_GROUP_BYTES`]) in one record, until every sender is gone.
 pub(crate) fn run(cell: Arc<WriterCell>, mut rx: mpsc::Receiver<Job>) {
     while let Some(first) = rx.blocking_recv() {
+        let mut bytes = first.op.bytes();
         let mut jobs = vec![first];
         let mut guard = match cell.writer.lock() {
             Ok(guard) => guard,
@@ -601,9 +1653,12 @@ pub(crate) fn run(cell: Arc<WriterCell>, mut rx: mpsc::Receiver<Job>) {
                 continue;
             }
         };
-        while jobs.len() < MAX_GROUP {
+        while jobs.len() < MAX_GROUP && bytes < MAX_GROUP_BYTES {
             match rx.try_recv() {
-                Ok(job) => jobs.push(job),
+                Ok(job) => {
+                    bytes += job.op.bytes();
+                    jobs.push(job);
+                }
                 Err(_) => break,
             }
         }
@@ -614,16 +1669,8 @@ pub(crate) fn run(cell: Arc<WriterCell>, mut rx: mpsc::Receiver<Job>) {
         // Uncounted before the lock is released, so the callers answered here may commit
         // their next write inline.
         cell.pending.fetch_sub(jobs.len(), Ordering::AcqRel);
-        let mut results = results.into_iter();
-        if let Some(writer) = guard.as_mut().filter(|w| w.wal_due()) {
-            // Answered first: the copy can take a while, and these writes are committed.
-            answer(std::mem::take(&mut jobs), || {
-                results.next().unwrap_or(Err(StoreError::Closed))
-            });
-            writer.maintain_wal();
-            cell.checkpoint_asked.store(false, Ordering::Release);
-        }
         drop(guard);
+        let mut results = results.into_iter();
         answer(jobs, || results.next().unwrap_or(Err(StoreError::Closed)));
     }
 }
@@ -636,725 +1683,4 @@ fn answer(jobs: Vec<Job>, mut result: impl FnMut() -> Result<Reply>) {
             let _ = tx.send(r);
         }
     }
-}
-
-impl Writer {
-    pub(crate) fn new(
-        conn: Connection,
-        db: &Path,
-        oplog_max_entries: u64,
-        hub: broadcast::Sender<Arc<Commit>>,
-        newest_op: Arc<AtomicU64>,
-    ) -> Result<Self> {
-        conn.pragma_update(None, "synchronous", "FULL")?;
-        // Every job runs in a savepoint, whose sub-journal (a copy of each page the job
-        // changes) spills to a temporary *file* past 64 KiB by default: one pwrite per page,
-        // on every group commit. Memory is where it belongs; it lives for one job.
-        conn.pragma_update(None, "temp_store", "MEMORY")?;
-        // The WAL is copied into the database when it reaches this many pages. SQLite's 1,000
-        // (4 MB) is about one batch of 256 long-tail events (each lands on its own index and
-        // rollup pages), so nearly every commit paid a checkpoint and every page was written
-        // twice. At 16,384 a page changed by many commits is copied once: bench insert,
-        // realistic, 22.6 → 15.3 KB written and 10-12k → 15-16k events/s. The file is cut
-        // back to that size after a checkpoint if readers made it outgrow it.
-        //
-        // The checkpoint is the writer thread's ([`Writer::checkpoint_wal`]), not SQLite's
-        // automatic one: that one runs inside whichever commit crosses the limit, which may be
-        // a caller's inline commit on an async thread, and copying 64 MB would stall it. The
-        // hook (which replaces the automatic checkpoint) only records the WAL's size.
-        let wal_pages = Arc::new(AtomicU64::new(0));
-        let mut conn = conn;
-        conn.wal_hook(Some({
-            let wal_pages = wal_pages.clone();
-            move |_: &mut rusqlite::hooks::Wal, pages: std::os::raw::c_int| {
-                wal_pages.store(pages.max(0) as u64, Ordering::Relaxed);
-                Ok(())
-            }
-        }))?;
-        conn.pragma_update(None, "journal_size_limit", WAL_CHECKPOINT_PAGES * 4096)?;
-        Ok(Writer {
-            copier: WalCopier::start(db)?,
-            conn,
-            kv: KvCache::default(),
-            capped: HashMap::new(),
-            oplog_max_entries,
-            sync_full: true,
-            hub,
-            newest_op,
-            wal_pages,
-            cache: PageCache::default(),
-        })
-    }
-
-    /// Whether the WAL has grown to the size at which it is copied into the database.
-    fn wal_full(&self) -> bool {
-        self.wal_pages.load(Ordering::Relaxed) >= WAL_CHECKPOINT_PAGES as u64
-    }
-
-    /// Whether the WAL needs the writer thread: it is full, and no copy is under way on the
-    /// copy thread. A finished copy that left nothing to add (no commit came meanwhile, so the
-    /// WAL started over) is closed here.
-    fn wal_due(&self) -> bool {
-        let full = self.wal_full();
-        match self.copier.state() {
-            COPY_RUNNING => false,
-            COPY_DONE if !full => {
-                self.copier.finished();
-                false
-            }
-            _ => full,
-        }
-    }
-
-    /// Keeps the WAL bounded once it is full: has the copy thread copy it and, once that is
-    /// done, copies the frames committed meanwhile, so the WAL starts over at the next commit.
-    fn maintain_wal(&mut self) {
-        match self.copier.state() {
-            COPY_IDLE => self.copier.ask(),
-            COPY_RUNNING => {}
-            _ => {
-                self.checkpoint_wal();
-                self.copier.finished();
-            }
-        }
-    }
-
-    /// Copies the WAL into the database, as far as readers allow (`PASSIVE`: it waits for no
-    /// one; what a reader still needs is copied next time), so the WAL starts over.
-    fn checkpoint_wal(&mut self) {
-        let r = self
-            .conn
-            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-                Ok((r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
-            });
-        match r {
-            Ok((pages, copied)) => {
-                tracing::debug!(pages, copied, "WAL checkpointed");
-                if copied >= pages {
-                    self.wal_pages.store(0, Ordering::Relaxed);
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "WAL checkpoint failed; retried after the next commit")
-            }
-        }
-    }
-
-    /// Commits `jobs` in one transaction; returns each job's answer, in order.
-    fn commit_group(&mut self, jobs: &mut [Job]) -> Vec<Result<Reply>> {
-        let items = jobs.iter().map(|j| j.op.items()).sum();
-        if let Some(kib) = self.cache.resize(items, Instant::now()) {
-            let mut r = self.conn.pragma_update(None, "cache_size", kib);
-            if kib == -IDLE_CACHE_KIB {
-                // Cut back, the cache frees its least recent pages only, and the ones it
-                // keeps are scattered over the allocator's pages, so hardly any memory goes
-                // back. Emptied, it frees every page it had, and refills from the next commit.
-                r = r.and_then(|()| self.conn.release_memory());
-            }
-            if let Err(e) = r {
-                // Only a speed-up: the commit goes on with the cache it has.
-                tracing::debug!(error = %e, kib, "resizing the page cache failed");
-            }
-        }
-        let full = jobs.iter().any(|j| j.durability.syncs());
-        let mut results: Vec<Result<Reply>> = Vec::with_capacity(jobs.len());
-        let mut commit = Commit::default();
-        let outcome = self.transaction(full, jobs, &mut results, &mut commit);
-        if let Err(e) = outcome {
-            // The whole transaction is gone: every caller hears why, and the in-memory
-            // bookkeeping is reloaded from what is really on disk.
-            let _ = self.conn.execute_batch("ROLLBACK");
-            self.kv.clear();
-            tracing::error!(error = %e, jobs = jobs.len(), transient = e.is_transient(), "embedded store commit failed");
-            self.reload_capped_meta();
-            return jobs.iter().map(|_| Err(e.duplicate("embedded"))).collect();
-        }
-        let committed_at = now_us();
-        for (_, records) in &mut commit.appended {
-            for r in records.iter_mut() {
-                r.committed_at_us = Some(committed_at);
-            }
-        }
-        for c in &mut commit.changes {
-            c.committed_at_us = committed_at;
-        }
-        for (coll, records) in &commit.appended {
-            if let (Some(meta), Some(last)) = (self.capped.get(coll), records.last()) {
-                meta.newest.store(last.position.0, Ordering::Release);
-            }
-        }
-        if let Some(last) = commit.changes.last()
-            && let Ok(seq) = last.token.0.parse::<u64>()
-        {
-            self.newest_op.store(seq, Ordering::Release);
-        }
-        if !commit.appended.is_empty() || !commit.changes.is_empty() {
-            // No receivers is fine: nobody is tailing.
-            let _ = self.hub.send(Arc::new(commit));
-        }
-        results
-    }
-
-    /// Runs a statement without parameters through the statement cache (`execute_batch`
-    /// parses its text on every call; these run several times per group).
-    fn exec_cached(&self, sql: &str) -> Result<()> {
-        self.conn.prepare_cached(sql)?.execute([])?;
-        Ok(())
-    }
-
-    fn transaction(
-        &mut self,
-        full: bool,
-        jobs: &mut [Job],
-        results: &mut Vec<Result<Reply>>,
-        commit: &mut Commit,
-    ) -> Result<()> {
-        if full != self.sync_full {
-            self.conn
-                .pragma_update(None, "synchronous", if full { "FULL" } else { "NORMAL" })?;
-            self.sync_full = full;
-        }
-        let now = now_us();
-        self.exec_cached("BEGIN IMMEDIATE")?;
-        let mut wrote_oplog = false;
-        // A group of one job needs no savepoint: if it fails, the whole transaction is undone.
-        let alone = jobs.len() == 1;
-        for job in jobs.iter_mut() {
-            if alone {
-                let before_changes = commit.changes.len();
-                match self.apply(&mut job.op, now, commit) {
-                    Ok(reply) => {
-                        wrote_oplog |= commit.changes.len() > before_changes;
-                        results.push(Ok(reply));
-                    }
-                    Err(e) => {
-                        self.exec_cached("ROLLBACK")?;
-                        self.kv.clear();
-                        commit.appended.clear();
-                        commit.changes.clear();
-                        self.reload_capped_meta();
-                        results.push(Err(e));
-                        return Ok(());
-                    }
-                }
-                continue;
-            }
-            self.exec_cached("SAVEPOINT job")?;
-            let before_appended = commit.appended.len();
-            let before_changes = commit.changes.len();
-            match self.apply(&mut job.op, now, commit) {
-                Ok(reply) => {
-                    self.exec_cached("RELEASE job")?;
-                    wrote_oplog |= commit.changes.len() > before_changes;
-                    results.push(Ok(reply));
-                }
-                Err(e) => {
-                    // Only this job is undone; the others in the group still commit.
-                    self.conn.execute_batch("ROLLBACK TO job; RELEASE job")?;
-                    self.kv.clear();
-                    commit.appended.truncate(before_appended);
-                    commit.changes.truncate(before_changes);
-                    self.reload_capped_meta();
-                    results.push(Err(e));
-                }
-            }
-        }
-        if wrote_oplog
-            && let Some(max_seq) = commit
-                .changes
-                .last()
-                .and_then(|c| c.token.0.parse::<i64>().ok())
-        {
-            // The op log is bounded like a capped collection: oldest entries go first.
-            let cut = max_seq - self.oplog_max_entries as i64;
-            if cut > 0 {
-                self.conn
-                    .prepare_cached("DELETE FROM oplog WHERE seq <= ?1")?
-                    .execute([cut])?;
-            }
-        }
-        self.exec_cached("COMMIT")?;
-        Ok(())
-    }
-
-    fn apply(&mut self, op: &mut Op, now: i64, commit: &mut Commit) -> Result<Reply> {
-        match op {
-            Op::CreateCapped { name, spec, newest } => {
-                self.create_capped(name, spec, newest.clone())?;
-                Ok(Reply::Done)
-            }
-            Op::CreateKeyed { name } => {
-                self.conn.execute(
-                    "INSERT INTO collections(name, kind) VALUES (?1, 'keyed')
-                     ON CONFLICT(name) DO NOTHING",
-                    [&*name],
-                )?;
-                let kind: String = self.conn.query_row(
-                    "SELECT kind FROM collections WHERE name = ?1",
-                    [&*name],
-                    |r| r.get(0),
-                )?;
-                if kind != "keyed" {
-                    return Err(StoreError::Incompatible {
-                        collection: name.clone(),
-                        problem: format!("exists as a {kind} collection, not a keyed one"),
-                    });
-                }
-                Ok(Reply::Done)
-            }
-            Op::Append { coll, docs, bodies } => {
-                let records =
-                    self.append(coll, std::mem::take(docs), std::mem::take(bodies), now)?;
-                let positions = records.iter().map(|r| r.position).collect();
-                commit.appended.push((coll.clone(), records));
-                Ok(Reply::Positions(positions))
-            }
-            Op::Update { coll, updates } => {
-                // A key updated again later in the job (a source's summary: once per event of
-                // a batch) has its row written once, with its last state; each state before
-                // that is logged, as change feeds read every one, and held here meanwhile.
-                //
-                // The updates are the job's: their `$set` values move into the documents.
-                let rewritten = rewritten_later(updates);
-                let mut held: HashMap<String, (Document, String)> = HashMap::new();
-                for (KeyUpdate { key, update: u }, again) in
-                    std::mem::take(updates).into_iter().zip(rewritten)
-                {
-                    let before = match held.remove(key.as_str()) {
-                        Some(entry) => Some(entry),
-                        None => self.take_kv(coll, &key)?,
-                    };
-                    let mut after = match &before {
-                        Some((doc, _)) => doc.clone(),
-                        None => {
-                            let mut d = Document::new();
-                            d.insert("_id".into(), key.clone().into());
-                            d
-                        }
-                    };
-                    update::apply_owned(&mut after, u)?;
-                    let op = if before.is_some() {
-                        ChangeOp::Update
-                    } else {
-                        ChangeOp::Insert
-                    };
-                    let change = if again {
-                        let body = serde_json::to_string(&after)?;
-                        let (before_doc, before_body) = before.unzip();
-                        let change = self.log_texts(
-                            coll,
-                            op,
-                            &key,
-                            (before_doc, before_body.as_deref()),
-                            (Some(after.clone()), Some(&body)),
-                            now,
-                        )?;
-                        held.insert(key, (after, body));
-                        change
-                    } else {
-                        self.write_kv(coll, &key, op, before, after, now)?
-                    };
-                    commit.changes.push(change);
-                }
-                Ok(Reply::Done)
-            }
-            Op::Set { coll, key, doc } => {
-                let before = self.take_kv(coll, key)?;
-                let mut after = std::mem::take(doc);
-                after.insert("_id".into(), key.clone().into());
-                let op = if before.is_some() {
-                    ChangeOp::Replace
-                } else {
-                    ChangeOp::Insert
-                };
-                let change = self.write_kv(coll, key, op, before, after, now)?;
-                commit.changes.push(change);
-                Ok(Reply::Done)
-            }
-            Op::Delete { coll, key } => {
-                let Some(before) = self.take_kv(coll, key)? else {
-                    return Ok(Reply::Deleted(false));
-                };
-                self.conn
-                    .prepare_cached("DELETE FROM kv WHERE coll = ?1 AND key = ?2")?
-                    .execute([&*coll, &*key])?;
-                let change = self.log(coll, ChangeOp::Delete, key, Some(before), None, now)?;
-                commit.changes.push(change);
-                Ok(Reply::Deleted(true))
-            }
-            Op::Expire {
-                coll,
-                prefix,
-                before,
-                limit,
-            } => {
-                let (coll, prefix) = (coll.clone(), prefix.clone());
-                let n = self.expire(&coll, &prefix, *before, *limit, now, commit)?;
-                Ok(Reply::Expired(n))
-            }
-            Op::Checkpoint { feed, body } => {
-                self.conn
-                    .prepare_cached(
-                        "INSERT INTO checkpoints(feed, body, ts) VALUES (?1, ?2, ?3)
-                         ON CONFLICT(feed) DO UPDATE SET body = excluded.body, ts = excluded.ts",
-                    )?
-                    .execute(params![&*feed, &*body, now])?;
-                Ok(Reply::Done)
-            }
-            Op::Barrier => Ok(Reply::Done),
-            Op::Together(ops) => {
-                // A failure undoes the whole job (its savepoint, or the transaction when it is
-                // alone), so no part of it is committed without the others.
-                let mut reply = None;
-                for op in ops.iter_mut() {
-                    let r = self.apply(op, now, commit)?;
-                    if reply.is_none() && matches!(r, Reply::Positions(_)) {
-                        reply = Some(r);
-                    }
-                }
-                Ok(reply.unwrap_or(Reply::Done))
-            }
-        }
-    }
-
-    fn create_capped(
-        &mut self,
-        name: &str,
-        spec: &CappedSpec,
-        newest: Arc<AtomicU64>,
-    ) -> Result<()> {
-        let table = capped_table(name);
-        let kind: Option<String> = self
-            .conn
-            .query_row(
-                "SELECT kind FROM collections WHERE name = ?1",
-                [name],
-                |r| r.get(0),
-            )
-            .optional()?;
-        if let Some(kind) = kind.filter(|k| k != "capped") {
-            return Err(StoreError::Incompatible {
-                collection: name.to_string(),
-                problem: format!("exists as a {kind} collection, not a capped one"),
-            });
-        }
-        self.conn.execute_batch(&format!(
-            "CREATE TABLE IF NOT EXISTS {table}(
-                pos INTEGER PRIMARY KEY AUTOINCREMENT,
-                body TEXT NOT NULL,
-                sz INTEGER NOT NULL,
-                ts INTEGER NOT NULL
-            )"
-        ))?;
-        // Limits may change between runs: the new ones apply from the next append.
-        self.conn.execute(
-            "INSERT INTO collections(name, kind, max_docs, max_bytes) VALUES (?1, 'capped', ?2, ?3)
-             ON CONFLICT(name) DO UPDATE SET max_docs = excluded.max_docs, max_bytes = excluded.max_bytes",
-            params![name, spec.max_docs as i64, spec.max_bytes as i64],
-        )?;
-        let columns = |conn: &Connection| -> Result<Vec<String>> {
-            let mut stmt =
-                conn.prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?;
-            let names = stmt.query_map([], |r| r.get::<_, String>(0))?;
-            Ok(names.collect::<rusqlite::Result<_>>()?)
-        };
-        let existing = columns(&self.conn)?;
-        for field in &spec.indexes {
-            schema::check_field(field)?;
-            let col = schema::index_column(field);
-            if !existing.contains(&col) {
-                // A new index: a column, filled once from the documents already stored.
-                self.conn.execute_batch(&format!(
-                    "ALTER TABLE {table} ADD COLUMN {col};
-                     UPDATE {table} SET {col} = {};",
-                    schema::field_expr(field)
-                ))?;
-            }
-            self.conn.execute_batch(&format!(
-                "DROP INDEX IF EXISTS {old};
-                 CREATE INDEX IF NOT EXISTS {table}_{col} ON {table}({col});",
-                old = schema::index_name(name, field),
-            ))?;
-        }
-        let indexed: Vec<(String, String)> = columns(&self.conn)?
-            .into_iter()
-            .filter_map(|c| schema::column_field(&c).map(|f| (c, f)))
-            .collect();
-        let insert = format!(
-            "INSERT INTO {table}(body, sz, ts{cols}) VALUES (?1, ?2, ?3{params})",
-            cols = indexed
-                .iter()
-                .map(|(c, _)| format!(", {c}"))
-                .collect::<String>(),
-            params = (0..indexed.len())
-                .map(|i| format!(", ?{}", i + 4))
-                .collect::<String>(),
-        );
-        let (count, bytes, max): (i64, i64, i64) = self.conn.query_row(
-            &format!("SELECT COUNT(*), COALESCE(SUM(sz), 0), COALESCE(MAX(pos), 0) FROM {table}"),
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )?;
-        newest.store(max as u64, Ordering::Release);
-        self.capped.insert(
-            name.to_string(),
-            CappedMeta {
-                table,
-                indexed,
-                insert,
-                max_docs: spec.max_docs,
-                max_bytes: spec.max_bytes,
-                count: count as u64,
-                bytes: bytes as u64,
-                newest,
-            },
-        );
-        Ok(())
-    }
-
-    /// Re-reads counts and sizes after a rolled-back job, so eviction stays exact.
-    fn reload_capped_meta(&mut self) {
-        for meta in self.capped.values_mut() {
-            let row: rusqlite::Result<(i64, i64)> = self.conn.query_row(
-                &format!("SELECT COUNT(*), COALESCE(SUM(sz), 0) FROM {}", meta.table),
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            );
-            if let Ok((count, bytes)) = row {
-                meta.count = count as u64;
-                meta.bytes = bytes as u64;
-            }
-        }
-    }
-
-    fn append(
-        &mut self,
-        coll: &str,
-        docs: Vec<Document>,
-        bodies: Vec<String>,
-        now: i64,
-    ) -> Result<Vec<Record>> {
-        let meta = self.capped.get_mut(coll).ok_or_else(|| {
-            StoreError::Invalid(format!("capped collection {coll} was not opened"))
-        })?;
-        if bodies.len() != docs.len() {
-            return Err(StoreError::Invalid(format!(
-                "append to {coll}: {} documents and {} encodings",
-                docs.len(),
-                bodies.len()
-            )));
-        }
-        let mut records = Vec::with_capacity(docs.len());
-        {
-            let mut insert = self.conn.prepare_cached(&meta.insert)?;
-            for (doc, body) in docs.into_iter().zip(bodies) {
-                let size = body.len() as u64;
-                // Bound in place: the index values are borrowed from the document.
-                insert.raw_bind_parameter(1, &body)?;
-                insert.raw_bind_parameter(2, size as i64)?;
-                insert.raw_bind_parameter(3, now)?;
-                for (i, (_, field)) in meta.indexed.iter().enumerate() {
-                    let value = schema::index_value(update::get_path(&doc, field));
-                    insert.raw_bind_parameter(4 + i, value)?;
-                }
-                insert.raw_execute()?;
-                let pos = self.conn.last_insert_rowid() as u64;
-                meta.count += 1;
-                meta.bytes += size;
-                records.push(Record {
-                    position: Position(pos),
-                    doc,
-                    committed_at_us: None,
-                });
-            }
-        }
-        evict(&self.conn, meta)?;
-        Ok(records)
-    }
-
-    /// The document of `key` and its JSON text, taken from the cache (the key is about to be
-    /// rewritten or deleted) or read from the table.
-    fn take_kv(&mut self, coll: &str, key: &str) -> Result<Option<(Document, String)>> {
-        if let Some(entry) = self.kv.take(coll, key) {
-            return Ok(Some(entry));
-        }
-        let body: Option<String> = self
-            .conn
-            .prepare_cached("SELECT body FROM kv WHERE coll = ?1 AND key = ?2")?
-            .query_row([coll, key], |r| r.get(0))
-            .optional()?;
-        body.map(|b| Ok((serde_json::from_str(&b)?, b))).transpose()
-    }
-
-    /// Writes `after` as the document of `key` and logs the change: `after` is encoded once
-    /// (for the table and the op log), and `before` keeps the text it was read with.
-    fn write_kv(
-        &mut self,
-        coll: &str,
-        key: &str,
-        op: ChangeOp,
-        before: Option<(Document, String)>,
-        after: Document,
-        now: i64,
-    ) -> Result<Change> {
-        let body = serde_json::to_string(&after)?;
-        self.put_kv(coll, key, &body, now)?;
-        if before.is_some() {
-            // A key written before is likely written again (a hot counter, a summary); a new
-            // one, on a long tail, mostly is not, and caching it would cost a copy of it.
-            self.kv.put(coll, key, after.clone(), body.clone());
-        }
-        let (before_doc, before_body) = before.unzip();
-        self.log_texts(
-            coll,
-            op,
-            key,
-            (before_doc, before_body.as_deref()),
-            (Some(after), Some(&body)),
-            now,
-        )
-    }
-
-    fn put_kv(&self, coll: &str, key: &str, body: &str, now: i64) -> Result<()> {
-        self.conn
-            .prepare_cached(
-                "INSERT INTO kv(coll, key, body, ts) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT(coll, key) DO UPDATE SET body = excluded.body, ts = excluded.ts",
-            )?
-            .execute(params![coll, key, body, now])?;
-        Ok(())
-    }
-
-    /// Deletes (and logs, as deletes) up to `limit` keys of `coll` starting with `prefix` that
-    /// were last written before `before`, oldest first.
-    fn expire(
-        &mut self,
-        coll: &str,
-        prefix: &str,
-        before: i64,
-        limit: usize,
-        now: i64,
-        commit: &mut Commit,
-    ) -> Result<u64> {
-        let upper = format!("{prefix}\u{10FFFF}");
-        let idle: Vec<(String, String)> = {
-            let mut stmt = self.conn.prepare_cached(
-                "SELECT key, body FROM kv WHERE coll = ?1 AND ts < ?2 AND key >= ?3 AND key < ?4
-                 ORDER BY ts LIMIT ?5",
-            )?;
-            let rows = stmt.query_map(params![coll, before, prefix, upper, limit as i64], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-            })?;
-            rows.collect::<rusqlite::Result<_>>()?
-        };
-        for (key, body) in idle.iter() {
-            self.conn
-                .prepare_cached("DELETE FROM kv WHERE coll = ?1 AND key = ?2")?
-                .execute([coll, key.as_str()])?;
-            self.kv.remove(coll, key);
-            let before_image: Document = serde_json::from_str(body)?;
-            commit.changes.push(self.log_texts(
-                coll,
-                ChangeOp::Delete,
-                key,
-                (Some(before_image), Some(body)),
-                (None, None),
-                now,
-            )?);
-        }
-        Ok(idle.len() as u64)
-    }
-
-    fn log(
-        &self,
-        coll: &str,
-        op: ChangeOp,
-        key: &str,
-        before: Option<(Document, String)>,
-        after: Option<Document>,
-        now: i64,
-    ) -> Result<Change> {
-        let after_body = after.as_ref().map(serde_json::to_string).transpose()?;
-        let (before_doc, before_body) = before.unzip();
-        self.log_texts(
-            coll,
-            op,
-            key,
-            (before_doc, before_body.as_deref()),
-            (after, after_body.as_deref()),
-            now,
-        )
-    }
-
-    /// Appends a change to the op log, with its images already encoded.
-    fn log_texts(
-        &self,
-        coll: &str,
-        op: ChangeOp,
-        key: &str,
-        (before, before_body): (Option<Document>, Option<&str>),
-        (after, after_body): (Option<Document>, Option<&str>),
-        now: i64,
-    ) -> Result<Change> {
-        self.conn
-            .prepare_cached(
-                "INSERT INTO oplog(coll, op, key, before, after, ts) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?
-            .execute(params![coll, op.as_str(), key, before_body, after_body, now])?;
-        let seq = self.conn.last_insert_rowid();
-        Ok(Change {
-            op,
-            collection: coll.to_string(),
-            key: key.to_string(),
-            before,
-            after,
-            token: ResumeToken(seq.to_string()),
-            committed_at_us: now,
-        })
-    }
-}
-
-/// For each update, whether a later one of `updates` is of the same key.
-fn rewritten_later(updates: &[KeyUpdate]) -> Vec<bool> {
-    if updates.len() < 2 {
-        return vec![false; updates.len()];
-    }
-    let mut seen = std::collections::HashSet::with_capacity(updates.len());
-    let mut again: Vec<bool> = updates
-        .iter()
-        .rev()
-        .map(|u| !seen.insert(u.key.as_str()))
-        .collect();
-    again.reverse();
-    again
-}
-
-/// Deletes the oldest documents until the collection is within both limits (never the newest).
-fn evict(conn: &Connection, meta: &mut CappedMeta) -> Result<()> {
-    if meta.count <= meta.max_docs && meta.bytes <= meta.max_bytes {
-        return Ok(());
-    }
-    let excess_docs = meta.count.saturating_sub(meta.max_docs);
-    let (mut n, mut freed, mut cut) = (0u64, 0u64, None::<i64>);
-    {
-        let mut oldest =
-            conn.prepare_cached(&format!("SELECT pos, sz FROM {} ORDER BY pos", meta.table))?;
-        let mut rows = oldest.query([])?;
-        while let Some(row) = rows.next()? {
-            if (n >= excess_docs && meta.bytes - freed <= meta.max_bytes) || n + 1 >= meta.count {
-                break;
-            }
-            let (pos, sz): (i64, i64) = (row.get(0)?, row.get(1)?);
-            n += 1;
-            freed += sz as u64;
-            cut = Some(pos);
-        }
-    }
-    if let Some(cut) = cut {
-        conn.prepare_cached(&format!("DELETE FROM {} WHERE pos <= ?1", meta.table))?
-            .execute([cut])?;
-        meta.count -= n;
-        meta.bytes -= freed;
-    }
-    Ok(())
 }

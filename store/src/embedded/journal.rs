@@ -1,0 +1,516 @@
+//! The journal: numbered segment files of records (`format`), written at the tail only.
+//!
+//! A segment's space is allocated ahead of its tail, [`ALLOC_STEP`] at a time (`fallocate`),
+//! so a commit rarely grows a file: it writes its record into space the file already has and
+//! syncs it. A full disk shows when that space runs out (a transient error: the write is
+//! tried again), never halfway through a record. Where the
+//! filesystem allows it (not tmpfs), the journal is written with `O_DIRECT`: a commit then
+//! writes exactly its padded record, where a buffered write would dirty, and have written
+//! back, at least a whole 4 KiB page of the page cache (the kernel counts it so in
+//! `write_bytes`), however small the record. Reads go through the page cache, on a handle of
+//! their own.
+//!
+//! The end of the journal is the first place in the last segment that does not hold a whole
+//! record with a good checksum and the next record number: zeros (space allocated but not
+//! yet written) or a record cut short by a crash. Nothing after it was acknowledged: a commit
+//! is acknowledged only once its write returned (and, for `journaled`, its sync).
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, ErrorKind};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::format::{self, ALIGN, FIXED, Header};
+use crate::{Result, StoreError};
+
+/// The journal's directory inside the data directory.
+pub(crate) const DIR: &str = "journal";
+/// Space allocated to a segment at a time.
+pub(crate) const ALLOC_STEP: u64 = 1 << 20;
+/// What reads of a journal at recovery take at once.
+const SCAN_CHUNK: usize = 1 << 20;
+
+/// Counters of what the journal did, for tests, the bench and the closing note of a change.
+#[derive(Debug, Default)]
+pub struct IoStats {
+    /// Records written.
+    pub records: AtomicU64,
+    /// Bytes written to the journal, padding included.
+    pub bytes: AtomicU64,
+    /// `fdatasync` calls on journal segments.
+    pub syncs: AtomicU64,
+    /// Whether the journal is written with `O_DIRECT`.
+    pub direct: std::sync::atomic::AtomicBool,
+}
+
+/// A snapshot of [`IoStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoCounts {
+    /// Records written (one per commit).
+    pub records: u64,
+    /// Bytes written to the journal, padding included.
+    pub bytes: u64,
+    /// `fdatasync` calls on journal segments.
+    pub syncs: u64,
+    /// Whether the journal is written with `O_DIRECT`.
+    pub direct: bool,
+}
+
+impl IoStats {
+    pub(crate) fn counts(&self) -> IoCounts {
+        IoCounts {
+            records: self.records.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            syncs: self.syncs.load(Ordering::Relaxed),
+            direct: self.direct.load(Ordering::Relaxed),
+        }
+    }
+}
+
+pub(crate) fn segment_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("{seq:016x}.log"))
+}
+
+pub(crate) fn index_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("{seq:016x}.idx"))
+}
+
+/// The segment numbers in `dir`, in order.
+pub(crate) fn list_segments(dir: &Path) -> Result<Vec<u64>> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|source| StoreError::Io {
+        context: format!("listing {}", dir.display()),
+        source,
+    })?;
+    for entry in entries {
+        let entry = entry.map_err(|source| StoreError::Io {
+            context: format!("listing {}", dir.display()),
+            source,
+        })?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(hex) = name.strip_suffix(".log")
+            && let Ok(seq) = u64::from_str_radix(hex, 16)
+        {
+            out.push(seq);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// An I/O error as the store reports it: a full disk (or quota) is transient, and says
+/// "disk full" so an operator reading `/readyz` knows at once.
+pub(crate) fn io_error(context: impl Into<String>, source: io::Error) -> StoreError {
+    let context = context.into();
+    if matches!(source.raw_os_error(), Some(28 | 122)) {
+        return StoreError::Unavailable {
+            engine: "embedded",
+            message: format!("disk full: {context}: {source}"),
+        };
+    }
+    StoreError::Io { context, source }
+}
+
+pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_error(format!("syncing directory {}", dir.display()), e))
+}
+
+/// Allocates `[from, to)` for `file` without writing it (the file grows to `to`).
+fn allocate(file: &File, from: u64, to: u64) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), from, to - from) {
+            Ok(()) => Ok(()),
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP => file.set_len(to),
+            Err(e) => Err(e.into()),
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = from;
+        file.set_len(to)
+    }
+}
+
+/// Opens a segment for writing: with `O_DIRECT` when `direct` and the filesystem takes it.
+fn open_for_writing(path: &Path, direct: bool) -> io::Result<(File, bool)> {
+    #[cfg(target_os = "linux")]
+    if direct {
+        use std::os::unix::fs::OpenOptionsExt;
+        let flags = rustix::fs::OFlags::DIRECT.bits() as i32;
+        match OpenOptions::new()
+            .write(true)
+            .custom_flags(flags)
+            .open(path)
+        {
+            Ok(f) => return Ok((f, true)),
+            Err(e) if e.kind() == ErrorKind::InvalidInput => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let _ = direct;
+    Ok((OpenOptions::new().write(true).open(path)?, false))
+}
+
+/// A buffer whose data starts on a 4 KiB boundary, as `O_DIRECT` requires.
+struct Aligned {
+    raw: Vec<u8>,
+}
+
+impl Aligned {
+    const ALIGN: usize = 4096;
+
+    /// A slice of `len` bytes at an aligned address, zeroed past `fill` (`fill` bytes copied
+    /// from `data`).
+    fn stage(&mut self, data: &[u8], len: usize) -> &[u8] {
+        if self.raw.len() < len + Self::ALIGN {
+            self.raw = vec![0; (len + Self::ALIGN).next_power_of_two()];
+        }
+        let start = self.raw.as_ptr().align_offset(Self::ALIGN);
+        let out = &mut self.raw[start..start + len];
+        out[..data.len()].copy_from_slice(data);
+        out[data.len()..].fill(0);
+        out
+    }
+}
+
+/// A segment as readers use it.
+#[derive(Debug)]
+pub(crate) struct Segment {
+    pub seq: u64,
+    pub file: File,
+}
+
+impl Segment {
+    pub fn open(dir: &Path, seq: u64) -> Result<Arc<Segment>> {
+        let path = segment_path(dir, seq);
+        let file =
+            File::open(&path).map_err(|e| io_error(format!("opening {}", path.display()), e))?;
+        Ok(Arc::new(Segment { seq, file }))
+    }
+
+    /// Reads the record at `offset` whole.
+    #[cfg(test)]
+    pub fn read_record(&self, offset: u64) -> Result<Vec<u8>> {
+        let mut head = [0u8; FIXED];
+        self.read_at(&mut head, offset)?;
+        let (_, total) = Header::peek(&head).ok_or_else(|| StoreError::Engine {
+            engine: "embedded",
+            message: format!(
+                "journal segment {:x}: no record at offset {offset}",
+                self.seq
+            ),
+        })?;
+        let mut buf = vec![0u8; total];
+        self.read_at(&mut buf, offset)?;
+        Ok(buf)
+    }
+
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.file.read_exact_at(buf, offset).map_err(|e| {
+            io_error(
+                format!("reading journal segment {:x} at {offset}", self.seq),
+                e,
+            )
+        })
+    }
+}
+
+/// Reads records one after the other from a segment, in large reads.
+pub(crate) struct SegmentScan<'a> {
+    seg: &'a Segment,
+    buf: Vec<u8>,
+    /// File offset of `buf[0]`.
+    buf_at: u64,
+    /// Offset of the next record.
+    pub at: u64,
+    end: u64,
+}
+
+impl<'a> SegmentScan<'a> {
+    /// Scans from `at` up to `end` (the segment's length, or the journal's tail).
+    pub fn new(seg: &'a Segment, at: u64, end: u64) -> Self {
+        SegmentScan {
+            seg,
+            buf: Vec::new(),
+            buf_at: at,
+            at,
+            end,
+        }
+    }
+
+    /// Makes `buf` hold `[at, at + len)`; false when that passes `end`.
+    fn fill(&mut self, len: usize) -> Result<bool> {
+        if self.at + len as u64 > self.end {
+            return Ok(false);
+        }
+        let have = self.buf_at + self.buf.len() as u64;
+        if self.at >= self.buf_at && self.at + len as u64 <= have {
+            return Ok(true);
+        }
+        let want = len.max(SCAN_CHUNK).min((self.end - self.at) as usize);
+        self.buf.resize(want, 0);
+        self.seg.read_at(&mut self.buf, self.at)?;
+        self.buf_at = self.at;
+        Ok(true)
+    }
+
+    /// The next record whole: `Some((offset, bytes))`, `None` at the first place that holds no
+    /// record (see [`Header::peek`]); whether what is there is a whole record with a good
+    /// checksum is for the caller to check ([`format::check`]).
+    pub fn next_raw(&mut self) -> Result<Option<(u64, &[u8])>> {
+        if !self.fill(FIXED)? {
+            return Ok(None);
+        }
+        let start = (self.at - self.buf_at) as usize;
+        let Some((_, total)) = Header::peek(&self.buf[start..start + FIXED]) else {
+            return Ok(None);
+        };
+        if !self.fill(total)? {
+            return Ok(None);
+        }
+        let start = (self.at - self.buf_at) as usize;
+        let offset = self.at;
+        self.at += format::padded(total) as u64;
+        Ok(Some((offset, &self.buf[start..start + total])))
+    }
+}
+
+/// What [`scan_tail`] found at the end of a segment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TailState {
+    /// Where the next record goes.
+    pub end: u64,
+    /// Whether bytes other than zeros lie at the end: a record cut short, or one whose
+    /// checksum fails (a write the crash interrupted).
+    pub torn: bool,
+}
+
+/// Whether `bytes` (what lies at the journal's end) are all zeros.
+pub(crate) fn all_zero(bytes: &[u8]) -> bool {
+    bytes.iter().all(|b| *b == 0)
+}
+
+/// The journal's writer: the tail of the last segment.
+pub(crate) struct Writer {
+    dir: PathBuf,
+    seq: u64,
+    file: File,
+    direct: bool,
+    /// The most this segment grows to (a record larger than that gets a segment of its own).
+    capacity: u64,
+    /// The bytes the file has allocated so far.
+    allocated: u64,
+    tail: u64,
+    /// Whether the segment has writes not yet synced.
+    dirty: bool,
+    segment_bytes: u64,
+    buf: Aligned,
+    stats: Arc<IoStats>,
+}
+
+/// Where a record was written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Written {
+    pub seq: u64,
+    pub offset: u64,
+    /// The segment before this one was finished (the record is the first of `seq`).
+    pub rolled: bool,
+}
+
+impl Writer {
+    /// Continues segment `seq` at `tail`, or starts segment `seq` when it does not exist.
+    pub fn open(
+        dir: &Path,
+        seq: u64,
+        tail: u64,
+        segment_bytes: u64,
+        stats: Arc<IoStats>,
+    ) -> Result<Writer> {
+        let path = segment_path(dir, seq);
+        let allocated = match std::fs::metadata(&path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                create_segment(dir, seq, ALLOC_STEP.min(segment_bytes))?;
+                ALLOC_STEP.min(segment_bytes)
+            }
+            Err(e) => return Err(io_error(format!("reading {}", path.display()), e)),
+        };
+        let (file, direct) = open_for_writing(&path, true)
+            .map_err(|e| io_error(format!("opening {}", path.display()), e))?;
+        stats.direct.store(direct, Ordering::Relaxed);
+        Ok(Writer {
+            dir: dir.to_path_buf(),
+            seq,
+            file,
+            direct,
+            capacity: segment_bytes.max(allocated),
+            allocated,
+            tail,
+            dirty: false,
+            segment_bytes,
+            buf: Aligned { raw: Vec::new() },
+            stats,
+        })
+    }
+
+    pub fn tail(&self) -> u64 {
+        self.tail
+    }
+
+    /// Writes `record` at the tail, after starting a new segment if it does not fit in this
+    /// one. On an error nothing is taken as written: the next record goes to the same place.
+    pub fn append(&mut self, record: &[u8]) -> Result<Written> {
+        let len = format::padded(record.len());
+        let mut rolled = false;
+        if self.tail + len as u64 > self.capacity {
+            self.roll(len as u64)?;
+            rolled = true;
+        }
+        if self.tail + len as u64 > self.allocated {
+            let to = (self.tail + len as u64)
+                .max(self.allocated + ALLOC_STEP)
+                .min(self.capacity.max(self.tail + len as u64));
+            allocate(&self.file, self.allocated, to)
+                .map_err(|e| io_error(format!("allocating journal segment {:x}", self.seq), e))?;
+            self.allocated = to;
+        }
+        let staged = self.buf.stage(record, len);
+        let offset = self.tail;
+        self.file.write_all_at(staged, offset).map_err(|e| {
+            io_error(
+                format!("writing journal segment {:x} at {offset}", self.seq),
+                e,
+            )
+        })?;
+        self.tail += len as u64;
+        self.dirty = true;
+        self.stats.records.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(Written {
+            seq: self.seq,
+            offset,
+            rolled,
+        })
+    }
+
+    /// Makes everything written so far durable.
+    pub fn sync(&mut self) -> Result<()> {
+        if !self.dirty {
+            return Ok(());
+        }
+        self.file
+            .sync_data()
+            .map_err(|e| io_error(format!("syncing journal segment {:x}", self.seq), e))?;
+        self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        self.dirty = false;
+        Ok(())
+    }
+
+    /// Finishes this segment (synced, so an earlier segment never holds an unsynced write
+    /// when a later one is synced) and starts the next, of at least `need` bytes.
+    fn roll(&mut self, need: u64) -> Result<()> {
+        self.sync()?;
+        let next = self.seq + 1;
+        let need = need.next_multiple_of(ALIGN as u64);
+        let size = ALLOC_STEP.min(self.segment_bytes).max(need);
+        create_segment(&self.dir, next, size)?;
+        let path = segment_path(&self.dir, next);
+        let (file, direct) = open_for_writing(&path, self.direct)
+            .map_err(|e| io_error(format!("opening {}", path.display()), e))?;
+        self.file = file;
+        self.direct = direct;
+        self.seq = next;
+        self.capacity = self.segment_bytes.max(need);
+        self.allocated = size;
+        self.tail = 0;
+        Ok(())
+    }
+}
+
+/// Creates segment `seq` with its first `size` bytes allocated, and makes its name durable. A
+/// segment left half-made by a crash (or a full disk) is made again.
+fn create_segment(dir: &Path, seq: u64, size: u64) -> Result<()> {
+    let path = segment_path(dir, seq);
+    let made = (|| {
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)?;
+        allocate(&file, 0, size)?;
+        file.sync_all()
+    })();
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&path);
+        return Err(io_error(
+            format!("creating journal segment {}", path.display()),
+            e,
+        ));
+    }
+    fsync_dir(dir)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::embedded::format::Builder;
+
+    fn record(lsn: u64, text: &str) -> Vec<u8> {
+        let mut b = Builder::new();
+        b.section("e", lsn, lsn);
+        b.doc(text.as_bytes());
+        let mut out = Vec::new();
+        b.finish(lsn, 0, &mut out);
+        out
+    }
+
+    #[test]
+    fn records_roll_into_new_segments_and_scan_back_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let stats = Arc::new(IoStats::default());
+        let mut w = Writer::open(dir.path(), 1, 0, 8192, stats.clone()).unwrap();
+        let mut at = Vec::new();
+        for lsn in 1..=40 {
+            let text = format!(
+                "{{\"n\":{lsn},\"pad\":\"{}\"}}",
+                "x".repeat(lsn as usize * 7)
+            );
+            let w = w.append(&record(lsn, &text)).unwrap();
+            at.push(w);
+            assert_eq!(w.offset % ALIGN as u64, 0);
+        }
+        w.sync().unwrap();
+        assert!(at.last().unwrap().seq > 1, "several segments");
+        assert_eq!(
+            list_segments(dir.path()).unwrap().len() as u64,
+            at.last().unwrap().seq
+        );
+        let c = stats.counts();
+        assert_eq!(c.records, 40);
+        assert!(
+            c.syncs >= at.last().unwrap().seq,
+            "every finished segment is synced"
+        );
+        let mut lsn = 1;
+        for seq in list_segments(dir.path()).unwrap() {
+            let seg = Segment::open(dir.path(), seq).unwrap();
+            let len = seg.file.metadata().unwrap().len();
+            let mut scan = SegmentScan::new(&seg, 0, len);
+            while let Some((offset, bytes)) = scan.next_raw().unwrap() {
+                assert!(format::check(bytes));
+                let h = Header::parse(bytes).unwrap();
+                assert_eq!(h.lsn, lsn);
+                assert_eq!(seg.read_record(offset).unwrap(), bytes);
+                lsn += 1;
+            }
+        }
+        assert_eq!(lsn, 41, "every record scanned once");
+    }
+}

@@ -1,0 +1,370 @@
+//! The maintenance thread: what happens off the commit's path.
+//!
+//! - **Flush**: a sealed memtable of the tree is written to a table, then the tree compacts
+//!   (leveled) what is due. Both are sequential writes, amortised over every commit since the
+//!   last flush; a key written a thousand times meanwhile (a source's summary) is written once.
+//! - **Index files**: a finished segment's index goes to its `.idx` file.
+//! - **Release**: the oldest segment goes once nothing needs it — its capped documents
+//!   evicted, its changes past the history the change log keeps, its keyed writes in the
+//!   tree's tables. A segment kept only for a few documents of a slowly evicted collection
+//!   (dead letters among millions of events) has those documents moved into the tree first,
+//!   so it does not hold a whole segment of the journal.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use lsm_tree::AbstractTree;
+
+use super::catalog::Catalog;
+use super::format::{Entry, Header};
+use super::journal::{self, SegmentScan};
+use super::state::{SegIndex, SegSummary, Shared};
+use super::tree::{Tree, tree_err};
+use super::writer::Op;
+use crate::Result;
+
+/// How often the thread looks for segments to release when nothing else wakes it.
+const CHECK_EVERY: Duration = Duration::from_secs(5);
+/// A collection's documents in a segment are moved into the tree (to release the segment)
+/// when they take at most this share of it.
+const SPILL_SHARE: u64 = 4;
+
+pub(crate) enum Task {
+    Flush,
+    WriteIndex {
+        path: PathBuf,
+        summary: SegSummary,
+        entries: Arc<Vec<(u64, u64)>>,
+    },
+    /// Look for segments to release now.
+    Check,
+}
+
+/// Sequence numbers readers hold (snapshots): the tree keeps the versions they see.
+#[derive(Default)]
+pub(crate) struct Snapshots {
+    held: Mutex<BTreeMap<u64, usize>>,
+}
+
+impl Snapshots {
+    pub fn hold(self: &Arc<Self>, seqno: u64) -> Hold {
+        if let Ok(mut h) = self.held.lock() {
+            *h.entry(seqno).or_default() += 1;
+        }
+        Hold {
+            snapshots: self.clone(),
+            seqno,
+        }
+    }
+
+    /// Versions older than this that are shadowed may go.
+    pub fn gc_below(&self, visible: u64) -> u64 {
+        self.held
+            .lock()
+            .ok()
+            .and_then(|h| h.keys().next().copied())
+            .map_or(visible, |s| s.min(visible))
+    }
+}
+
+/// A held snapshot; released when dropped.
+pub(crate) struct Hold {
+    snapshots: Arc<Snapshots>,
+    seqno: u64,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if let Ok(mut h) = self.snapshots.held.lock()
+            && let Some(n) = h.get_mut(&self.seqno)
+        {
+            *n -= 1;
+            if *n == 0 {
+                h.remove(&self.seqno);
+            }
+        }
+    }
+}
+
+/// What the thread works on.
+pub(crate) struct Maint {
+    pub dir: PathBuf,
+    pub tree: Arc<Tree>,
+    pub shared: Arc<RwLock<Shared>>,
+    pub catalog: Arc<Mutex<Catalog>>,
+    pub snapshots: Arc<Snapshots>,
+    pub rotate_asked: Arc<AtomicBool>,
+    pub oplog_max: u64,
+    /// Hands an operation to the writer and waits for it; `false` once the store is closed.
+    pub submit: Box<dyn Fn(Op) -> bool + Send>,
+    /// The segment whose documents were moved into the tree, and the sequence number the
+    /// tree's tables must reach before it goes.
+    pub spilled: Option<(u64, u64)>,
+}
+
+pub(crate) fn run(mut m: Maint, rx: Receiver<Task>) {
+    loop {
+        let task = match rx.recv_timeout(CHECK_EVERY) {
+            Ok(t) => t,
+            Err(RecvTimeoutError::Timeout) => Task::Check,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        let result = match task {
+            Task::Flush => m.flush(),
+            Task::WriteIndex {
+                path,
+                summary,
+                entries,
+            } => m.write_index(path, &summary, &entries),
+            Task::Check => Ok(()),
+        };
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "storage maintenance failed; it is tried again later");
+            continue;
+        }
+        if let Err(e) = m.release() {
+            tracing::warn!(error = %e, "could not release a journal segment; it is tried again later");
+        }
+    }
+}
+
+impl Maint {
+    pub(crate) fn flush(&self) -> Result<()> {
+        let gc = self.snapshots.gc_below(self.tree.visible());
+        {
+            let lock = self.tree.tree.get_flush_lock();
+            self.tree.tree.flush(&lock, gc).map_err(tree_err)?;
+        }
+        self.tree
+            .tree
+            .compact(super::tree::compaction(), gc)
+            .map_err(tree_err)
+    }
+
+    pub(crate) fn write_index(
+        &self,
+        path: PathBuf,
+        summary: &SegSummary,
+        entries: &[(u64, u64)],
+    ) -> Result<()> {
+        super::state::write_index_file(&path, summary, entries)?;
+        let mut shared = self.shared.write().map_err(super::lock_err)?;
+        if let Some(info) = shared.segments.get_mut(&summary.seq)
+            && matches!(info.index, SegIndex::Sealed(_))
+        {
+            info.index = SegIndex::File {
+                path,
+                entries: entries.len() as u64,
+            };
+        }
+        Ok(())
+    }
+
+    /// Releases the oldest segments nothing needs any more (see the module's doc).
+    fn release(&mut self) -> Result<()> {
+        loop {
+            let (seq, last_lsn, end, colls, changes_end) = {
+                let shared = self.shared.read().map_err(super::lock_err)?;
+                let mut it = shared.segments.iter();
+                let Some((seq, info)) = it.next() else {
+                    return Ok(());
+                };
+                // The segment being written stays.
+                if it.next().is_none() {
+                    return Ok(());
+                }
+                (
+                    *seq,
+                    info.last_lsn,
+                    info.end,
+                    info.colls.clone(),
+                    info.changes.1,
+                )
+            };
+            // The change log's history.
+            let (change_oldest, _) = self.change_bounds()?;
+            if changes_end > change_oldest {
+                return Ok(());
+            }
+            // Capped documents still retained: moved into the tree when few, else the segment
+            // stays until they are evicted.
+            let mut needed = last_lsn;
+            if self.spilled.is_none_or(|(s, _)| s != seq) {
+                let mut spill: Vec<(String, u64, u64)> = Vec::new();
+                let mut live = 0u64;
+                {
+                    let shared = self.shared.read().map_err(super::lock_err)?;
+                    for (name, sc) in &colls {
+                        let Some(v) = shared.capped.get(name) else {
+                            continue;
+                        };
+                        let from = sc.first.max(v.oldest).max(v.journal_from);
+                        if from < sc.end {
+                            live += (sc.end - from).saturating_mul(v.bytes / v.count.max(1));
+                            spill.push((name.clone(), from, sc.end));
+                        }
+                    }
+                }
+                if !spill.is_empty() {
+                    if live > end / SPILL_SHARE {
+                        return Ok(());
+                    }
+                    if !self.spill(seq, &spill)? {
+                        return Ok(());
+                    }
+                    self.spilled = Some((seq, self.tree.visible().saturating_sub(1)));
+                }
+            }
+            if let Some((s, at)) = self.spilled
+                && s == seq
+            {
+                needed = needed.max(at);
+            }
+            // The tree's tables must hold the segment's keyed writes (and what was spilled).
+            let persisted = self.tree.tree.get_highest_persisted_seqno().unwrap_or(0);
+            if persisted < needed {
+                self.rotate_asked.store(true, Ordering::Release);
+                // The writer seals the memtable after this empty commit and queues its
+                // flush; this runs again after it.
+                let _ = (self.submit)(Op::Barrier);
+                return Ok(());
+            }
+            self.drop_segment(seq, &colls)?;
+            self.spilled = None;
+        }
+    }
+
+    fn change_bounds(&self) -> Result<(u64, u64)> {
+        let shared = self.shared.read().map_err(super::lock_err)?;
+        let next = shared.change_next;
+        Ok((
+            shared
+                .change_first
+                .max(next.saturating_sub(self.oplog_max))
+                .max(1),
+            next,
+        ))
+    }
+
+    /// Moves the retained documents `[from, to)` of each listed collection, held in segment
+    /// `seq`, into the tree (through the writer, so its sequence numbers stay the journal's).
+    fn spill(&self, seq: u64, ranges: &[(String, u64, u64)]) -> Result<bool> {
+        let (seg, end) = {
+            let shared = self.shared.read().map_err(super::lock_err)?;
+            let Some(info) = shared.segments.get(&seq) else {
+                return Ok(false);
+            };
+            (info.seg.clone(), info.end)
+        };
+        let mut docs: HashMap<String, Vec<(u64, i64, Vec<u8>)>> = HashMap::new();
+        let mut scan = SegmentScan::new(&seg, 0, end);
+        while let Some((_, bytes)) = scan.next_raw()? {
+            let h = Header::parse(bytes)?;
+            for (si, s) in h.sections.iter().enumerate() {
+                let Some((_, from, to)) = ranges.iter().find(|r| r.0 == s.coll) else {
+                    continue;
+                };
+                let base = h.section_entry(si);
+                let lo = s.first;
+                let hi = lo + s.count as u64;
+                if hi <= *from || lo >= *to {
+                    continue;
+                }
+                let (e_lo, e_hi) = (
+                    base + (from.max(&lo) - lo) as u32,
+                    base + ((*to).min(hi) - lo) as u32,
+                );
+                for (bi, _) in h.blocks_for(e_lo, e_hi) {
+                    let data = h.block(bytes, bi)?;
+                    for e in h.entries(bi, &data) {
+                        let (index, entry) = e?;
+                        if index < e_lo || index >= e_hi {
+                            continue;
+                        }
+                        if let Entry::Doc(json) = entry {
+                            docs.entry(s.coll.clone()).or_default().push((
+                                lo + (index - base) as u64,
+                                h.ts,
+                                json.to_vec(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        for (coll, docs) in docs {
+            if !(self.submit)(Op::Spill { coll, docs }) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Forgets segment `seq`: the catalog first (so a crash after it skips the segment at the
+    /// next open), then the tables the readers use, then the files.
+    fn drop_segment(
+        &self,
+        seq: u64,
+        colls: &BTreeMap<String, super::state::SegColl>,
+    ) -> Result<()> {
+        let jdir = self.dir.join(journal::DIR);
+        {
+            let mut shared = self.shared.write().map_err(super::lock_err)?;
+            let next_seg_first_lsn = shared
+                .segments
+                .range(seq + 1..)
+                .next()
+                .map(|(_, i)| i.first_lsn);
+            let mut catalog = self.catalog.lock().map_err(super::lock_err)?;
+            let mut updated = catalog.clone();
+            updated.first_segment = seq + 1;
+            if let Some(l) = next_seg_first_lsn {
+                updated.next_lsn = updated.next_lsn.max(l);
+            }
+            updated.next_change = shared.change_next;
+            updated.first_change = shared
+                .segments
+                .range(seq + 1..)
+                .map(|(_, i)| i)
+                .find(|i| i.changes.1 > i.changes.0)
+                .map_or(shared.change_next, |i| i.changes.0);
+            for (name, v) in &shared.capped {
+                if let Some(c) = updated.collections.get_mut(name) {
+                    c.next_pos = v.next;
+                    c.oldest_pos = v.oldest;
+                    let from = colls
+                        .get(name)
+                        .map_or(v.journal_from, |sc| sc.end.max(v.journal_from));
+                    c.journal_from = from;
+                }
+            }
+            updated.save(&self.dir)?;
+            *catalog = updated;
+            for (name, sc) in colls {
+                if let Some(v) = shared.capped.get_mut(name) {
+                    v.journal_from = v.journal_from.max(sc.end);
+                    v.seeks.retain(|s| s.seq != seq);
+                }
+            }
+            for v in shared.capped.values_mut() {
+                v.seeks.retain(|s| s.seq != seq);
+            }
+            shared.change_seeks.retain(|s| s.seq != seq);
+            shared.segments.remove(&seq);
+            let first_change = shared
+                .segments
+                .values()
+                .find(|i| i.changes.1 > i.changes.0)
+                .map_or(shared.change_next, |i| i.changes.0);
+            shared.change_first = first_change;
+        }
+        let _ = std::fs::remove_file(journal::segment_path(&jdir, seq));
+        let _ = std::fs::remove_file(journal::index_path(&jdir, seq));
+        tracing::debug!(segment = seq, "journal segment released");
+        Ok(())
+    }
+}

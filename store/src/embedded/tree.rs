@@ -1,0 +1,226 @@
+//! The keyed state: one LSM tree (`lsm-tree`, fjall's engine, used without a journal of its
+//! own) holding the keyed collections' documents, their write-time index, the feeds'
+//! checkpoints and the capped documents moved out of released journal segments.
+//!
+//! The journal is the tree's log: every write carries the number of the journal record it
+//! came from as its sequence number, and [`APPLIED`] (written just before a memtable is
+//! sealed) says up to which record the tree's tables hold everything, so recovery replays the
+//! records after it. Only the writer thread inserts, so a commit's writes never straddle two
+//! memtables.
+//!
+//! Keys (collection names are `[a-z0-9_]`, so the zero byte ends them):
+//! - `d <coll> 0 <key>` → write time (i64 LE, µs) + the document's JSON;
+//! - `t <coll> 0 <bucket u64 BE> <key>` → nothing: the key was last written in that
+//!   [`EXPIRE_BUCKET_US`]-wide bucket of time (moved when a write lands in another bucket), so
+//!   `expire` finds idle keys oldest first without reading every key;
+//! - `c <feed>` → a feed's checkpoint;
+//! - `p <coll> 0 <position u64 BE>` → commit time + JSON of a capped document whose segment
+//!   was released while it was still retained;
+//! - [`APPLIED`] → the journal record number the tables are complete up to.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use lsm_tree::{AbstractTree, AnyTree, Guard, SeqNo, SequenceNumberCounter};
+
+use crate::{Result, StoreError};
+
+/// Width of the write-time index's buckets: a key written again within its bucket does not
+/// move its index entry (a source's summary, written on every event, moves once a minute).
+pub(crate) const EXPIRE_BUCKET_US: i64 = 60_000_000;
+/// The marker of the journal record the tables are complete up to.
+pub(crate) const APPLIED: &[u8] = b"m\0applied";
+/// The block cache shared by reads of the tree's tables: small, as most reads of long-tail
+/// keys miss anyway, and what it holds counts in the process's resident memory.
+const CACHE_BYTES: u64 = 2 << 20;
+/// Tables level 0 gathers before they are merged into level 1. On a long tail every table
+/// overlaps all of level 1, so each merge rewrites it: fewer, larger merges write less.
+const L0_TABLES: u8 = 8;
+
+/// How the tree compacts (leveled, see [`L0_TABLES`]).
+pub(crate) fn compaction()
+-> std::sync::Arc<dyn lsm_tree::compaction::CompactionStrategy + Send + Sync> {
+    std::sync::Arc::new(lsm_tree::compaction::Leveled::default().with_l0_threshold(L0_TABLES))
+}
+
+pub(crate) fn tree_err(e: lsm_tree::Error) -> StoreError {
+    match e {
+        lsm_tree::Error::Io(source) => super::journal::io_error("keyed state", source),
+        other => StoreError::Engine {
+            engine: "embedded",
+            message: format!("keyed state: {other:?}"),
+        },
+    }
+}
+
+pub(crate) fn doc_key(coll: &str, key: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(2 + coll.len() + key.len());
+    k.push(b'd');
+    k.extend_from_slice(coll.as_bytes());
+    k.push(0);
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+/// The prefix of every document key of `coll`.
+pub(crate) fn doc_prefix(coll: &str) -> Vec<u8> {
+    doc_key(coll, "")
+}
+
+pub(crate) fn bucket(ts: i64) -> u64 {
+    (ts.max(0) / EXPIRE_BUCKET_US) as u64
+}
+
+pub(crate) fn time_key(coll: &str, bucket: u64, key: &str) -> Vec<u8> {
+    let mut k = time_prefix(coll);
+    k.extend_from_slice(&bucket.to_be_bytes());
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+pub(crate) fn time_prefix(coll: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(2 + coll.len() + 8);
+    k.push(b't');
+    k.extend_from_slice(coll.as_bytes());
+    k.push(0);
+    k
+}
+
+pub(crate) fn checkpoint_key(feed: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + feed.len());
+    k.push(b'c');
+    k.extend_from_slice(feed.as_bytes());
+    k
+}
+
+pub(crate) fn spill_key(coll: &str, pos: u64) -> Vec<u8> {
+    let mut k = spill_prefix(coll);
+    k.extend_from_slice(&pos.to_be_bytes());
+    k
+}
+
+pub(crate) fn spill_prefix(coll: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(2 + coll.len() + 8);
+    k.push(b'p');
+    k.extend_from_slice(coll.as_bytes());
+    k.push(0);
+    k
+}
+
+/// A stored value: write time and JSON.
+pub(crate) fn value(ts: i64, json: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(8 + json.len());
+    v.extend_from_slice(&ts.to_le_bytes());
+    v.extend_from_slice(json);
+    v
+}
+
+/// Splits a stored value into write time and JSON.
+pub(crate) fn split_value(v: &[u8]) -> Result<(i64, &[u8])> {
+    if v.len() < 8 {
+        return Err(StoreError::Engine {
+            engine: "embedded",
+            message: "keyed state: a value without its write time".into(),
+        });
+    }
+    let mut ts = [0u8; 8];
+    ts.copy_from_slice(&v[..8]);
+    Ok((i64::from_le_bytes(ts), &v[8..]))
+}
+
+/// The tree, and the sequence number reads see.
+pub(crate) struct Tree {
+    pub tree: AnyTree,
+    /// Reads see writes with a sequence number below this: one past the last applied record.
+    visible: SequenceNumberCounter,
+}
+
+impl Tree {
+    pub fn open(dir: &Path) -> Result<Tree> {
+        let visible = SequenceNumberCounter::default();
+        let tree = lsm_tree::Config::new(dir, SequenceNumberCounter::default(), visible.clone())
+            .use_cache(Arc::new(lsm_tree::Cache::with_capacity_bytes(CACHE_BYTES)))
+            // Every level compressed (level 0 too: a flush writes LZ4 blocks).
+            .data_block_compression_policy(lsm_tree::config::CompressionPolicy::all(
+                lsm_tree::CompressionType::Lz4,
+            ))
+            // Only level 0's index and filter blocks stay in memory: the deeper levels grow
+            // with the long tail's keys, and their blocks go through the bounded cache.
+            .index_block_pinning_policy(lsm_tree::config::PinningPolicy::new([true, false]))
+            .filter_block_pinning_policy(lsm_tree::config::PinningPolicy::new([true, false]))
+            .open()
+            .map_err(tree_err)?;
+        Ok(Tree { tree, visible })
+    }
+
+    /// One past the newest applied record.
+    pub fn visible(&self) -> SeqNo {
+        self.visible.get()
+    }
+
+    /// Makes the writes of record `lsn` (and before) visible to reads.
+    pub fn publish(&self, lsn: u64) {
+        self.visible.fetch_max(lsn + 1);
+    }
+
+    pub fn get(&self, key: &[u8]) -> Result<Option<lsm_tree::UserValue>> {
+        self.get_at(key, self.visible())
+    }
+
+    pub fn get_at(&self, key: &[u8], seqno: SeqNo) -> Result<Option<lsm_tree::UserValue>> {
+        self.tree.get(key, seqno).map_err(tree_err)
+    }
+
+    /// The record number the tables are complete up to (0: none).
+    pub fn applied(&self) -> Result<u64> {
+        Ok(self
+            .tree
+            .get(APPLIED, SeqNo::MAX >> 1)
+            .map_err(tree_err)?
+            .and_then(|v| {
+                v.get(..8)
+                    .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+            })
+            .unwrap_or(0))
+    }
+
+    /// Up to `limit` entries whose key starts with `prefix` and sorts after `after` (or from
+    /// the first), at `seqno`.
+    pub fn page(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+        seqno: SeqNo,
+    ) -> Result<Vec<(lsm_tree::UserKey, lsm_tree::UserValue)>> {
+        let mut out = Vec::new();
+        let iter: Box<dyn Iterator<Item = lsm_tree::IterGuardImpl>> = match after {
+            Some(after) => {
+                let mut upper = prefix.to_vec();
+                // Every key of the prefix sorts below the prefix followed by 0xff bytes (keys
+                // are UTF-8, which never holds 0xff).
+                upper.extend_from_slice(&[0xff; 4]);
+                Box::new(self.tree.range::<&[u8], _>(
+                    (
+                        std::ops::Bound::Excluded(after),
+                        std::ops::Bound::Excluded(upper.as_slice()),
+                    ),
+                    seqno,
+                    None,
+                ))
+            }
+            None => Box::new(self.tree.prefix(prefix, seqno, None)),
+        };
+        for item in iter {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = item.into_inner().map_err(tree_err)?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            out.push((k, v));
+        }
+        Ok(out)
+    }
+}
