@@ -18,6 +18,10 @@ pub(crate) struct Problem<'a> {
 
 impl Problem<'_> {
     /// Counts it and logs it as an error.
+    #[cfg_attr(
+        not(feature = "mongodb"),
+        expect(dead_code, reason = "only the MongoDB engine logs errors of its own")
+    )]
     pub(crate) fn error(self) {
         self.count();
         tracing::error!(

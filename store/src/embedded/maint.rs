@@ -10,6 +10,7 @@
 //!   (dead letters among millions of events) has those documents moved into the tree first,
 //!   so it does not hold a whole segment of the journal.
 
+use crate::telemetry::Problem;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -123,11 +124,21 @@ pub(crate) fn run(mut m: Maint, rx: Receiver<Task>) {
             Task::Check => Ok(()),
         };
         if let Err(e) = result {
-            tracing::warn!(error = %e, "storage maintenance failed; it is tried again later");
+            Problem {
+                error_type: "maintenance",
+                detail: &format!("storage maintenance failed ({e}); it is tried again later"),
+            }
+            .warn();
             continue;
         }
         if let Err(e) = m.release() {
-            tracing::warn!(error = %e, "could not release a journal segment; it is tried again later");
+            Problem {
+                error_type: "maintenance",
+                detail: &format!(
+                    "could not release a journal segment ({e}); it is tried again later"
+                ),
+            }
+            .warn();
         }
     }
 }

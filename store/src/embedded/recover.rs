@@ -3,6 +3,7 @@
 //! without a whole, checksummed record), and the tree brought up to the journal's last
 //! record.
 
+use crate::telemetry::Problem;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
@@ -324,7 +325,11 @@ pub(crate) fn open(dir: &Path, segment_bytes: u64, stats: Arc<IoStats>) -> Resul
                 } else {
                     let entries = scanned.index.into_sorted();
                     if let Err(e) = state::write_index_file(&idx_path, &scanned.summary, &entries) {
-                        tracing::warn!(error = %e, "could not write a journal segment's index file; it is kept in memory");
+                        Problem {
+                            error_type: "index_file",
+                            detail: &format!("could not write a journal segment's index file ({e}); it is kept in memory"),
+                        }
+                        .warn();
                         (scanned.summary, SegIndex::Sealed(Arc::new(entries)))
                     } else {
                         let count = entries.len() as u64;
