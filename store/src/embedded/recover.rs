@@ -434,12 +434,7 @@ pub(crate) fn open(dir: &Path, segment_bytes: u64, stats: Arc<IoStats>) -> Resul
         while oldest + (sizes.len() as u64) < next {
             sizes.push_back(u32::MAX);
         }
-        let count = sizes.iter().filter(|s| **s != u32::MAX).count() as u64;
-        let bytes = sizes
-            .iter()
-            .filter(|s| **s != u32::MAX)
-            .map(|s| *s as u64)
-            .sum();
+        let (count, bytes) = state::retained(&sizes);
         shared.capped.insert(
             name.clone(),
             CappedView {

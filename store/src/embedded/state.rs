@@ -33,6 +33,17 @@ pub(crate) struct Seek {
 /// segment): a read of one document reads at most about this much before it.
 pub(crate) const SEEK_EVERY: u64 = 64 * 1024;
 
+/// How many documents `sizes` holds, and their bytes: a capped collection's count and size,
+/// from its per-position sizes (`u32::MAX` where a position holds no document).
+pub(crate) fn retained<'a>(sizes: impl IntoIterator<Item = &'a u32>) -> (u64, u64) {
+    sizes
+        .into_iter()
+        .filter(|s| **s != u32::MAX)
+        .fold((0, 0), |(count, bytes), s| {
+            (count + 1, bytes + u64::from(*s))
+        })
+}
+
 /// The hash an index entry is kept under.
 pub(crate) fn index_hash(coll: &str, field: &str, canonical: &[u8]) -> u64 {
     let mut h = hasher(coll, field);

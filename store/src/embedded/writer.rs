@@ -404,12 +404,7 @@ impl Writer {
                 .map(Filter::parse)
                 .transpose()
                 .map_err(|e| StoreError::Invalid(e.to_string()))?;
-            let count = sizes.iter().filter(|s| **s != u32::MAX).count() as u64;
-            let bytes = sizes
-                .iter()
-                .filter(|s| **s != u32::MAX)
-                .map(|s| *s as u64)
-                .sum();
+            let (count, bytes) = state::retained(&sizes);
             capped.insert(
                 name,
                 WCapped {
