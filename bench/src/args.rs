@@ -144,7 +144,7 @@ impl Scenario {
 /// `--engine`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EngineArg {
-    /// SQLite in WAL mode, in-process.
+    /// The journal engine, in-process (no server).
     Embedded,
     /// A MongoDB replica set at --uri (needs a build with the `mongodb` feature).
     Mongodb,

@@ -144,8 +144,13 @@ impl Tree {
             .data_block_compression_policy(lsm_tree::config::CompressionPolicy::all(
                 lsm_tree::CompressionType::Lz4,
             ))
-            // Only level 0's index and filter blocks stay in memory: the deeper levels grow
-            // with the long tail's keys, and their blocks go through the bounded cache.
+            // Index and filter blocks are partitioned at every level: a point read loads one
+            // small partition of each through the bounded cache. A whole filter or index block
+            // of a large table does not fit that cache, so an upsert of a new key (a miss that
+            // asks every table) read and checksummed all of it again, and loading keys slowed
+            // with the square of their number. Only the small top-level indexes stay in memory.
+            .index_block_partitioning_policy(lsm_tree::config::PinningPolicy::all(true))
+            .filter_block_partitioning_policy(lsm_tree::config::PinningPolicy::all(true))
             .index_block_pinning_policy(lsm_tree::config::PinningPolicy::new([true, false]))
             .filter_block_pinning_policy(lsm_tree::config::PinningPolicy::new([true, false]))
             .open()
