@@ -25,14 +25,23 @@ were written. It writes samples.csv and summary.md into --out and prints the sum
 middle and end, and whether memory and disk levelled off (growth over the second half of the
 run against the first).
 
+Then, with tailrace stopped, it measures the floor at the same pace on the same disk
+(--floor-seconds): a 4 KiB write into a preallocated file (O_DIRECT, as the journal writes)
+and an fdatasync, --rate times a second. A commit paced like the stream pays more than one in
+a tight loop (the device and the CPUs idle in between), so the status line's write latency
+and the process's CPU are set against this floor, not against `bench writes`' back-to-back one.
+
 Uses only the standard library. Build first: cargo build --release.
 """
 
 import argparse
 import csv
 import json
+import mmap
 import os
 import random
+import re
+import resource
 import shutil
 import signal
 import socket
@@ -146,6 +155,72 @@ def event_bytes(port, newest, n=200):
     return sum(sizes) / len(sizes) if sizes else None
 
 
+def paced_floor(directory, rate, seconds):
+    """Write + fdatasync paced at `rate` a second for `seconds` in `directory`: latencies (µs,
+    sorted), CPU seconds per commit (this thread's user + system time), and whether the writes
+    bypassed the page cache (O_DIRECT, where the filesystem allows it)."""
+    path = os.path.join(directory, "floor.probe")
+    size = 64 << 20
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    finally:
+        os.close(fd)
+    direct = True
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_DIRECT)
+    except (OSError, AttributeError):
+        direct, fd = False, os.open(path, os.O_RDWR)
+    buf = mmap.mmap(-1, 4096)  # page-aligned, as O_DIRECT needs
+    buf.write(os.urandom(4096))
+    n = max(int(rate * seconds), 1)
+    lat = []
+    try:
+        cpu0 = resource.getrusage(resource.RUSAGE_THREAD)
+        t0 = time.monotonic()
+        for i in range(n):
+            t = time.perf_counter()
+            try:
+                os.pwrite(fd, buf, (i * 4096) % size)
+            except OSError:
+                if not direct:
+                    raise
+                # The filesystem refused the direct write after all: fall back to buffered.
+                os.close(fd)
+                direct, fd = False, os.open(path, os.O_RDWR)
+                os.pwrite(fd, buf, (i * 4096) % size)
+            os.fdatasync(fd)
+            lat.append((time.perf_counter() - t) * 1e6)
+            wait = t0 + (i + 1) / rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+        cpu1 = resource.getrusage(resource.RUSAGE_THREAD)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    return sorted(lat), cpu / n, direct
+
+
+STATUS = re.compile(r"write p50 ([0-9.]+) (ns|µs|ms|s) p99 ([0-9.]+) (ns|µs|ms|s)")
+UNIT_US = {"ns": 1e-3, "µs": 1.0, "ms": 1e3, "s": 1e6}
+
+
+def status_latencies(log_path):
+    """The write p50 and p99 of each status line in the log, in µs."""
+    out = []
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = STATUS.search(line)
+            if m:
+                out.append((float(m.group(1)) * UNIT_US[m.group(2)], float(m.group(3)) * UNIT_US[m.group(4)]))
+    return out
+
+
+def pct(sorted_values, q):
+    return sorted_values[min(int(len(sorted_values) * q), len(sorted_values) - 1)]
+
+
 def mib(b):
     return f"{b / 2**20:,.1f} MiB"
 
@@ -161,6 +236,8 @@ def main():
     ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "tailrace"))
     ap.add_argument("--out", required=True, help="directory for samples.csv and summary.md")
     ap.add_argument("--keep-data", action="store_true", help="keep the data directory")
+    ap.add_argument("--floor-seconds", type=float, default=30.0,
+                    help="after the run, measure write + fdatasync at --rate for this long on the same disk (0: skip)")
     ap.add_argument("--burst", type=int, default=0,
                     help="also replay this many long-tail events from a file at the start, as fast as they are taken")
     a = ap.parse_args()
@@ -266,6 +343,11 @@ def main():
             proc.kill()
         log.close()
 
+    floor = None
+    if a.floor_seconds > 0 and a.rate <= 10_000:
+        floor = paced_floor(work, a.rate, a.floor_seconds)
+    minutes = status_latencies(os.path.join(a.out, "tailrace.log"))
+
     with open(os.path.join(a.out, "samples.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -354,6 +436,28 @@ def main():
         f"- CPU: {last['cpu_seconds'] / secs * 100:.1f}% of one core on average; "
         f"feeds missing {last['missing']}, duplicates {last['duplicates']}, rejected {last['rejected']}."
     )
+    cpu_share = last["cpu_seconds"] / secs
+    if minutes:
+        p50s = sorted(p for p, _ in minutes)
+        p99s = [p for _, p in minutes]
+        over = sum(1 for p in p99s if p > 5000)
+        lines.append(
+            f"- Write latency on the status line, {len(minutes)} lines (one a minute): p50 {p50s[0]:,.0f}–{p50s[-1]:,.0f} µs "
+            f"(median {pct(p50s, 0.5):,.0f}); p99 up to {max(p99s):,.0f} µs, over 5 ms in {over} of {len(minutes)}."
+        )
+    if floor:
+        lat, cpu_per, direct = floor
+        floor_share = cpu_per * a.rate
+        lines.append(
+            f"- The floor at {a.rate:g} commits/s on the same disk ({a.floor_seconds:g} s, 4 KiB "
+            f"{'O_DIRECT ' if direct else ''}write + fdatasync): p50 {pct(lat, 0.5):,.0f} µs, p99 {pct(lat, 0.99):,.0f} µs; "
+            f"{cpu_per * 1e6:,.0f} µs of CPU per commit, {floor_share * 100:.2f}% of one core."
+        )
+        if minutes:
+            lines.append(
+                f"- Against that floor: write p50 {pct(p50s, 0.5) / pct(lat, 0.5):.2f}× (median minute); "
+                f"CPU {cpu_share / floor_share:.1f}× the floor's own."
+            )
     summary = "\n".join(lines) + "\n"
     with open(os.path.join(a.out, "summary.md"), "w") as f:
         f.write(summary)
