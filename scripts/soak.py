@@ -432,11 +432,11 @@ def main():
            "as compact JSON, a sample of 200 read back through the API)." if mean_event else
            " (the events' own size could not be read back).")
     )
+    cpu_share = last["cpu_seconds"] / secs
     lines.append(
-        f"- CPU: {last['cpu_seconds'] / secs * 100:.1f}% of one core on average; "
+        f"- CPU: {cpu_share * 100:.1f}% of one core on average; "
         f"feeds missing {last['missing']}, duplicates {last['duplicates']}, rejected {last['rejected']}."
     )
-    cpu_share = last["cpu_seconds"] / secs
     if minutes:
         p50s = sorted(p for p, _ in minutes)
         p99s = [p for _, p in minutes]

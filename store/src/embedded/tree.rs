@@ -151,6 +151,8 @@ impl Tree {
             // with the square of their number. Only the small top-level indexes stay in memory.
             .index_block_partitioning_policy(lsm_tree::config::PinningPolicy::all(true))
             .filter_block_partitioning_policy(lsm_tree::config::PinningPolicy::all(true))
+            // Pinning applies to whole blocks only: tables written before their blocks were
+            // partitioned, until compaction rewrites them (level 0's pinned, as then).
             .index_block_pinning_policy(lsm_tree::config::PinningPolicy::new([true, false]))
             .filter_block_pinning_policy(lsm_tree::config::PinningPolicy::new([true, false]))
             .open()
