@@ -147,6 +147,18 @@ pub trait Capped: Send + Sync + 'static {
     /// list for [`Durability::Unacknowledged`], which returns before the commit.
     async fn append(&self, docs: Vec<Document>, durability: Durability) -> Result<Vec<Position>>;
 
+    /// [`Capped::append`] of documents the caller keeps: to write them again should this
+    /// attempt fail, as the ingester does. An engine that needs the documents after the call
+    /// (the embedded engine hands them to live tails) shares them instead of copying them;
+    /// the default copies.
+    async fn append_shared(
+        &self,
+        docs: Arc<[Document]>,
+        durability: Durability,
+    ) -> Result<Vec<Position>> {
+        self.append(docs.to_vec(), durability).await
+    }
+
     /// Whether [`Capped::append_with_updates`] commits into `keyed` together with this
     /// collection's documents (all or nothing, one commit). `false` by default: the engine
     /// cannot (MongoDB does not write capped collections inside a transaction), or `keyed`

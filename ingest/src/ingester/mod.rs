@@ -536,7 +536,7 @@ impl Ingester {
                 let (written, rest) =
                     write_until_refused(self.events.name(), part, &self.health, |docs| {
                         let events = self.events.clone();
-                        async move { events.append(docs, durability).await.map(|_| ()) }
+                        async move { events.append_shared(docs, durability).await.map(|_| ()) }
                     })
                     .await;
                 let letters: Vec<Document> = written
@@ -619,7 +619,7 @@ impl Ingester {
         let rollups_d = rollups_durability(self.options.durability, self.engine);
         let rollups = write_isolating("rollups", updates, &self.health, |updates| {
             let rollups = self.rollups.clone();
-            async move { rollups.update(updates, rollups_d).await }
+            async move { rollups.update(updates.to_vec(), rollups_d).await }
         })
         .await;
         self.account(n, events, (rollups, rollups_d), dead_letters, last_seq)
@@ -630,7 +630,7 @@ impl Ingester {
     async fn write_letters(&self, letters: Vec<Document>, d: Durability) -> Written<Document> {
         write_isolating(self.dead_letters.name(), letters, &self.health, |dead| {
             let letters = self.dead_letters.clone();
-            async move { letters.append(dead, d).await.map(|_| ()) }
+            async move { letters.append_shared(dead, d).await.map(|_| ()) }
         })
         .await
     }

@@ -135,7 +135,9 @@ impl<T> Written<T> {
 /// Writes `items` with `write`: transient failures are retried with backoff (the store is
 /// marked unwritable until a write succeeds); a permanent failure splits the group in halves,
 /// written in order, until each refused item is alone. Items keep their order: positions
-/// still increase with insertion order.
+/// still increase with insertion order. `write` gets the items shared: this keeps them to
+/// write again, and an attempt of all of them (every attempt but a retry after a refusal)
+/// copies nothing.
 pub(super) async fn write_isolating<T, F, Fut>(
     collection: &str,
     items: Vec<T>,
@@ -144,7 +146,7 @@ pub(super) async fn write_isolating<T, F, Fut>(
 ) -> Written<T>
 where
     T: Clone,
-    F: FnMut(Vec<T>) -> Fut,
+    F: FnMut(Arc<[T]>) -> Fut,
     Fut: Future<Output = Result<(), StoreError>>,
 {
     write_ordered(collection, items, health, write, false)
@@ -164,7 +166,7 @@ pub(super) async fn write_until_refused<T, F, Fut>(
 ) -> (Written<T>, Vec<T>)
 where
     T: Clone,
-    F: FnMut(Vec<T>) -> Fut,
+    F: FnMut(Arc<[T]>) -> Fut,
     Fut: Future<Output = Result<(), StoreError>>,
 {
     write_ordered(collection, items, health, write, true).await
@@ -179,7 +181,7 @@ async fn write_ordered<T, F, Fut>(
 ) -> (Written<T>, Vec<T>)
 where
     T: Clone,
-    F: FnMut(Vec<T>) -> Fut,
+    F: FnMut(Arc<[T]>) -> Fut,
     Fut: Future<Output = Result<(), StoreError>>,
 {
     let mut out = Written {
@@ -190,6 +192,7 @@ where
     if items.is_empty() {
         return (out, Vec::new());
     }
+    let items: Arc<[T]> = items.into();
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     // Ranges still to write, in order (the next one last).
     let mut todo: Vec<Range<usize>> = Vec::with_capacity(8);
@@ -201,7 +204,12 @@ where
             break;
         }
         let started = Instant::now();
-        let mut result = write(items[range.clone()].to_vec()).await;
+        let part = if range.len() == items.len() {
+            items.clone()
+        } else {
+            items[range.clone()].into()
+        };
+        let mut result = write(part).await;
         if let Err(StoreError::PartlyWritten { written, error }) = result {
             // The first `written` items are stored for good (an engine that cannot undo a
             // partial write): never write them again. The next one failed with `error`.
@@ -343,13 +351,18 @@ mod tests {
         let health = Arc::new(StoreHealth::new());
         let written: Mutex<Vec<u32>> = Mutex::new(Vec::new());
         let attempts = Mutex::new(0u32);
+        // What each attempt of all 16 items was handed: the same shared items each time.
+        let whole: Mutex<Vec<Arc<[u32]>>> = Mutex::new(Vec::new());
         let items: Vec<u32> = (0..16).collect();
-        let out = write_isolating("events", items, &health, |chunk: Vec<u32>| {
+        let out = write_isolating("events", items, &health, |chunk: Arc<[u32]>| {
             let n = {
                 let mut a = attempts.lock().unwrap();
                 *a += 1;
                 *a
             };
+            if chunk.len() == 16 {
+                whole.lock().unwrap().push(chunk.clone());
+            }
             let result = if n <= 2 {
                 Err(StoreError::Unavailable {
                     engine: "embedded",
@@ -358,7 +371,7 @@ mod tests {
             } else if chunk.iter().any(|i| *i == 3 || *i == 11) {
                 Err(engine("CHECK constraint failed"))
             } else {
-                written.lock().unwrap().extend(&chunk);
+                written.lock().unwrap().extend(chunk.iter());
                 Ok(())
             };
             async move { result }
@@ -377,6 +390,12 @@ mod tests {
         assert_eq!(out.unwritten, 0);
         assert!(out.latency.is_some());
         assert_eq!(health.unwritable_reason(), None, "writable again");
+        let whole = whole.lock().unwrap();
+        assert_eq!(whole.len(), 3, "two transient failures, then the refusal");
+        assert!(
+            whole.iter().all(|c| Arc::ptr_eq(c, &whole[0])),
+            "retries of all the items share them, copying nothing"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -430,10 +449,10 @@ mod tests {
         let stored: Mutex<Vec<u32>> = Mutex::new(Vec::new());
         let outage = Mutex::new(true);
         let items: Vec<u32> = (0..10).collect();
-        let out = write_isolating("events", items, &health, |chunk: Vec<u32>| {
+        let out = write_isolating("events", items, &health, |chunk: Arc<[u32]>| {
             let mut result = Ok(());
             let mut written = 0;
-            for item in &chunk {
+            for item in chunk.iter() {
                 if *item == 4 {
                     result = Err(engine("invalid key: \"$x\""));
                     break;
@@ -480,10 +499,10 @@ mod tests {
             let health = Arc::new(StoreHealth::new());
             let stored: Mutex<Vec<u32>> = Mutex::new(Vec::new());
             let items: Vec<u32> = (0..10).collect();
-            let (out, rest) = write_until_refused("events", items, &health, |chunk: Vec<u32>| {
+            let (out, rest) = write_until_refused("events", items, &health, |chunk: Arc<[u32]>| {
                 let result = match chunk.iter().position(|i| *i == 3 || *i == 8) {
                     None => {
-                        stored.lock().unwrap().extend(&chunk);
+                        stored.lock().unwrap().extend(chunk.iter());
                         Ok(())
                     }
                     Some(at) if partial => {

@@ -614,14 +614,14 @@ struct EmbeddedCapped {
 impl EmbeddedCapped {
     /// The append of `docs`, their JSON encoded here (on the caller's thread, not the
     /// writer's).
-    fn append_op(&self, docs: Vec<Document>) -> Result<Op> {
+    fn append_op(&self, docs: Arc<[Document]>) -> Result<Op> {
         Ok(Op::Append {
             coll: self.name.clone(),
             bodies: docs
                 .iter()
                 .map(serde_json::to_string)
                 .collect::<std::result::Result<_, _>>()?,
-            docs,
+            docs: docs.into(),
         })
     }
 
@@ -641,6 +641,17 @@ impl Capped for EmbeddedCapped {
     }
 
     async fn append(&self, docs: Vec<Document>, durability: Durability) -> Result<Vec<Position>> {
+        if docs.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.append_shared(docs.into(), durability).await
+    }
+
+    async fn append_shared(
+        &self,
+        docs: Arc<[Document]>,
+        durability: Durability,
+    ) -> Result<Vec<Position>> {
         if docs.is_empty() {
             return Ok(Vec::new());
         }
@@ -667,7 +678,7 @@ impl Capped for EmbeddedCapped {
         }
         let mut ops = Vec::with_capacity(2);
         if !docs.is_empty() {
-            ops.push(self.append_op(docs)?);
+            ops.push(self.append_op(docs.into())?);
         }
         if !updates.is_empty() {
             ops.push(Op::Update {

@@ -504,12 +504,12 @@ pub(super) fn tail_stream(
             'live: loop {
                 match live.recv().await {
                     Ok(commit) => {
-                        for (name, records) in &commit.appended {
+                        for (name, append) in &commit.appended {
                             if *name != coll {
                                 continue;
                             }
-                            for record in records {
-                                let p = record.position.0;
+                            for (i, doc) in append.docs.iter().enumerate() {
+                                let p = append.first + i as u64;
                                 match last {
                                     Some(l) if p <= l => continue,
                                     // Not the next one: read the journal to fill the hole.
@@ -518,7 +518,11 @@ pub(super) fn tail_stream(
                                     _ => {}
                                 }
                                 last = Some(p);
-                                yield record.clone();
+                                yield Record {
+                                    position: Position(p),
+                                    doc: doc.clone(),
+                                    committed_at_us: Some(append.committed_at_us),
+                                };
                             }
                         }
                     }

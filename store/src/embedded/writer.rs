@@ -33,8 +33,8 @@ use lsm_tree::AbstractTree;
 use super::tree::{self, Tree};
 use crate::clock::now_us;
 use crate::{
-    CappedSpec, Change, ChangeOp, Document, Durability, Filter, KeyUpdate, Position, Record,
-    Result, ResumeToken, StoreError, update,
+    CappedSpec, Change, ChangeOp, Document, Durability, Filter, KeyUpdate, Position, Result,
+    ResumeToken, StoreError, update,
 };
 
 /// A job of more documents or updates than this is always queued for the writer thread, never
@@ -63,7 +63,7 @@ pub(crate) enum Op {
     },
     Append {
         coll: String,
-        docs: Vec<Document>,
+        docs: Docs,
         /// Each document's JSON text, encoded by the caller: the encoding then runs on the
         /// caller's thread, beside the writer's, not on it.
         bodies: Vec<String>,
@@ -144,11 +144,53 @@ pub(crate) struct Job {
     pub reply: Option<oneshot::Sender<Result<Reply>>>,
 }
 
+/// An append's documents as their writers handed them over: shared, not copied. The writer
+/// reads them (validation, index entries) and the commit hands them to every live tail,
+/// which copies each document it yields; the caller keeps its own reference, to write them
+/// again should the attempt fail, and a group joins several jobs' appends to one collection.
+#[derive(Clone, Default)]
+pub(crate) struct Docs {
+    chunks: Vec<Arc<[Document]>>,
+    len: usize,
+}
+
+impl Docs {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Document> {
+        self.chunks.iter().flat_map(|c| c.iter())
+    }
+
+    fn extend(&mut self, other: Docs) {
+        self.len += other.len;
+        self.chunks.extend(other.chunks);
+    }
+}
+
+impl From<Arc<[Document]>> for Docs {
+    fn from(docs: Arc<[Document]>) -> Self {
+        Docs {
+            len: docs.len(),
+            chunks: vec![docs],
+        }
+    }
+}
+
+/// Documents appended to one capped collection by one commit, from position `first` on;
+/// a tail copies the ones it yields.
+pub(crate) struct LiveAppend {
+    pub first: u64,
+    pub committed_at_us: i64,
+    pub docs: Docs,
+}
+
 /// What one commit made visible; sent to every live tail and change stream.
 #[derive(Default)]
 pub(crate) struct Commit {
-    /// Appended records per capped collection, in position order.
-    pub appended: Vec<(String, Vec<Record>)>,
+    /// Appended documents per capped collection, in position order.
+    pub appended: Vec<(String, LiveAppend)>,
     /// Published changes in sequence order.
     pub changes: Vec<LiveChange>,
 }
@@ -267,7 +309,7 @@ struct WCapped {
 
 /// A capped collection's documents staged by a job or a group: the collection, the
 /// documents, their JSON and each one's index hashes.
-type Appended = (String, Vec<Document>, Vec<String>, Vec<Vec<u64>>);
+type Appended = (String, Docs, Vec<String>, Vec<Vec<u64>>);
 /// Documents of a released segment moved into the tree: collection, (position, commit
 /// time, JSON).
 type Spilled = (String, Vec<(u64, i64, Vec<u8>)>);
@@ -1092,16 +1134,14 @@ impl Writer {
                 c.bytes = bytes;
             }
             c.newest.store(c.next - 1, Ordering::Release);
-            let records = docs
-                .into_iter()
-                .enumerate()
-                .map(|(i, doc)| Record {
-                    position: Position(first + i as u64),
-                    doc,
-                    committed_at_us: Some(now),
-                })
-                .collect();
-            commit.appended.push((coll, records));
+            commit.appended.push((
+                coll,
+                LiveAppend {
+                    first,
+                    committed_at_us: now,
+                    docs,
+                },
+            ));
         }
         // Keyed state, checkpoints, spills: into the tree, as of this record.
         let seqno = if written.is_some() {
@@ -1407,7 +1447,8 @@ impl Writer {
                     .collect()
             })
             .collect();
-        let (docs, bodies) = docs.into_iter().unzip();
+        let (docs, bodies): (Vec<Document>, Vec<String>) = docs.into_iter().unzip();
+        let docs = Docs::from(Arc::<[Document]>::from(docs));
         let group = Group {
             appends: vec![(coll.to_owned(), docs, bodies, hashes)],
             ..Group::default()

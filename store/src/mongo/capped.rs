@@ -859,17 +859,18 @@ impl MongoCapped {
     }
 }
 
-#[async_trait]
-impl Capped for MongoCapped {
-    fn name(&self) -> &str {
-        &self.shared.name
-    }
-
-    async fn append(&self, docs: Vec<Document>, durability: Durability) -> Result<Vec<Position>> {
+impl MongoCapped {
+    /// Appends `docs`, converted to BSON here: [`Capped::append`] and
+    /// [`Capped::append_shared`].
+    async fn append_converted(
+        &self,
+        docs: &[Document],
+        durability: Durability,
+    ) -> Result<Vec<Position>> {
         if docs.is_empty() {
             return Ok(Vec::new());
         }
-        let docs = convert_append(&self.shared.name, &docs)?;
+        let docs = convert_append(&self.shared.name, docs)?;
         let sender = self.shared.sender()?;
         if !durability.waits() {
             // The driver refuses w:0, so the write goes out as w:1 from the writer task and
@@ -894,6 +895,26 @@ impl Capped for MongoCapped {
             .await
             .map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
+#[async_trait]
+impl Capped for MongoCapped {
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    async fn append(&self, docs: Vec<Document>, durability: Durability) -> Result<Vec<Position>> {
+        self.append_converted(&docs, durability).await
+    }
+
+    async fn append_shared(
+        &self,
+        docs: Arc<[Document]>,
+        durability: Durability,
+    ) -> Result<Vec<Position>> {
+        // Converted to BSON from the shared documents: nothing to copy first.
+        self.append_converted(&docs, durability).await
     }
 
     fn tail(&self, start: Start) -> RecordStream {
