@@ -437,13 +437,24 @@ impl Inner {
         T: Send + 'static,
         F: FnOnce(&Inner) -> Result<T> + Send + 'static,
     {
+        self.read_started(f).await
+    }
+
+    /// [`Inner::read`] started at once, not when first polled: a reader that is handing
+    /// over one batch reads the next meanwhile, on another thread.
+    fn read_started<T, F>(self: &Arc<Self>, f: F) -> impl Future<Output = Result<T>> + use<T, F>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Inner) -> Result<T> + Send + 'static,
+    {
         let inner = self.clone();
-        tokio::task::spawn_blocking(move || f(&inner))
-            .await
-            .map_err(|e| StoreError::Engine {
+        let task = tokio::task::spawn_blocking(move || f(&inner));
+        async move {
+            task.await.map_err(|e| StoreError::Engine {
                 engine: "embedded",
                 message: format!("reader task: {e}"),
             })?
+        }
     }
 
     /// A consistent read point: the tree's sequence number, the last change then, and a hold

@@ -187,6 +187,16 @@ fn push_spilled(prefix: &[u8], k: &[u8], v: &[u8], out: &mut Vec<Record>) -> Res
     Ok(())
 }
 
+/// [`capped_after`] on a storage thread, started at once.
+fn read_capped_after(
+    inner: &Arc<Inner>,
+    coll: &str,
+    after: Option<u64>,
+) -> impl Future<Output = Result<Vec<Record>>> + use<> {
+    let coll = coll.to_owned();
+    inner.read_started(move |i| capped_after(i, &coll, after))
+}
+
 /// The next documents after `after` (from the oldest when `None`), or `PositionLost` when the
 /// one right after `after` was evicted.
 fn capped_after(inner: &Inner, coll: &str, after: Option<u64>) -> Result<Vec<Record>> {
@@ -490,12 +500,15 @@ pub(super) fn tail_stream(
     Box::pin(async_stream::try_stream! {
         let mut live = subscribed?;
         loop {
+            let mut next = read_capped_after(&inner, &coll, last);
             loop {
-                let c = coll.clone();
-                let batch = inner.read(move |i| capped_after(i, &c, last)).await?;
-                if batch.is_empty() {
+                let batch = next.await?;
+                let Some(end) = batch.last().map(|r| r.position.0) else {
                     break;
-                }
+                };
+                // The next batch is read (on a storage thread) while this one is handed
+                // over: catching up, reading and the consumer's work overlap.
+                next = read_capped_after(&inner, &coll, Some(end));
                 for record in batch {
                     last = Some(record.position.0);
                     yield record;
