@@ -165,12 +165,12 @@ async fn open_stream(
             .boxed(),
         Kind::Changes => store
             .changes(filter, ChangeStart::Now)
-            .map(move |c| c.map(|c| (seq_of(c.after.as_ref()), Some(c.committed_at_us))))
+            .map(move |c| c.map(|c| (seq_of(c.after.as_deref()), Some(c.committed_at_us))))
             .map(store_err)
             .boxed(),
         Kind::Oplog => store
             .oplog(filter, ChangeStart::Now)
-            .map(move |c| c.map(|c| (seq_of(c.after.as_ref()), Some(c.committed_at_us))))
+            .map(move |c| c.map(|c| (seq_of(c.after.as_deref()), Some(c.committed_at_us))))
             .map(store_err)
             .boxed(),
         Kind::Http => {

@@ -221,7 +221,7 @@ fn record_event(kind: &'static str, collection: &str, r: Record) -> Event {
     }
     data.insert("collection".into(), Value::from(collection));
     data.insert("key".into(), Value::from(key.as_str()));
-    data.insert("doc".into(), Value::Object(r.doc));
+    data.insert("doc".into(), Value::Object(Arc::unwrap_or_clone(r.doc)));
     if let Some(at) = r.committed_at_us {
         data.insert("committed_at_us".into(), Value::from(at));
     }
@@ -238,7 +238,7 @@ fn change_event(c: Change) -> Event {
         "committed_at_us": c.committed_at_us,
     }));
     if let Some(before) = c.before {
-        data.insert("before".into(), Value::Object(before));
+        data.insert("before".into(), Value::Object(Arc::unwrap_or_clone(before)));
     }
     Event::new("change", data).with_id(c.token.0)
 }

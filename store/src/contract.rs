@@ -153,10 +153,14 @@ pub trait Capped: Send + Sync + 'static {
     /// the default copies.
     async fn append_shared(
         &self,
-        docs: Arc<[Document]>,
+        docs: Arc<[Arc<Document>]>,
         durability: Durability,
     ) -> Result<Vec<Position>> {
-        self.append(docs.to_vec(), durability).await
+        self.append(
+            docs.iter().map(|d| Document::clone(d)).collect(),
+            durability,
+        )
+        .await
     }
 
     /// Whether [`Capped::append_with_updates`] commits into `keyed` together with this

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -215,8 +216,9 @@ impl fmt::Debug for KeyedSnapshot {
 pub struct Record {
     /// Its position.
     pub position: Position,
-    /// The document.
-    pub doc: Document,
+    /// The document, shared: an engine hands one document to every tail that reads it
+    /// without copying it, and a consumer that only reads it never owns a copy.
+    pub doc: Arc<Document>,
     /// When its write was committed, in microseconds since the Unix epoch, when known.
     pub committed_at_us: Option<i64>,
 }
@@ -271,10 +273,11 @@ pub struct Change {
     pub collection: String,
     /// The document key (`_id`).
     pub key: String,
-    /// The document before the change (absent for inserts, and where the engine has no pre-image).
-    pub before: Option<Document>,
+    /// The document before the change (absent for inserts, and where the engine has no
+    /// pre-image). Shared, as [`Record::doc`] is.
+    pub before: Option<Arc<Document>>,
     /// The document after the change (absent for deletes).
-    pub after: Option<Document>,
+    pub after: Option<Arc<Document>>,
     /// Resume after this token to get the changes that follow this one.
     pub token: ResumeToken,
     /// When the change was committed, in microseconds since the Unix epoch.

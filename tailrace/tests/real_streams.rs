@@ -212,7 +212,7 @@ async fn check_stored(t: &mut Tailrace, dir: &Path, source: &str, distinct: &[Va
             .unwrap_or_else(|_| panic!("{source}: only {i} of {} events stored", distinct.len()))
             .unwrap()
             .unwrap();
-        let doc = Value::Object(r.doc);
+        let doc = Value::Object(std::sync::Arc::unwrap_or_clone(r.doc));
         assert_eq!(
             doc["_tailrace"]["source"], source,
             "{source}: event {i} is stamped by its source"

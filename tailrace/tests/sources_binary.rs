@@ -77,7 +77,7 @@ async fn read_capped(dir: &Path, name: &str) -> Vec<Value> {
         let mut tail = c.tail(Start::Oldest);
         while let Some(r) = tokio::time::timeout(EXIT, tail.next()).await.unwrap() {
             let r = r.unwrap();
-            out.push(Value::Object(r.doc));
+            out.push(Value::Object(std::sync::Arc::unwrap_or_clone(r.doc)));
             if r.position >= newest {
                 break;
             }

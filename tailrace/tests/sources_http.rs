@@ -619,7 +619,7 @@ async fn sse_bad_input_reaches_the_dead_letters_and_good_events_all_arrive() {
                 .unwrap_or_else(|_| panic!("only {out:#?}"))
                 .unwrap()
                 .unwrap();
-            out.push(Value::Object(r.doc));
+            out.push(Value::Object(Arc::unwrap_or_clone(r.doc)));
         }
         out
     };

@@ -547,7 +547,7 @@ async fn read_after(
             .expect("the tail ended before the newest document")
             .unwrap();
         let done = r.position >= bounds.newest;
-        out.push((r.position, r.doc));
+        out.push((r.position, std::sync::Arc::unwrap_or_clone(r.doc)));
         if done {
             return out;
         }

@@ -486,7 +486,7 @@ impl Feed {
         if self.handle.events.receiver_count() > 0 {
             let mut out = json!({"feed": self.name, "position": position});
             match &item {
-                Item::Record(r) => out["doc"] = Value::Object(r.doc.clone()),
+                Item::Record(r) => out["doc"] = Value::Object(Document::clone(&r.doc)),
                 Item::Change(c) => {
                     out["op"] = json!(c.op.as_str());
                     out["collection"] = json!(c.collection);

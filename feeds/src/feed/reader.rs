@@ -63,7 +63,7 @@ impl Item {
     pub fn doc(&self) -> Option<&Document> {
         match self {
             Item::Record(r) => Some(&r.doc),
-            Item::Change(c) => c.after.as_ref().or(c.before.as_ref()),
+            Item::Change(c) => c.after.as_deref().or(c.before.as_deref()),
         }
     }
 }

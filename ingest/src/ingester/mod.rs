@@ -94,8 +94,8 @@ pub trait WriteObserver: Send + Sync + 'static {
 
 /// A batch ready for the store.
 struct Prepared {
-    /// Validated, stamped events.
-    docs: Vec<Document>,
+    /// Validated, stamped events, shared with the store (and through it with live tails).
+    docs: Vec<Arc<Document>>,
     /// Their rollup updates, uncoalesced ...
     updates: Vec<KeyUpdate>,
     /// ... and the index in `docs` of the event each belongs to (the updates of an event the
@@ -115,9 +115,9 @@ struct Landed {
     /// How many events the batch had.
     n: usize,
     /// What became of its events ...
-    events: Written<Document>,
+    events: Written<Arc<Document>>,
     /// ... and of its dead letters.
-    dead_letters: Written<Document>,
+    dead_letters: Written<Arc<Document>>,
     /// The rollup updates of its stored events, uncoalesced.
     updates: Vec<KeyUpdate>,
     /// The newest sequence number of each source among its events.
@@ -435,7 +435,7 @@ impl Ingester {
                     *seq += 1;
                     rollups(&doc, &h.source, &self.options, &mut ready.updates);
                     ready.owners.resize(ready.updates.len(), ready.docs.len());
-                    ready.docs.push(doc);
+                    ready.docs.push(Arc::new(doc));
                 }
                 Err((rejection, bytes)) => {
                     t::RecordRejected {
@@ -627,7 +627,8 @@ impl Ingester {
     }
 
     /// Appends dead letters (transient failures retried, refused ones isolated).
-    async fn write_letters(&self, letters: Vec<Document>, d: Durability) -> Written<Document> {
+    async fn write_letters(&self, letters: Vec<Document>, d: Durability) -> Written<Arc<Document>> {
+        let letters = letters.into_iter().map(Arc::new).collect();
         write_isolating(self.dead_letters.name(), letters, &self.health, |dead| {
             let letters = self.dead_letters.clone();
             async move { letters.append_shared(dead, d).await.map(|_| ()) }
@@ -640,9 +641,9 @@ impl Ingester {
     async fn account(
         &self,
         n: usize,
-        events: Written<Document>,
+        events: Written<Arc<Document>>,
         (rollups, rollups_d): (Written<store::KeyUpdate>, Durability),
-        dead_letters: Written<Document>,
+        dead_letters: Written<Arc<Document>>,
         last_seq: HashMap<Arc<str>, u64>,
     ) {
         let d = self.options.durability;

@@ -303,7 +303,7 @@ where
 pub(super) async fn write_together(
     events: &Arc<dyn Capped>,
     rollups: &Arc<dyn Keyed>,
-    docs: &[Document],
+    docs: &[Arc<Document>],
     updates: &[KeyUpdate],
     durability: Durability,
     health: &StoreHealth,
@@ -312,11 +312,13 @@ pub(super) async fn write_together(
         return None;
     }
     // Copies: the caller keeps the batch for the writes in turn, should this one fail.
+    let n = docs.len();
+    let docs: Vec<Document> = docs.iter().map(|d| Document::clone(d)).collect();
     let mut updates = updates.to_vec();
     super::coalesce_counters(&mut updates);
     let started = Instant::now();
     match events
-        .append_with_updates(docs.to_vec(), rollups.as_ref(), updates, durability)
+        .append_with_updates(docs, rollups.as_ref(), updates, durability)
         .await
     {
         Ok(_) => {
@@ -325,7 +327,7 @@ pub(super) async fn write_together(
             Some(started.elapsed())
         }
         Err(e) => {
-            tracing::debug!(error = %e, events = docs.len(), "events and rollups not written together; writing them in turn");
+            tracing::debug!(error = %e, events = n, "events and rollups not written together; writing them in turn");
             None
         }
     }

@@ -625,12 +625,12 @@ struct EmbeddedCapped {
 impl EmbeddedCapped {
     /// The append of `docs`, their JSON encoded here (on the caller's thread, not the
     /// writer's).
-    fn append_op(&self, docs: Arc<[Document]>) -> Result<Op> {
+    fn append_op(&self, docs: Arc<[Arc<Document>]>) -> Result<Op> {
         Ok(Op::Append {
             coll: self.name.clone(),
             bodies: docs
                 .iter()
-                .map(serde_json::to_string)
+                .map(|d| serde_json::to_string(&**d))
                 .collect::<std::result::Result<_, _>>()?,
             docs: docs.into(),
         })
@@ -655,12 +655,13 @@ impl Capped for EmbeddedCapped {
         if docs.is_empty() {
             return Ok(Vec::new());
         }
-        self.append_shared(docs.into(), durability).await
+        self.append_shared(docs.into_iter().map(Arc::new).collect(), durability)
+            .await
     }
 
     async fn append_shared(
         &self,
-        docs: Arc<[Document]>,
+        docs: Arc<[Arc<Document>]>,
         durability: Durability,
     ) -> Result<Vec<Position>> {
         if docs.is_empty() {
@@ -689,7 +690,7 @@ impl Capped for EmbeddedCapped {
         }
         let mut ops = Vec::with_capacity(2);
         if !docs.is_empty() {
-            ops.push(self.append_op(docs.into())?);
+            ops.push(self.append_op(docs.into_iter().map(Arc::new).collect())?);
         }
         if !updates.is_empty() {
             ops.push(Op::Update {

@@ -151,7 +151,7 @@ pub(super) fn read_docs(
                         if let Entry::Doc(json) = entry {
                             out.push(Record {
                                 position: Position(lo + (index - base) as u64),
-                                doc: parse_doc(json)?,
+                                doc: Arc::new(parse_doc(json)?),
                                 committed_at_us: Some(h.ts),
                             });
                             if out.len() >= limit {
@@ -181,7 +181,7 @@ fn push_spilled(prefix: &[u8], k: &[u8], v: &[u8], out: &mut Vec<Record>) -> Res
     let (ts, json) = tree::split_value(v)?;
     out.push(Record {
         position: Position(spilled_pos(prefix, k)),
-        doc: parse_doc(json)?,
+        doc: Arc::new(parse_doc(json)?),
         committed_at_us: Some(ts),
     });
     Ok(())
@@ -458,7 +458,7 @@ pub(super) fn changes_after(
                     read += 1;
                     if filter.admits(c.coll, c.op, c.key) {
                         let before = match c.before {
-                            Some(b) if filter.wants_before(c.op) => Some(parse_doc(b)?),
+                            Some(b) if filter.wants_before(c.op) => Some(Arc::new(parse_doc(b)?)),
                             _ => None,
                         };
                         let change = Change {
@@ -466,7 +466,7 @@ pub(super) fn changes_after(
                             collection: c.coll.to_owned(),
                             key: c.key.to_owned(),
                             before,
-                            after: c.after.map(parse_doc).transpose()?,
+                            after: c.after.map(parse_doc).transpose()?.map(Arc::new),
                             token: ResumeToken(seq.to_string()),
                             committed_at_us: h.ts,
                         };

@@ -146,11 +146,11 @@ pub(crate) struct Job {
 
 /// An append's documents as their writers handed them over: shared, not copied. The writer
 /// reads them (validation, index entries) and the commit hands them to every live tail,
-/// which copies each document it yields; the caller keeps its own reference, to write them
+/// which yields each document shared too; the caller keeps its own reference, to write them
 /// again should the attempt fail, and a group joins several jobs' appends to one collection.
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub(crate) struct Docs {
-    chunks: Vec<Arc<[Document]>>,
+    chunks: Vec<Arc<[Arc<Document>]>>,
     len: usize,
 }
 
@@ -159,7 +159,7 @@ impl Docs {
         self.len
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Document> {
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Document>> {
         self.chunks.iter().flat_map(|c| c.iter())
     }
 
@@ -169,8 +169,8 @@ impl Docs {
     }
 }
 
-impl From<Arc<[Document]>> for Docs {
-    fn from(docs: Arc<[Document]>) -> Self {
+impl From<Arc<[Arc<Document>]>> for Docs {
+    fn from(docs: Arc<[Arc<Document>]>) -> Self {
         Docs {
             len: docs.len(),
             chunks: vec![docs],
@@ -178,8 +178,7 @@ impl From<Arc<[Document]>> for Docs {
     }
 }
 
-/// Documents appended to one capped collection by one commit, from position `first` on;
-/// a tail copies the ones it yields.
+/// Documents appended to one capped collection by one commit, from position `first` on.
 pub(crate) struct LiveAppend {
     pub first: u64,
     pub committed_at_us: i64,
@@ -195,8 +194,7 @@ pub(crate) struct Commit {
     pub changes: Vec<LiveChange>,
 }
 
-/// A change as the writer publishes it: its images shared, so each reader copies only the
-/// ones it wants (the feeds read post-images only).
+/// A change as the writer publishes it, its images shared with every reader.
 pub(crate) struct LiveChange {
     pub op: ChangeOp,
     pub collection: String,
@@ -220,18 +218,18 @@ impl LiveChange {
             })
     }
 
-    /// The change as `filter` delivers it: the images it wants, copied.
+    /// The change as `filter` delivers it: the images it wants.
     pub fn to_change(&self, filter: &crate::ChangeFilter) -> Change {
         Change {
             op: self.op,
             collection: self.collection.clone(),
             key: self.key.clone(),
             before: if filter.wants_before(self.op) {
-                self.before.as_deref().cloned()
+                self.before.clone()
             } else {
                 None
             },
-            after: self.after.as_deref().cloned(),
+            after: self.after.clone(),
             token: ResumeToken(self.seq.to_string()),
             committed_at_us: self.committed_at_us,
         }
@@ -1448,7 +1446,7 @@ impl Writer {
             })
             .collect();
         let (docs, bodies): (Vec<Document>, Vec<String>) = docs.into_iter().unzip();
-        let docs = Docs::from(Arc::<[Document]>::from(docs));
+        let docs = Docs::from(docs.into_iter().map(Arc::new).collect::<Arc<[_]>>());
         let group = Group {
             appends: vec![(coll.to_owned(), docs, bodies, hashes)],
             ..Group::default()

@@ -789,16 +789,20 @@ fn to_record(name: &str, mut doc: BsonDoc, committed_at_us: Option<i64>) -> Resu
     doc.remove("_id");
     Ok(Record {
         position,
-        doc: bson_doc_to_json(doc),
+        doc: Arc::new(bson_doc_to_json(doc)),
         committed_at_us,
     })
 }
 
 /// Converts appended documents; the `_id` field is the engine's (the position), so a document
 /// carrying its own is refused rather than silently overwritten.
-pub(crate) fn convert_append(name: &str, docs: &[Document]) -> Result<Vec<BsonDoc>> {
+pub(crate) fn convert_append<D: std::borrow::Borrow<Document>>(
+    name: &str,
+    docs: &[D],
+) -> Result<Vec<BsonDoc>> {
     docs.iter()
         .map(|d| {
+            let d = d.borrow();
             if d.contains_key("_id") {
                 return Err(StoreError::Invalid(format!(
                     "a document appended to capped collection {name} has an _id field; MongoDB \
@@ -862,9 +866,9 @@ impl MongoCapped {
 impl MongoCapped {
     /// Appends `docs`, converted to BSON here: [`Capped::append`] and
     /// [`Capped::append_shared`].
-    async fn append_converted(
+    async fn append_converted<D: std::borrow::Borrow<Document> + Sync>(
         &self,
-        docs: &[Document],
+        docs: &[D],
         durability: Durability,
     ) -> Result<Vec<Position>> {
         if docs.is_empty() {
@@ -910,7 +914,7 @@ impl Capped for MongoCapped {
 
     async fn append_shared(
         &self,
-        docs: Arc<[Document]>,
+        docs: Arc<[Arc<Document>]>,
         durability: Durability,
     ) -> Result<Vec<Position>> {
         // Converted to BSON from the shared documents: nothing to copy first.

@@ -213,8 +213,8 @@ pub(crate) fn to_change(event: ChangeStreamEvent<BsonDoc>) -> Result<Option<Chan
         op,
         collection,
         key,
-        before,
-        after,
+        before: before.map(Arc::new),
+        after: after.map(Arc::new),
         token: encode_token(&Token::Stream(event.id))?,
         committed_at_us,
     }))
@@ -575,8 +575,8 @@ mod tests {
             op,
             collection: "k".into(),
             key: "a".into(),
-            before: before.and_then(|v| v.as_object().cloned()),
-            after: after.and_then(|v| v.as_object().cloned()),
+            before: before.and_then(|v| v.as_object().cloned()).map(Arc::new),
+            after: after.and_then(|v| v.as_object().cloned()).map(Arc::new),
             token: ResumeToken("t".into()),
             committed_at_us: 0,
         };
@@ -703,7 +703,7 @@ mod tests {
         });
         let after = to_change(ev).unwrap().unwrap().after.unwrap();
         assert_eq!(
-            serde_json::Value::Object(after),
+            serde_json::Value::Object(Arc::unwrap_or_clone(after)),
             json!({"_id": "a", "count": 3, "user": {"name": "b"}})
         );
     }

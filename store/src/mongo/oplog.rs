@@ -402,7 +402,7 @@ pub(crate) fn oplog_stream(
                                     collection: p.collection,
                                     key: p.key,
                                     before: None,
-                                    after,
+                                    after: after.map(Arc::new),
                                     token: encode_token(&Token::Oplog(pos))?,
                                     committed_at_us: ts.map(|ts| entry_time_us(ts, wall)).unwrap_or(0),
                                 };

@@ -509,7 +509,8 @@ pub async fn one_update_of_a_key_several_times(store: &dyn Store) {
         (ChangeOp::Update, "a", Some(3), Some(6)),
         (ChangeOp::Update, "a", Some(6), Some(16)),
     ];
-    let count = |d: &Option<Document>| d.as_ref().map(|d| d["count"].as_i64().unwrap());
+    let count =
+        |d: &Option<std::sync::Arc<Document>>| d.as_ref().map(|d| d["count"].as_i64().unwrap());
     let mut replay = k.changes(ChangeFilter::default(), ChangeStart::Oldest);
     for (stream, name) in [(&mut live, "live"), (&mut replay, "replayed")] {
         for (i, (op, key, before, after)) in expected.iter().enumerate() {
