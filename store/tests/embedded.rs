@@ -74,6 +74,59 @@ fn event(i: u64) -> store::Document {
     }))
 }
 
+/// A tail catching up reads several batches at once ahead of its consumer; with appends
+/// going on meanwhile (so some batches end short and reads started beyond them are dropped),
+/// it still yields every position once, in order, with its own document, then follows live.
+#[tokio::test]
+async fn a_tail_catching_up_while_appends_go_on_yields_each_position_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let c = store.capped("events", &spec(1_000_000, &[])).await.unwrap();
+    for b in 0..40u64 {
+        let docs = (b * 100..b * 100 + 100).map(event).collect();
+        c.append(docs, Durability::Acknowledged).await.unwrap();
+    }
+    let writer = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            for b in 40..100u64 {
+                let docs = (b * 100..b * 100 + 100).map(event).collect();
+                c.append(docs, Durability::Acknowledged).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let mut tail = c.tail(Start::Oldest);
+    for want in 0..10_000u64 {
+        let r = tokio::time::timeout(Duration::from_secs(30), tail.next())
+            .await
+            .expect("the tail goes on")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            r.position,
+            Position(want + 1),
+            "every position once, in order"
+        );
+        assert_eq!(
+            *r.doc,
+            event(want),
+            "position {} holds its own document",
+            want + 1
+        );
+    }
+    writer.await.unwrap();
+    c.append(vec![event(10_000)], Durability::Acknowledged)
+        .await
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(30), tail.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.position, Position(10_001), "then it follows live appends");
+}
+
 /// A live tail yields the documents an append handed over, shared: the very allocation the
 /// writer of `append_shared` kept, not a copy (every feed would copy every event).
 #[tokio::test]

@@ -187,14 +187,21 @@ fn push_spilled(prefix: &[u8], k: &[u8], v: &[u8], out: &mut Vec<Record>) -> Res
     Ok(())
 }
 
-/// [`capped_after`] on a storage thread, started at once.
+/// [`capped_after`] on a storage thread, started at once. `spent` are documents of an
+/// earlier batch its consumer is done with: they are dropped there first, so the thread that
+/// allocated them frees them and the decode reuses their memory, where a consumer on another
+/// thread would hand each block back across threads.
 fn read_capped_after(
     inner: &Arc<Inner>,
     coll: &str,
     after: Option<u64>,
+    spent: Vec<Arc<Document>>,
 ) -> impl Future<Output = Result<Vec<Record>>> + use<> {
     let coll = coll.to_owned();
-    inner.read_started(move |i| capped_after(i, &coll, after))
+    inner.read_started(move |i| {
+        drop(spent);
+        capped_after(i, &coll, after)
+    })
 }
 
 /// The next documents after `after` (from the oldest when `None`), or `PositionLost` when the
@@ -500,20 +507,49 @@ pub(super) fn tail_stream(
     Box::pin(async_stream::try_stream! {
         let mut live = subscribed?;
         loop {
-            let mut next = read_capped_after(&inner, &coll, last);
-            loop {
-                let batch = next.await?;
+            // Reads in flight, each with the position it reads after. Catching up, two
+            // batches are read at once on storage threads while the consumer takes a third:
+            // decoding is the slower half, and two threads of it keep the consumer busy.
+            let mut reading = std::collections::VecDeque::new();
+            reading.push_back((last, read_capped_after(&inner, &coll, last, Vec::new())));
+            // The documents of the batch handed over before the current one: the consumer
+            // has asked for the current batch, so it is done with them.
+            let mut handed: Vec<Arc<Document>> = Vec::new();
+            while let Some((after, read)) = reading.pop_front() {
+                let batch = read.await?;
+                debug_assert_eq!(after, last, "a batch is read after the last one handed over");
                 let Some(end) = batch.last().map(|r| r.position.0) else {
                     break;
                 };
-                // The next batch is read (on a storage thread) while this one is handed
-                // over: catching up, reading and the consumer's work overlap.
-                next = read_capped_after(&inner, &coll, Some(end));
+                if batch.len() < CATCH_UP_BATCH {
+                    // The end (for now): a read started beyond it would leave a hole should
+                    // documents arrive meanwhile. Read on from where this batch ends.
+                    reading.clear();
+                }
+                let mut spent = std::mem::replace(
+                    &mut handed,
+                    batch.iter().map(|r| r.doc.clone()).collect(),
+                );
+                // Positions are dense: a full batch ends `CATCH_UP_BATCH` after its start.
+                let mut from = reading
+                    .back()
+                    .map_or(end, |(a, _)| a.map_or(end, |a| a + CATCH_UP_BATCH as u64));
+                while reading.len() < 2 {
+                    let spent = std::mem::take(&mut spent);
+                    reading.push_back((
+                        Some(from),
+                        read_capped_after(&inner, &coll, Some(from), spent),
+                    ));
+                    from += CATCH_UP_BATCH as u64;
+                }
                 for record in batch {
                     last = Some(record.position.0);
                     yield record;
                 }
             }
+            // Caught up: nothing read ahead or handed over is kept while following live.
+            drop(reading);
+            drop(handed);
             'live: loop {
                 match live.recv().await {
                     Ok(commit) => {
