@@ -516,14 +516,20 @@ pub(super) fn tail_stream(
             // has asked for the current batch, so it is done with them.
             let mut handed: Vec<Arc<Document>> = Vec::new();
             while let Some((after, read)) = reading.pop_front() {
+                if after != last {
+                    // Started beyond the batch before, which ended short after all: read
+                    // again from where the consumer is.
+                    reading.clear();
+                    reading.push_back((last, read_capped_after(&inner, &coll, last, Vec::new())));
+                    continue;
+                }
                 let batch = read.await?;
-                debug_assert_eq!(after, last, "a batch is read after the last one handed over");
                 let Some(end) = batch.last().map(|r| r.position.0) else {
                     break;
                 };
                 if batch.len() < CATCH_UP_BATCH {
                     // The end (for now): a read started beyond it would leave a hole should
-                    // documents arrive meanwhile. Read on from where this batch ends.
+                    // documents arrive meanwhile, and waiting for it gains nothing.
                     reading.clear();
                 }
                 let mut spent = std::mem::replace(
