@@ -127,12 +127,12 @@ pub trait Store: Send + Sync + 'static {
 /// documents, then the updates, each its own commit.
 pub(crate) async fn append_then_update<C: Capped + ?Sized>(
     capped: &C,
-    docs: Vec<Document>,
+    docs: Arc<[Arc<Document>]>,
     keyed: &dyn Keyed,
     updates: Vec<KeyUpdate>,
     durability: Durability,
 ) -> Result<Vec<Position>> {
-    let positions = capped.append(docs, durability).await?;
+    let positions = capped.append_shared(docs, durability).await?;
     keyed.update(updates, durability).await?;
     Ok(positions)
 }
@@ -177,10 +177,11 @@ pub trait Capped: Send + Sync + 'static {
     /// and change streams see them at once. The ingester writes each batch's events and their
     /// rollups so: one commit instead of two. Where the engine cannot, the default writes them
     /// in turn (documents first); a failure then may leave the documents written without the
-    /// updates.
+    /// updates. The documents are shared, as [`Capped::append_shared`] takes them: the caller
+    /// keeps them to write in turn should the call fail.
     async fn append_with_updates(
         &self,
-        docs: Vec<Document>,
+        docs: Arc<[Arc<Document>]>,
         keyed: &dyn Keyed,
         updates: Vec<KeyUpdate>,
         durability: Durability,

@@ -311,9 +311,10 @@ pub(super) async fn write_together(
     if docs.is_empty() {
         return None;
     }
-    // Copies: the caller keeps the batch for the writes in turn, should this one fail.
+    // Shared, not copied: the caller keeps the batch for the writes in turn, should this one
+    // fail.
     let n = docs.len();
-    let docs: Vec<Document> = docs.iter().map(|d| Document::clone(d)).collect();
+    let docs: Arc<[Arc<Document>]> = docs.into();
     let mut updates = updates.to_vec();
     super::coalesce_counters(&mut updates);
     let started = Instant::now();

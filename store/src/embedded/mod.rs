@@ -679,7 +679,7 @@ impl Capped for EmbeddedCapped {
 
     async fn append_with_updates(
         &self,
-        docs: Vec<Document>,
+        docs: Arc<[Arc<Document>]>,
         keyed: &dyn Keyed,
         updates: Vec<KeyUpdate>,
         durability: Durability,
@@ -690,7 +690,7 @@ impl Capped for EmbeddedCapped {
         }
         let mut ops = Vec::with_capacity(2);
         if !docs.is_empty() {
-            ops.push(self.append_op(docs.into_iter().map(Arc::new).collect())?);
+            ops.push(self.append_op(docs)?);
         }
         if !updates.is_empty() {
             ops.push(Op::Update {

@@ -71,6 +71,11 @@ pub fn doc(v: Value) -> Document {
     v.as_object().cloned().expect("test documents are objects")
 }
 
+/// Documents as [`store::Capped::append_with_updates`] takes them: shared.
+fn shared(docs: Vec<Document>) -> Arc<[Arc<Document>]> {
+    docs.into_iter().map(Arc::new).collect()
+}
+
 fn spec(max_docs: u64, max_bytes: u64) -> CappedSpec {
     CappedSpec {
         max_docs,
@@ -536,7 +541,7 @@ pub async fn append_with_updates_all_or_nothing(store: &dyn Store) {
     let together = c.commits_with(k.as_ref());
     let positions = c
         .append_with_updates(
-            vec![doc(json!({"n": 1, "$kind": "a.b"})), doc(json!({"n": 2}))],
+            shared(vec![doc(json!({"n": 1, "$kind": "a.b"})), doc(json!({"n": 2}))]),
             k.as_ref(),
             vec![
                 ku("a", Update::inc("count", 1)),
@@ -575,7 +580,7 @@ pub async fn append_with_updates_all_or_nothing(store: &dyn Store) {
     let newest = c.bounds().await.unwrap().unwrap().newest;
     let refused = c
         .append_with_updates(
-            vec![doc(json!({"n": 3}))],
+            shared(vec![doc(json!({"n": 3}))]),
             k.as_ref(),
             vec![
                 ku("a", Update::inc("count", 1)),
@@ -610,7 +615,7 @@ pub async fn append_with_updates_all_or_nothing(store: &dyn Store) {
     // And the collection goes on from where it was.
     let positions = c
         .append_with_updates(
-            vec![doc(json!({"n": 4}))],
+            shared(vec![doc(json!({"n": 4}))]),
             k.as_ref(),
             vec![ku("a", Update::inc("count", 5))],
             Durability::Acknowledged,
