@@ -541,7 +541,10 @@ pub async fn append_with_updates_all_or_nothing(store: &dyn Store) {
     let together = c.commits_with(k.as_ref());
     let positions = c
         .append_with_updates(
-            shared(vec![doc(json!({"n": 1, "$kind": "a.b"})), doc(json!({"n": 2}))]),
+            shared(vec![
+                doc(json!({"n": 1, "$kind": "a.b"})),
+                doc(json!({"n": 2})),
+            ]),
             k.as_ref(),
             vec![
                 ku("a", Update::inc("count", 1)),
