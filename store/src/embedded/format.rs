@@ -22,7 +22,7 @@
 
 use std::borrow::Cow;
 
-use crate::{ChangeOp, Result, StoreError};
+use crate::{ChangeOp, Document, Result, StoreError};
 
 /// `TRJ1`.
 pub(crate) const MAGIC: u32 = u32::from_le_bytes(*b"TRJ1");
@@ -35,6 +35,42 @@ pub(crate) const FIXED: usize = 64;
 pub(crate) const BLOCK_RAW: usize = 32 * 1024;
 /// The length written for an absent image.
 pub(crate) const NONE: u32 = u32::MAX;
+/// A stored document (a journal entry, an image, a keyed value) read back.
+///
+/// Every stored document was written by `serde_json` from a document that passed the
+/// ingester's or the store's checks, and its bytes are checksummed, so this parser never sees
+/// the world's input: it is sonic-rs rather than `serde_json`, because a tail catching up
+/// spends most of its time here and sonic-rs decodes the same documents in less CPU
+/// (docs/ARCHITECTURE.md, "Dependencies, and why"). sonic-rs rounds floats exactly, as
+/// `serde_json`'s `float_roundtrip` does, but reads `-0.0` as `0.0`: a document that may hold
+/// a negative number starting `-0` goes to `serde_json` instead, so every document reads back
+/// as the one written (`stored_documents_read_back_as_written`).
+pub(crate) fn parse_doc(json: &[u8]) -> Result<Document> {
+    if may_hold_negative_zero(json) {
+        return Ok(serde_json::from_slice(json)?);
+    }
+    sonic_rs::from_slice(json).map_err(|e| StoreError::Engine {
+        engine: "embedded",
+        message: format!("a stored document does not parse: {e}"),
+    })
+}
+
+/// Whether `json` holds a number token starting `-0` (`-0`, `-0.0`, `-0.25`, `-0e5`): a
+/// number starts after `:`, `,`, `[` or white space, never after the digit or letter inside a
+/// string such as a date (`2026-04-01`). Text that only looks like one (`"a:-0"`) merely
+/// takes the slower parser. A search for `-` rather than for `-0`: it needs no searcher built
+/// per document, and documents hold few dashes.
+fn may_hold_negative_zero(json: &[u8]) -> bool {
+    memchr::memchr_iter(b'-', json).any(|i| {
+        i > 0
+            && json.get(i + 1) == Some(&b'0')
+            && matches!(
+                json[i - 1],
+                b':' | b',' | b'[' | b' ' | b'\t' | b'\n' | b'\r'
+            )
+    })
+}
+
 /// Block codecs.
 const RAW: u8 = 0;
 const LZ4: u8 = 1;
@@ -610,5 +646,124 @@ mod tests {
             Some((h.blocks[0].offset as usize, out.len()))
         );
         assert_eq!(Header::peek(&[0u8; FIXED]), None);
+    }
+
+    /// What the writer stores (`serde_json`) reads back bit for bit through [`parse_doc`].
+    fn round_trip(doc: &serde_json::Value) -> Document {
+        let json = serde_json::to_vec(doc).unwrap();
+        parse_doc(&json).unwrap()
+    }
+
+    #[test]
+    fn stored_documents_read_back_as_written() {
+        // Floats: random bit patterns (every exponent, subnormals) and the edges. `Value`'s
+        // equality says 0.0 == -0.0, so the bits are compared.
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        let edges = [
+            0.0,
+            -0.0,
+            f64::MIN_POSITIVE,
+            5e-324,
+            f64::MAX,
+            f64::MIN,
+            f64::EPSILON,
+            0.1 + 0.2,
+            9_007_199_254_740_993.0,
+            1e23,
+        ];
+        let floats: Vec<f64> = edges
+            .into_iter()
+            .chain(
+                (0..200_000)
+                    .map(|_| f64::from_bits(next()))
+                    .filter(|f| f.is_finite()),
+            )
+            .collect();
+        for chunk in floats.chunks(1000) {
+            let doc = serde_json::json!({ "v": chunk });
+            let back = round_trip(&doc);
+            let back = back["v"].as_array().unwrap();
+            for (a, b) in chunk.iter().zip(back) {
+                let b = b.as_f64().unwrap();
+                assert_eq!(a.to_bits(), b.to_bits(), "{a:e} read back as {b:e}");
+            }
+        }
+        // Integers keep their kind: u64 beyond i64, i64 below zero, past 2^53.
+        let ints = serde_json::json!({
+            "u": u64::MAX, "i": i64::MIN, "p": 9_007_199_254_740_993u64, "z": 0, "m": -1,
+        });
+        let back = round_trip(&ints);
+        assert_eq!(serde_json::Value::Object(back.clone()), ints);
+        assert_eq!(back["u"].as_u64(), Some(u64::MAX));
+        assert_eq!(back["i"].as_i64(), Some(i64::MIN));
+        assert!(back["m"].is_i64() && back["z"].is_u64());
+        // Keys and texts as the world sends them, nested as deep as the ingester allows.
+        let mut deep = serde_json::json!("bottom");
+        for _ in 0..100 {
+            deep = serde_json::json!({ "$d.e": deep });
+        }
+        let doc = serde_json::json!({
+            "$where": "x", "a.b": {"$ref": 1, "": null}, "text": "東京 🦀 مرحبا שלום Ελλάδα हिन्दी 👩🏽‍💻",
+            "escapes": "quote \" backslash \\ nul \u{0} bell \u{7} tab \t newline \n del \u{7f}",
+            "e\u{301}": "decomposed", "arr": [true, false, null, [], {}], "deep": deep,
+        });
+        assert_eq!(serde_json::Value::Object(round_trip(&doc)), doc);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_stored_text_reads_back(key in ".*", text in ".*") {
+            let doc = serde_json::json!({ key.clone(): text, "k": { key: 1.5 } });
+            proptest::prop_assert_eq!(serde_json::Value::Object(round_trip(&doc)), doc);
+        }
+    }
+
+    #[test]
+    fn only_a_number_starting_minus_zero_takes_the_slower_parser() {
+        for yes in [
+            &br#"{"a":-0.0}"#[..],
+            br#"{"a":[1,-0.25]}"#,
+            br#"{"a": -0e5}"#,
+        ] {
+            assert!(
+                may_hold_negative_zero(yes),
+                "{}",
+                String::from_utf8_lossy(yes)
+            );
+        }
+        for no in [
+            &br#"{"at":"2026-04-01T00:00:00-05:00"}"#[..],
+            br#"{"a":-1.5,"b":10}"#,
+        ] {
+            assert!(
+                !may_hold_negative_zero(no),
+                "{}",
+                String::from_utf8_lossy(no)
+            );
+        }
+    }
+
+    #[test]
+    fn a_damaged_stored_document_is_an_error() {
+        for bad in [
+            &b"{\"a\":\"\xff\"}"[..],
+            b"{\"a\":",
+            b"[1,2]",
+            b"{\"a\":1} x",
+            b"",
+        ] {
+            assert!(
+                parse_doc(bad).is_err(),
+                "{:?} parsed",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 }

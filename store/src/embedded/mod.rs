@@ -863,7 +863,7 @@ impl Keyed for EmbeddedKeyed {
                     return Ok(None);
                 };
                 let (_, json) = tree::split_value(&v)?;
-                Ok(Some(serde_json::from_slice(json)?))
+                Ok(Some(format::parse_doc(json)?))
             })
             .await
     }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::Inner;
-use super::format::{Entry, Header};
+use super::format::{Entry, Header, parse_doc};
 use super::journal::{Segment, SegmentScan};
 use super::state::{self, SegIndex};
 use super::tree;
@@ -22,10 +22,6 @@ pub(super) const CATCH_UP_BATCH: usize = 512;
 /// Documents read per step while walking back for `newest_matching`, and per page of a
 /// snapshot: bounds memory whatever the collection's size.
 const PAGE_ROWS: usize = 256;
-
-fn parse_doc(json: &[u8]) -> Result<Document> {
-    Ok(serde_json::from_slice(json)?)
-}
 
 pub(super) fn parse_token(token: &ResumeToken) -> Result<u64> {
     token.0.parse().map_err(|_| {

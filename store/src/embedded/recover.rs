@@ -19,7 +19,7 @@ use lsm_tree::AbstractTree;
 
 use super::tree::{self, Tree};
 use super::writer::Recovered;
-use crate::{ChangeOp, Document, Result, StoreError, update};
+use crate::{ChangeOp, Result, StoreError, update};
 
 /// The keyed state's directory inside the data directory.
 pub(crate) const TREE_DIR: &str = "keyed";
@@ -177,7 +177,7 @@ pub(crate) fn scan_segment(
                 if let Some(fields) = fields
                     && let Some(json) = jsons.get(at + k)
                 {
-                    let doc: Document = serde_json::from_slice(json)?;
+                    let doc = format::parse_doc(json)?;
                     for f in fields {
                         if let Some(h) = state::value_hash(&s.coll, f, update::get_path(&doc, f)) {
                             out.index.push(h, s.first + k as u64);

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, RwLock, TryLockError};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::catalog::{self, Catalog};
-use super::format::Builder;
+use super::format::{self, Builder};
 use super::journal::{self, Segment};
 use super::maint::Task;
 use super::state::{self, MemIndex, SEEK_EVERY, Seek, SegColl, SegIndex, SegInfo, Shared};
@@ -747,7 +747,7 @@ impl Writer {
             message: format!("keyed state: {coll}/{key} is not UTF-8"),
         })?;
         Ok(Some(Kv {
-            doc: Arc::new(serde_json::from_str(json)?),
+            doc: Arc::new(format::parse_doc(json.as_bytes())?),
             json: Arc::from(json),
             ts,
         }))
