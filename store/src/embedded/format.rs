@@ -35,6 +35,10 @@ pub(crate) const FIXED: usize = 64;
 pub(crate) const BLOCK_RAW: usize = 32 * 1024;
 /// The length written for an absent image.
 pub(crate) const NONE: u32 = u32::MAX;
+/// Block codecs.
+const RAW: u8 = 0;
+const LZ4: u8 = 1;
+
 /// A stored document (a journal entry, an image, a keyed value) read back.
 ///
 /// Every stored document was written by `serde_json` from a document that passed the
@@ -70,10 +74,6 @@ fn may_hold_negative_zero(json: &[u8]) -> bool {
             )
     })
 }
-
-/// Block codecs.
-const RAW: u8 = 0;
-const LZ4: u8 = 1;
 
 fn corrupt(what: impl Into<String>) -> StoreError {
     StoreError::Engine {
