@@ -427,6 +427,10 @@ fn read_entry<'a>(r: &mut Reader<'a>, kind: Kind) -> Result<Entry<'a>> {
 
 /// Builds one record. Entries must be added in order: documents (section by section), then
 /// changes, then checkpoints.
+///
+/// The writer keeps one builder and [`clear`](Builder::clear)s it between records, so the
+/// entries' buffer and the compressor's table are allocated once, not grown from nothing and
+/// handed back to the system at every commit.
 #[derive(Default)]
 pub(crate) struct Builder {
     sections: Vec<Section>,
@@ -437,11 +441,26 @@ pub(crate) struct Builder {
     raw: Vec<u8>,
     cuts: Vec<(usize, u32)>,
     entries: u32,
+    table: lz4_flex::block::CompressTable,
 }
+
+/// A block's entry in the header: first entry u32, stored length u32, raw length u32, codec u8.
+const BLOCK_ENTRY: usize = 13;
 
 impl Builder {
     pub fn new() -> Self {
         Builder::default()
+    }
+
+    /// Empties the builder for the next record, keeping what it allocated.
+    pub fn clear(&mut self) {
+        self.sections.clear();
+        self.change_first = 0;
+        self.change_count = 0;
+        self.checkpoints = 0;
+        self.raw.clear();
+        self.cuts.clear();
+        self.entries = 0;
     }
 
     fn entry_start(&mut self) {
@@ -522,7 +541,7 @@ impl Builder {
     }
 
     /// The record, into `out` (cleared first), with room for its padding.
-    pub fn finish(&self, lsn: u64, ts: i64, out: &mut Vec<u8>) {
+    pub fn finish(&mut self, lsn: u64, ts: i64, out: &mut Vec<u8>) {
         out.clear();
         out.resize(FIXED, 0);
         for s in &self.sections {
@@ -532,27 +551,35 @@ impl Builder {
             out.extend_from_slice(&s.count.to_le_bytes());
             out.extend_from_slice(&s.oldest_after.to_le_bytes());
         }
-        // Compress each block first, so the block table can be written before the data.
-        let mut stored: Vec<(u32, Cow<'_, [u8]>, u32, u8)> = Vec::with_capacity(self.cuts.len());
+        // The block table's size is known before any block is compressed: each block is
+        // compressed straight into its place after the table, and its entry filled in then.
+        let table_at = out.len();
+        out.resize(table_at + self.cuts.len() * BLOCK_ENTRY, 0);
+        let header_len = out.len();
         for (i, &(start, entry_first)) in self.cuts.iter().enumerate() {
             let end = self.cuts.get(i + 1).map_or(self.raw.len(), |c| c.0);
             let raw = &self.raw[start..end];
-            let packed = lz4_flex::block::compress(raw);
-            if packed.len() < raw.len() {
-                stored.push((entry_first, Cow::Owned(packed), raw.len() as u32, LZ4));
-            } else {
-                stored.push((entry_first, Cow::Borrowed(raw), raw.len() as u32, RAW));
-            }
-        }
-        for (entry_first, data, raw, codec) in &stored {
-            out.extend_from_slice(&entry_first.to_le_bytes());
-            out.extend_from_slice(&(data.len() as u32).to_le_bytes());
-            out.extend_from_slice(&raw.to_le_bytes());
-            out.push(*codec);
-        }
-        let header_len = out.len();
-        for (_, data, _, _) in &stored {
-            out.extend_from_slice(data);
+            let at = out.len();
+            out.resize(at + lz4_flex::block::get_maximum_output_size(raw.len()), 0);
+            let packed =
+                lz4_flex::block::compress_into_with_table(raw, &mut out[at..], &mut self.table);
+            let (stored, codec) = match packed {
+                Ok(n) if n < raw.len() => {
+                    out.truncate(at + n);
+                    (n, LZ4)
+                }
+                // Incompressible (or, with room for the worst case, never: an error), kept as is.
+                _ => {
+                    out.truncate(at);
+                    out.extend_from_slice(raw);
+                    (raw.len(), RAW)
+                }
+            };
+            let e = table_at + i * BLOCK_ENTRY;
+            out[e..e + 4].copy_from_slice(&entry_first.to_le_bytes());
+            out[e + 4..e + 8].copy_from_slice(&(stored as u32).to_le_bytes());
+            out[e + 8..e + 12].copy_from_slice(&(raw.len() as u32).to_le_bytes());
+            out[e + 12] = codec;
         }
         let total = out.len();
         out[0..4].copy_from_slice(&MAGIC.to_le_bytes());
@@ -564,7 +591,7 @@ impl Builder {
         out[40..44].copy_from_slice(&self.change_count.to_le_bytes());
         out[44..48].copy_from_slice(&self.checkpoints.to_le_bytes());
         out[48..50].copy_from_slice(&(self.sections.len() as u16).to_le_bytes());
-        out[50..52].copy_from_slice(&(stored.len() as u16).to_le_bytes());
+        out[50..52].copy_from_slice(&(self.cuts.len() as u16).to_le_bytes());
         let crc = crc32fast::hash(&out[12..]);
         out[8..12].copy_from_slice(&crc.to_le_bytes());
     }
@@ -646,6 +673,88 @@ mod tests {
             Some((h.blocks[0].offset as usize, out.len()))
         );
         assert_eq!(Header::peek(&[0u8; FIXED]), None);
+    }
+
+    /// Every entry of a record, as its index and debug text, through the header's blocks.
+    fn entries_of(out: &[u8]) -> Vec<(u32, String)> {
+        assert!(check(out));
+        let h = Header::parse(out).unwrap();
+        let mut seen = Vec::new();
+        for i in 0..h.blocks.len() {
+            let data = h.block(out, i).unwrap();
+            for e in h.entries(i, &data) {
+                let (index, entry) = e.unwrap();
+                seen.push((index, format!("{entry:?}")));
+            }
+        }
+        seen
+    }
+
+    #[test]
+    fn a_builder_kept_between_records_writes_each_as_a_new_one_would() {
+        // Records in the order a writer meets them: small, one entry past 64 KiB (the
+        // compressor's table grows for it), small again after it, incompressible bytes (kept
+        // raw), and an empty one.
+        let mut noise = 0x2545_F491_4F6C_DD1Du64;
+        let incompressible: String = (0..40_000)
+            .map(|_| {
+                noise ^= noise << 13;
+                noise ^= noise >> 7;
+                noise ^= noise << 17;
+                char::from(b'!' + (noise % 90) as u8)
+            })
+            .collect();
+        let huge = format!(r#"{{"text":"{}"}}"#, "ʻāina 🌺 ".repeat(9000));
+        let records: Vec<Vec<String>> = vec![
+            vec![r#"{"a":1}"#.into(), r#"{"$b.c":"東京"}"#.into()],
+            vec![huge.clone(), r#"{"after":"big"}"#.into()],
+            (0..300)
+                .map(|i| format!(r#"{{"n":{i},"tag":"x"}}"#))
+                .collect(),
+            vec![format!(r#"{{"noise":"{incompressible}"}}"#), huge],
+            vec![],
+        ];
+        let mut kept = Builder::new();
+        let (mut kept_out, mut fresh_out) = (Vec::new(), Vec::new());
+        let mut codecs = Vec::new();
+        for (lsn, docs) in records.iter().enumerate() {
+            let mut fresh = Builder::new();
+            kept.clear();
+            for b in [&mut kept, &mut fresh] {
+                b.section("events", 1 + lsn as u64 * 1000, 1);
+                for d in docs {
+                    b.doc(d.as_bytes());
+                }
+                b.change(
+                    lsn as u64 + 1,
+                    ChangeOp::Insert,
+                    "r",
+                    "k",
+                    None,
+                    Some(b"{}"),
+                );
+                b.checkpoint("tail", format!(r#"{{"pos":{lsn}}}"#).as_bytes());
+            }
+            kept.finish(lsn as u64, 7, &mut kept_out);
+            fresh.finish(lsn as u64, 7, &mut fresh_out);
+            let (a, b) = (entries_of(&kept_out), entries_of(&fresh_out));
+            assert_eq!(a.len(), docs.len() + 2, "record {lsn}");
+            assert_eq!(a, b, "record {lsn}");
+            let h = Header::parse(&kept_out).unwrap();
+            assert_eq!(
+                (h.lsn, h.change_first, h.checkpoints),
+                (lsn as u64, lsn as u64 + 1, 1)
+            );
+            assert_eq!(
+                h.sections.len(),
+                1,
+                "no section left over from the record before"
+            );
+            assert_eq!(h.sections[0].count as usize, docs.len());
+            codecs.extend(h.blocks.iter().map(|b| b.codec));
+        }
+        assert!(codecs.contains(&RAW), "incompressible bytes are kept raw");
+        assert!(codecs.contains(&LZ4));
     }
 
     /// What the writer stores (`serde_json`) reads back bit for bit through [`parse_doc`].

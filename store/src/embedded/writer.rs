@@ -66,7 +66,7 @@ pub(crate) enum Op {
         docs: Docs,
         /// Each document's JSON text, encoded by the caller: the encoding then runs on the
         /// caller's thread, beside the writer's, not on it.
-        bodies: Vec<String>,
+        bodies: Vec<Vec<u8>>,
     },
     Update {
         coll: String,
@@ -118,7 +118,7 @@ impl Op {
     /// Bytes of JSON it carries, roughly.
     fn bytes(&self) -> usize {
         match self {
-            Op::Append { bodies, .. } => bodies.iter().map(String::len).sum(),
+            Op::Append { bodies, .. } => bodies.iter().map(Vec::len).sum(),
             Op::Checkpoint { body, .. } => body.len(),
             Op::Together(ops) => ops.iter().map(Op::bytes).sum(),
             _ => 64,
@@ -307,7 +307,7 @@ struct WCapped {
 
 /// A capped collection's documents staged by a job or a group: the collection, the
 /// documents, their JSON and each one's index hashes.
-type Appended = (String, Docs, Vec<String>, Vec<Vec<u64>>);
+type Appended = (String, Docs, Vec<Vec<u8>>, Vec<Vec<u64>>);
 /// Documents of a released segment moved into the tree: collection, (position, commit
 /// time, JSON).
 type Spilled = (String, Vec<(u64, i64, Vec<u8>)>);
@@ -386,6 +386,8 @@ pub(crate) struct Writer {
     cache: KvCache,
     hub: broadcast::Sender<Arc<Commit>>,
     newest_op: Arc<AtomicU64>,
+    /// The record being built and its bytes, kept from commit to commit for their buffers.
+    builder: Builder,
     record: Vec<u8>,
     maint: std::sync::mpsc::Sender<Task>,
     memtable_bytes: u64,
@@ -487,6 +489,7 @@ impl Writer {
             cache: KvCache::default(),
             hub,
             newest_op,
+            builder: Builder::new(),
             record: Vec::new(),
             maint,
             memtable_bytes,
@@ -560,7 +563,7 @@ impl Writer {
             if out.answer_append == Some(i) {
                 positions = Some((first..first + docs.len() as u64).map(Position).collect());
             }
-            group.bytes += bodies.iter().map(String::len).sum::<usize>();
+            group.bytes += bodies.iter().map(Vec::len).sum::<usize>();
             match group.appends.iter_mut().find(|a| a.0 == coll) {
                 Some(a) => {
                     a.1.extend(docs);
@@ -1071,13 +1074,14 @@ impl Writer {
         let change_first = self.change_next;
         let mut written = None;
         if has_entries {
-            let mut b = Builder::new();
+            let b = &mut self.builder;
+            b.clear();
             for (coll, docs, bodies, _) in &group.appends {
                 let first = self.capped.get(coll.as_str()).map_or(1, |c| c.next);
                 let oldest = oldest_after.get(coll.as_str()).map_or(first, |o| o.0);
                 b.section(coll, first, oldest);
                 for body in bodies {
-                    b.doc(body.as_bytes());
+                    b.doc(body);
                 }
                 let _ = docs;
             }
@@ -1094,11 +1098,8 @@ impl Writer {
             for (feed, body) in &group.checkpoints {
                 b.checkpoint(feed, body.as_bytes());
             }
-            let mut record = std::mem::take(&mut self.record);
-            b.finish(lsn, now, &mut record);
-            let w = self.journal.append(&record);
-            self.record = record;
-            let w = w?;
+            b.finish(lsn, now, &mut self.record);
+            let w = self.journal.append(&self.record)?;
             if sync && let Err(e) = self.journal.sync() {
                 self.poisoned = Some(format!(
                     "a journal sync failed ({e}); nothing more is written until tailrace restarts"
@@ -1445,7 +1446,10 @@ impl Writer {
                     .collect()
             })
             .collect();
-        let (docs, bodies): (Vec<Document>, Vec<String>) = docs.into_iter().unzip();
+        let (docs, bodies): (Vec<Document>, Vec<Vec<u8>>) = docs
+            .into_iter()
+            .map(|(d, body)| (d, body.into_bytes()))
+            .unzip();
         let docs = Docs::from(docs.into_iter().map(Arc::new).collect::<Arc<[_]>>());
         let group = Group {
             appends: vec![(coll.to_owned(), docs, bodies, hashes)],
