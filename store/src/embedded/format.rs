@@ -447,6 +447,10 @@ pub(crate) struct Builder {
 /// A block's entry in the header: first entry u32, stored length u32, raw length u32, codec u8.
 const BLOCK_ENTRY: usize = 13;
 
+/// The most of its entries' buffer a builder keeps between records: a batch of large
+/// documents does not leave its size allocated for good.
+const KEEP_RAW: usize = 4 << 20;
+
 impl Builder {
     pub fn new() -> Self {
         Builder::default()
@@ -458,6 +462,9 @@ impl Builder {
         self.change_first = 0;
         self.change_count = 0;
         self.checkpoints = 0;
+        if self.raw.capacity() > KEEP_RAW {
+            self.raw = Vec::new();
+        }
         self.raw.clear();
         self.cuts.clear();
         self.entries = 0;
@@ -755,6 +762,14 @@ mod tests {
         }
         assert!(codecs.contains(&RAW), "incompressible bytes are kept raw");
         assert!(codecs.contains(&LZ4));
+        // A record bigger than what is kept: its buffer is let go at the next one.
+        kept.clear();
+        kept.section("events", 1, 1);
+        let big = format!(r#"{{"t":"{}"}}"#, "x".repeat(KEEP_RAW));
+        kept.doc(big.as_bytes());
+        assert!(kept.raw.capacity() > KEEP_RAW);
+        kept.clear();
+        assert!(kept.raw.capacity() <= KEEP_RAW);
     }
 
     /// What the writer stores (`serde_json`) reads back bit for bit through [`parse_doc`].
