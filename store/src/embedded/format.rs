@@ -654,14 +654,7 @@ mod tests {
             h.blocks.iter().any(|b| b.codec == LZ4),
             "repetitive text compresses"
         );
-        let mut seen = Vec::new();
-        for i in 0..h.blocks.len() {
-            let data = h.block(&out, i).unwrap();
-            for e in h.entries(i, &data) {
-                let (index, entry) = e.unwrap();
-                seen.push((index, format!("{entry:?}")));
-            }
-        }
+        let seen = entries_of(&out);
         assert_eq!(seen.len(), 24);
         assert!(
             seen.iter()
