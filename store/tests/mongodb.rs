@@ -312,6 +312,11 @@ fn server_checks() -> Vec<ServerCheck> {
             vec![],
             |t| a_tail_overtaken_by_eviction_reports_position_lost(t).boxed_local(),
         ),
+        check(
+            "an_append_whose_documents_are_already_stored_keeps_them_once",
+            vec![],
+            |t| an_append_whose_documents_are_already_stored_keeps_them_once(t).boxed_local(),
+        ),
     ]
 }
 
@@ -329,6 +334,7 @@ fn wire_checks() -> Vec<Trial> {
         wire_capped_create_append_and_tail,
         wire_keyed_changes_open_before_later_writes,
         wire_a_reader_overtaken_by_eviction_gets_position_lost,
+        wire_an_insert_retried_after_its_reply_was_lost_stores_once,
     )
 }
 
@@ -619,6 +625,75 @@ async fn a_tail_reports_ack_times_of_this_process(t: &TestDb) {
     );
 }
 
+/// What a retried insert meets on a server that does not recognise retries: its own documents
+/// at its positions (the first attempt stored them). The server's real duplicate-key reply is
+/// read: the documents stored as sent are the append's, each kept once; another writer's
+/// document at a position is not taken for the append's own.
+async fn an_append_whose_documents_are_already_stored_keeps_them_once(t: &TestDb) {
+    let c = t.store.capped("events", &spec(&[])).await.unwrap();
+    let raw = t.store.database().collection::<BsonDoc>("events");
+    let doc = contract::doc(json!({
+        "text": "naïve café, 東京, مرحبا, 🚀🔥",
+        "user": {"id": 7, "cost$": 1.5, "名前": "ユーザー"},
+        "tags": ["x", "y"],
+    }));
+    let p = c
+        .append(vec![doc.clone()], Durability::Acknowledged)
+        .await
+        .unwrap()[0];
+    // The first attempt of the next append, as the server stored it: the same document, as
+    // the engine wrote it, at the next position.
+    let mut landed = raw
+        .find_one(doc! {"_id": p.0 as i64})
+        .await
+        .unwrap()
+        .expect("stored");
+    landed.insert("_id", p.0 as i64 + 1);
+    raw.insert_one(landed).await.unwrap();
+    let again = c
+        .append(vec![doc.clone()], Durability::Acknowledged)
+        .await
+        .expect("the document at its position is the append's own");
+    assert_eq!(again, vec![store::Position(p.0 + 1)]);
+    assert_eq!(
+        raw.count_documents(doc! {}).await.unwrap(),
+        2,
+        "kept once, not written again"
+    );
+    assert_eq!(c.get(again[0]).await.unwrap().unwrap().doc.as_ref(), &doc);
+
+    // Another writer's document at the next position is not the append's.
+    let foreign = doc! {"_id": p.0 as i64 + 2, "writer": "another"};
+    raw.insert_one(foreign.clone()).await.unwrap();
+    let refused = c
+        .append(
+            vec![contract::doc(json!({"n": 1}))],
+            Durability::Acknowledged,
+        )
+        .await;
+    assert!(
+        refused.is_err(),
+        "a position held by another document is refused: {refused:?}"
+    );
+    assert_eq!(
+        raw.find_one(doc! {"_id": p.0 as i64 + 2}).await.unwrap(),
+        Some(foreign),
+        "the other document is left as it was"
+    );
+    let after = c
+        .append(
+            vec![contract::doc(json!({"n": 1}))],
+            Durability::Acknowledged,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        after,
+        vec![store::Position(p.0 + 3)],
+        "the next append goes after it"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Wire shape: the commands the engine sends, checked against a scripted fake server. These
 // run without MongoDB: they pin how the driver is used (options, write concerns, tailable
@@ -631,6 +706,7 @@ mod fake {
     //! is logged; replies are scripted (tiny in-memory collections serve find/getMore).
 
     use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
@@ -651,6 +727,7 @@ mod fake {
     pub struct Fake {
         pub uri: String,
         log: Arc<Mutex<Vec<BsonDoc>>>,
+        lose_insert_reply: Arc<AtomicBool>,
     }
 
     impl Fake {
@@ -659,10 +736,17 @@ mod fake {
             let addr = listener.local_addr().unwrap().to_string();
             let log = Arc::new(Mutex::new(Vec::new()));
             let state = Arc::new(Mutex::new(State::default()));
-            let (l, a) = (log.clone(), addr.clone());
+            let lose_insert_reply = Arc::new(AtomicBool::new(false));
+            let (l, a, lose) = (log.clone(), addr.clone(), lose_insert_reply.clone());
             tokio::spawn(async move {
                 while let Ok((sock, _)) = listener.accept().await {
-                    tokio::spawn(serve(sock, l.clone(), state.clone(), a.clone()));
+                    tokio::spawn(serve(
+                        sock,
+                        l.clone(),
+                        state.clone(),
+                        a.clone(),
+                        lose.clone(),
+                    ));
                 }
             });
             Fake {
@@ -670,7 +754,14 @@ mod fake {
                     "mongodb://{addr}/?directConnection=true&serverSelectionTimeoutMS=3000"
                 ),
                 log,
+                lose_insert_reply,
             }
+        }
+
+        /// The next `insert` is applied, then its connection closes without a reply: a
+        /// server killed between its commit and its answer.
+        pub fn lose_next_insert_reply(&self) {
+            self.lose_insert_reply.store(true, Ordering::SeqCst);
         }
 
         /// Commands named `name`, in order.
@@ -714,6 +805,7 @@ mod fake {
         log: Arc<Mutex<Vec<BsonDoc>>>,
         state: Arc<Mutex<State>>,
         addr: String,
+        lose_insert_reply: Arc<AtomicBool>,
     ) -> std::io::Result<()> {
         loop {
             let mut header = [0u8; 16];
@@ -764,6 +856,9 @@ mod fake {
             }
             log.lock().unwrap().push(cmd.clone());
             let reply = respond(&state, &cmd, &addr).await;
+            if cmd.contains_key("insert") && lose_insert_reply.swap(false, Ordering::SeqCst) {
+                return Ok(());
+            }
             if flags & 2 != 0 {
                 continue; // moreToCome: no reply expected
             }
@@ -869,16 +964,32 @@ mod fake {
                     .iter()
                     .filter_map(|d| d.as_document().cloned())
                     .collect();
-                let n = docs.len() as i32;
                 let mut s = state.lock().unwrap();
                 let (options, stored) = s.colls.entry(coll).or_default();
-                stored.extend(docs);
+                // Ordered, and `_id` unique: a duplicate stops the insert there. A retried
+                // write is not recognised as one (as on FerretDB).
+                let mut n = 0;
+                let mut refused = None;
+                for (i, d) in docs.into_iter().enumerate() {
+                    if stored.iter().any(|s| s.get("_id") == d.get("_id")) {
+                        refused = Some(doc! {
+                            "index": i as i32, "code": 11000,
+                            "errmsg": format!("E11000 duplicate key error dup key: {{ _id: {} }}", id_of(&d)),
+                        });
+                        break;
+                    }
+                    stored.push(d);
+                    n += 1;
+                }
                 // Capped by count, oldest first, like the server.
                 if let Ok(max) = options.get_i64("max") {
                     let excess = stored.len().saturating_sub(max as usize);
                     stored.drain(..excess);
                 }
-                doc! {"n": n}
+                match refused {
+                    None => doc! {"n": n},
+                    Some(e) => doc! {"n": n, "writeErrors": [e]},
+                }
             }
             "update" => doc! {"n": 1, "nModified": 0, "upserted": [{"index": 0, "_id": "k"}]},
             "find" => {
@@ -1340,6 +1451,76 @@ async fn wire_a_reader_overtaken_by_eviction_gets_position_lost() {
     );
     assert_eq!(c.usage().await.unwrap().docs, 5, "$collStats count");
     drop((tail, again));
+    tokio::time::timeout(contract::WAIT, store.close())
+        .await
+        .expect("close finishes")
+        .unwrap();
+}
+
+/// The server stores an insert and its connection closes before the reply; the driver sends
+/// the insert again (a retryable write), which the server does not know for a retry and
+/// refuses at its first document as a duplicate `_id`, as FerretDB does. The append succeeds
+/// with each document stored once, and the next one continues after them.
+async fn wire_an_insert_retried_after_its_reply_was_lost_stores_once() {
+    let fake = fake::Fake::start().await;
+    let store = fake_store(&fake).await;
+    let c = store.capped("events", &spec(&[])).await.unwrap();
+    let first = c
+        .append(
+            vec![contract::doc(json!({"n": 0}))],
+            Durability::Acknowledged,
+        )
+        .await
+        .unwrap();
+    fake.lose_next_insert_reply();
+    let docs = (1..4).map(|i| contract::doc(json!({"n": i}))).collect();
+    let p = tokio::time::timeout(contract::WAIT, c.append(docs, Durability::Acknowledged))
+        .await
+        .expect("append answers")
+        .expect("the documents the first attempt stored are this append's");
+    let inserts: Vec<BsonDoc> = fake
+        .commands("insert")
+        .into_iter()
+        .filter(|c| c.get_str("insert").ok() == Some("events"))
+        .collect();
+    assert_eq!(inserts.len(), 3, "the driver retried the insert once");
+    assert_eq!(
+        inserts[1].get_array("documents").unwrap(),
+        inserts[2].get_array("documents").unwrap(),
+        "the retry sent the same documents"
+    );
+    assert_eq!(p.len(), 3);
+    assert!(
+        p[0] > first[0] && p[0] < p[1] && p[1] < p[2],
+        "{first:?} {p:?}"
+    );
+    let next = c
+        .append(
+            vec![contract::doc(json!({"n": 4}))],
+            Durability::Acknowledged,
+        )
+        .await
+        .unwrap();
+    assert!(
+        next[0] > p[2],
+        "positions continue after: {p:?} then {next:?}"
+    );
+    let mut tail = c.tail(Start::Oldest);
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        let r = tokio::time::timeout(contract::WAIT, futures::StreamExt::next(&mut tail))
+            .await
+            .expect("tail yields")
+            .expect("tail does not end")
+            .unwrap();
+        seen.push((r.position, r.doc["n"].as_i64().unwrap()));
+    }
+    assert_eq!(
+        seen,
+        vec![(first[0], 0), (p[0], 1), (p[1], 2), (p[2], 3), (next[0], 4)],
+        "each document once, in order, at the positions the appends returned"
+    );
+    drop(tail);
     tokio::time::timeout(contract::WAIT, store.close())
         .await
         .expect("close finishes")

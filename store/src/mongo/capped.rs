@@ -458,23 +458,48 @@ async fn write_group(
             }
             Err(e) => e,
         };
-        // Which document failed, when the server said (a write error, not a lost connection
-        // or an unmet write concern, after which nothing is known but what it holds).
-        let failed_at = match &*e.kind {
+        // Which document failed and why, when the server said (a write error, not a lost
+        // connection or an unmet write concern, after which nothing is known but what it
+        // holds).
+        let failed = match &*e.kind {
             ErrorKind::InsertMany(m) if m.write_concern_error.is_none() => m
                 .write_errors
                 .as_ref()
-                .and_then(|w| w.iter().map(|w| w.index).min()),
+                .and_then(|w| w.iter().min_by_key(|w| w.index))
+                .map(|w| (w.index, w.code)),
             _ => None,
         };
+        let failed_at = failed.map(|(k, _)| k);
         let newest = newest_id(&shared.coll, &shared.name).await;
-        let stored = match (failed_at, &newest) {
+        let mut stored = match (failed_at, &newest) {
             (Some(k), _) => Some(k.min(total)),
             (None, Ok(n)) => {
                 Some((n.unwrap_or(0) + 1).saturating_sub(first).min(total as u64) as usize)
             }
             (None, Err(_)) => None,
         };
+        // A duplicate `_id` at one of this group's own positions: the driver sent the insert
+        // twice (a retryable write after a lost connection) to a server that did not know it
+        // for a retry (FerretDB; MongoDB answers a retry with the first attempt's outcome),
+        // and the first attempt stored documents from there on. Those the server holds as
+        // sent are this group's; the rest go round again. Anything else there (another
+        // writer's documents) is refused as before.
+        let mut again = false;
+        if let (Some((k, DUPLICATE_KEY)), Ok(Some(n))) = (failed, &newest)
+            && k < total
+            && first + k as u64 <= *n
+        {
+            let rest: Vec<&BsonDoc> = pending
+                .iter()
+                .flat_map(|p| p.job.docs[p.stored.len()..].iter())
+                .skip(k)
+                .collect();
+            let own = stored_as_sent(shared, first + k as u64, &rest).await;
+            if own > 0 {
+                stored = Some(k + own);
+                again = true;
+            }
+        }
         if let Some(s) = stored.filter(|s| *s > 0) {
             shared.acks.acked(first, first + s as u64 - 1, now_us());
         }
@@ -517,6 +542,9 @@ async fn write_group(
                 p.answer(shared, None);
             }
         }
+        if again {
+            continue;
+        }
         if let Some(p) = pending.pop_front() {
             p.answer(shared, Some(map_error(e.clone())));
         }
@@ -525,6 +553,50 @@ async fn write_group(
                 p.answer(shared, Some(map_error(e.clone())));
             }
             return;
+        }
+    }
+}
+
+/// MongoDB's code for a duplicate key.
+const DUPLICATE_KEY: i32 = 11000;
+
+/// How many of `docs`, from position `at` on, the server holds as sent: the length of the run
+/// of positions `at, at + 1, ..` whose stored document equals the one in `docs`. 0 when the
+/// server cannot be read (the insert then fails as the server answered).
+async fn stored_as_sent(shared: &CappedShared, at: u64, docs: &[&BsonDoc]) -> usize {
+    let read = async {
+        let mut cursor = shared
+            .coll
+            .find(doc! {"_id": {"$gt": at as i64 - 1}})
+            .sort(doc! {"_id": 1})
+            .limit(docs.len() as i64)
+            .await?;
+        let mut own = 0;
+        while let Some(d) = cursor.next().await {
+            let d = d?;
+            let mine = docs.get(own);
+            if position_of(&shared.name, &d).ok() != Some(at + own as u64)
+                || mine.is_none_or(|m| without_id(m) != without_id(&d))
+            {
+                break;
+            }
+            own += 1;
+        }
+        Ok::<_, mongodb::error::Error>(own)
+    };
+    match read.await {
+        Ok(own) => own,
+        Err(e) => {
+            Problem {
+                error_type: "store_read",
+                detail: &format!(
+                    "{}: could not read back the documents at a duplicate position ({e}); the \
+                     insert fails as the server answered",
+                    shared.name
+                ),
+            }
+            .warn();
+            0
         }
     }
 }

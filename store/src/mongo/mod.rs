@@ -53,9 +53,13 @@
 //!
 //! ## Failures
 //! The driver retries a read or write once after a network error or a step-down (retryable
-//! writes) and resumes change streams on resumable errors. Beyond that, tails and change
-//! streams re-open after their last position with backoff; operations return
-//! [`StoreError::Engine`] with the driver's message.
+//! writes) and resumes change streams on resumable errors. A server that does not recognise
+//! a retried insert (FerretDB) refuses it as a duplicate `_id` when the first attempt stored
+//! documents: the documents it holds as sent at the insert's own positions are taken as
+//! stored, once. An insert that fails without saying how far it got is settled from the newest
+//! position on the server before the next one. Beyond that, tails and change streams re-open
+//! after their last position with backoff; operations return [`StoreError::Engine`] with the
+//! driver's message.
 //!
 //! ```no_run
 //! # async fn demo() -> store::Result<()> {
