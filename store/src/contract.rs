@@ -244,7 +244,9 @@ pub trait Keyed: Send + Sync + 'static {
     fn as_any(&self) -> &dyn std::any::Any;
 
     /// Upserts: applies each `$inc`/`$set` update to its key (creating the key when absent), in
-    /// order, in one commit. Each key's change is published.
+    /// order, in one commit. Each key's change is published. An update named with a
+    /// [`crate::WriteId`] and sent again after a failure is applied once where the engine can
+    /// lose a reply (MongoDB).
     async fn update(&self, updates: Vec<KeyUpdate>, durability: Durability) -> Result<()>;
 
     /// Inserts or replaces the whole document of `key`.

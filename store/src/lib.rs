@@ -61,5 +61,5 @@ pub use stamp::{STAMP_FIELD, STAMP_SOURCE_PATH, Stamp};
 pub use types::{
     Bounds, CappedSpec, Change, ChangeFilter, ChangeOp, ChangeStart, Document, Durability,
     KeyUpdate, KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record, ResumeToken, Start,
-    Update, Usage,
+    Update, Usage, WriteId,
 };

@@ -166,6 +166,9 @@ pub struct KeyUpdate {
     pub key: String,
     /// What is applied to it.
     pub update: Update,
+    /// Names this update so that sending it again applies it once (see [`WriteId`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub once: Option<WriteId>,
 }
 
 impl KeyUpdate {
@@ -174,8 +177,37 @@ impl KeyUpdate {
         KeyUpdate {
             key: key.into(),
             update,
+            once: None,
         }
     }
+
+    /// This update, named `id`: see [`WriteId`].
+    pub fn once(mut self, id: WriteId) -> Self {
+        self.once = Some(id);
+        self
+    }
+}
+
+/// The name of one [`KeyUpdate`] among a writer's updates, for a caller that sends updates
+/// again after a failure whose outcome it could not know (a reply lost with its connection):
+/// an update that landed the first time is not applied a second time, so a `$inc` counts
+/// once.
+///
+/// A writer draws `writer` at random when it starts and numbers its updates with `seq`,
+/// strictly increasing, in the order it sends them; it sends each key's updates in that order
+/// and never sends an update again once a later update of the same key has been answered.
+/// The MongoDB engine then keeps the newest name applied to each key beside its document and
+/// skips an update whose name is not newer (the driver's own retry does this for a single
+/// write, not for the commands that carry a batch of upserts). The embedded engine answers in
+/// process, so its reply cannot be lost, and ignores the name. Two writers of one key: each
+/// write of another writer replaces the name kept, so an update sent again by the first after
+/// such a write applies again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteId {
+    /// The writer, drawn at random when it starts.
+    pub writer: u64,
+    /// The update's place in the writer's order, from 1.
+    pub seq: u64,
 }
 
 /// What [`crate::Capped::newest_matching`] read.

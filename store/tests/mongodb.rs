@@ -317,6 +317,9 @@ fn server_checks() -> Vec<ServerCheck> {
             vec![],
             |t| an_append_whose_documents_are_already_stored_keeps_them_once(t).boxed_local(),
         ),
+        check("a_named_update_sent_again_counts_once", vec![], |t| {
+            a_named_update_sent_again_counts_once(t).boxed_local()
+        }),
     ]
 }
 
@@ -335,6 +338,7 @@ fn wire_checks() -> Vec<Trial> {
         wire_keyed_changes_open_before_later_writes,
         wire_a_reader_overtaken_by_eviction_gets_position_lost,
         wire_an_insert_retried_after_its_reply_was_lost_stores_once,
+        wire_named_updates_in_a_transaction_skip_what_landed,
     )
 }
 
@@ -538,6 +542,123 @@ async fn several_keys_update_where_transactions_are_refused(t: &TestDb) {
     let a = k.get("a").await.unwrap().unwrap();
     assert_eq!((&a["n"], &a["tag"]), (&json!(4), &json!("x")));
     assert_eq!(k.get("b").await.unwrap().unwrap()["n"], json!(2));
+}
+
+/// Named updates ([`store::WriteId`]) sent again after a request that did not succeed (as
+/// the ingester does after a failure, and after a reply lost with its connection) count once:
+/// whole or by their tail, in one or several commands (more keys than one command carries),
+/// with and without a transaction (the probe decides), and after a request dropped on its
+/// way. A key created meanwhile by another writer takes the update. Readers never see the
+/// names.
+async fn a_named_update_sent_again_counts_once(t: &TestDb) {
+    use store::{KeyUpdate, Update, WriteId};
+    let k = t.store.keyed("rollups").await.unwrap();
+    let raw = t.store.database().collection::<BsonDoc>("rollups");
+    // A document whose `count` no `$inc` can add to: a statement the server refuses.
+    raw.insert_one(doc! {"_id": "bad", "count": "text"})
+        .await
+        .unwrap();
+    // All 64 bits, as a writer drawn at random may have.
+    let writer = u64::MAX - 6;
+    let named = |key: &str, seq: u64, update: Update| {
+        KeyUpdate::new(key, update).once(WriteId { writer, seq })
+    };
+    let refused = |seq: u64| named("bad", seq, Update::inc("count", 1));
+    let tag = "hashtags:東京🚀";
+    let mut batch = vec![
+        named(tag, 1, Update::inc("count", 1)),
+        named(
+            "source:s",
+            2,
+            Update::inc("count", 1).and_set("last", "مرحبا"),
+        ),
+        named(
+            "source:s",
+            3,
+            Update::inc("count", 1).and_set("last", "naïve"),
+        ),
+    ];
+    // More keys than one `update` command carries (32), so the batch spans commands; the
+    // refused statement comes after the first command.
+    for i in 0..40 {
+        batch.push(named(&format!("user:{i}"), 4 + i, Update::inc("count", 1)));
+    }
+    let mut failing = batch.clone();
+    failing.insert(36, refused(100));
+    let count = async |key: &str| k.get(key).await.unwrap().unwrap()["count"].clone();
+    let failed = k.update(failing, Durability::Acknowledged).await;
+    assert!(failed.is_err(), "the refused statement fails the request");
+    k.update(batch.clone(), Durability::Acknowledged)
+        .await
+        .expect("sent again whole, without the refused statement");
+    assert_eq!(count(tag).await, json!(1), "counted once");
+    let s = k.get("source:s").await.unwrap().unwrap();
+    assert_eq!((&s["count"], &s["last"]), (&json!(2), &json!("naïve")));
+    assert_eq!(count("user:0").await, json!(1));
+    assert_eq!(count("user:39").await, json!(1));
+
+    // Settled: later names go out plain, and apply.
+    k.update(
+        vec![named(tag, 44, Update::inc("count", 5))],
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    assert_eq!(count(tag).await, json!(6));
+
+    // A request dropped on its way (polled once) may or may not have landed: sent again, it
+    // counts once either way.
+    raw.insert_one(doc! {"_id": "fresh", "count": 100_i64})
+        .await
+        .unwrap();
+    let again = vec![
+        named(tag, 45, Update::inc("count", 1)),
+        named("fresh", 46, Update::inc("count", 1)),
+    ];
+    let _ = tokio::time::timeout(
+        std::time::Duration::ZERO,
+        k.update(again.clone(), Durability::Acknowledged),
+    )
+    .await;
+    k.update(again, Durability::Acknowledged).await.unwrap();
+    assert_eq!(count(tag).await, json!(7));
+    assert_eq!(
+        count("fresh").await,
+        json!(101),
+        "a key created without a name takes a named update"
+    );
+
+    // Failed before its update of a key that another writer creates meanwhile: sent again,
+    // the update applies to that document.
+    let failed = k
+        .update(
+            vec![refused(101), named("late", 47, Update::inc("count", 1))],
+            Durability::Acknowledged,
+        )
+        .await;
+    assert!(failed.is_err());
+    raw.insert_one(doc! {"_id": "late", "count": 10_i64})
+        .await
+        .unwrap();
+    k.update(
+        vec![named("late", 47, Update::inc("count", 1))],
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    assert_eq!(count("late").await, json!(11));
+
+    // The names are the engine's: no reader sees them.
+    let read = k.get(tag).await.unwrap().unwrap();
+    let scanned = k.scan("hashtags:").await.unwrap();
+    for doc in [&read, &scanned[0].doc] {
+        assert!(
+            doc.keys().all(|f| !f.starts_with("_tailrace")),
+            "the engine's fields are left out: {doc:?}"
+        );
+    }
+    let stored = raw.find_one(doc! {"_id": tag}).await.unwrap().unwrap();
+    assert_eq!(stored.get_i64("_tailrace_seq").ok(), Some(45), "{stored}");
 }
 
 /// A tail whose next document is evicted while it waits reports `PositionLost`, on a server
@@ -1228,6 +1349,95 @@ async fn wire_capped_create_append_and_tail() {
         .await
         .expect("close finishes")
         .unwrap();
+}
+
+/// In a transaction a guarded statement that matched nothing would abort it, so named updates
+/// sent again are checked against the documents' names first, read inside the transaction:
+/// what an earlier attempt landed is not sent again.
+async fn wire_named_updates_in_a_transaction_skip_what_landed() {
+    use store::{KeyUpdate, Update, WriteId};
+    let fake = fake::Fake::start().await;
+    let store = fake_store(&fake).await;
+    let k = store.keyed("k").await.unwrap();
+    // What an earlier attempt left, its reply lost: "a" updated under the name (42, 5).
+    store
+        .database()
+        .collection::<BsonDoc>("k")
+        .insert_one(
+            doc! {"_id": "a", "n": 1_i64, "_tailrace_writer": 42_i64, "_tailrace_seq": 5_i64},
+        )
+        .await
+        .unwrap();
+    let named = |key: &str, seq: u64| {
+        KeyUpdate::new(key, Update::inc("n", 1)).once(WriteId { writer: 42, seq })
+    };
+    let batch = vec![named("a", 5), named("b", 6)];
+    // The earlier attempt: dropped on its way, its outcome unknown to the engine.
+    let _ = tokio::time::timeout(
+        std::time::Duration::ZERO,
+        k.update(batch.clone(), Durability::Acknowledged),
+    )
+    .await;
+    k.update(batch, Durability::Acknowledged).await.unwrap();
+    let find = fake
+        .commands("find")
+        .into_iter()
+        .rfind(|f| f.get_str("find").ok() == Some("k"))
+        .expect("the names read");
+    assert_eq!(
+        find.get_document("filter").unwrap(),
+        &doc! {"_id": {"$in": ["a", "b"]}}
+    );
+    assert_eq!(
+        find.get_bool("startTransaction").ok(),
+        Some(true),
+        "read in the transaction's snapshot: {find}"
+    );
+    let update = fake
+        .commands("update")
+        .into_iter()
+        .rfind(|u| u.get_str("update").ok() == Some("k"))
+        .expect("the update");
+    let statements = update.get_array("updates").unwrap();
+    assert_eq!(statements.len(), 1, "only what did not land: {update}");
+    let statement = statements[0].as_document().unwrap();
+    assert_eq!(
+        statement.get_document("q").unwrap(),
+        &doc! {"_id": "b"},
+        "no guard inside a transaction"
+    );
+    let set = statement
+        .get_document("u")
+        .unwrap()
+        .get_document("$set")
+        .unwrap();
+    assert_eq!(
+        (
+            set.get_i64("_tailrace_writer").ok(),
+            set.get_i64("_tailrace_seq").ok()
+        ),
+        (Some(42), Some(6)),
+        "the update leaves its name: {set}"
+    );
+    let names = fake.names();
+    let last_update = names.iter().rposition(|n| n == "update").unwrap();
+    assert!(
+        names[last_update..]
+            .iter()
+            .any(|n| n == "commitTransaction"),
+        "committed: {names:?}"
+    );
+
+    // Settled: the next batch is sent for the first time, and nothing is read before it.
+    let finds = fake.commands("find").len();
+    k.update(vec![named("c", 7), named("d", 8)], Durability::Acknowledged)
+        .await
+        .unwrap();
+    assert_eq!(
+        fake.commands("find").len(),
+        finds,
+        "no read on the way of every write"
+    );
 }
 
 async fn wire_keyed_changes_open_before_later_writes() {

@@ -558,7 +558,7 @@ async fn write_group(
 }
 
 /// MongoDB's code for a duplicate key.
-const DUPLICATE_KEY: i32 = 11000;
+pub(crate) const DUPLICATE_KEY: i32 = 11000;
 
 /// How many of `docs`, from position `at` on, the server holds as sent: the length of the run
 /// of positions `at, at + 1, ..` whose stored document equals the one in `docs`. 0 when the

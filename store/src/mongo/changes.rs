@@ -22,7 +22,7 @@ use super::convert::{
     Class, OplogPos, Token, bson_to_json, classify, decode_token, encode_token, engine_err,
     json_to_bson, key_string, map_error, regex_escape,
 };
-use super::keyed::{WRITTEN, keyed_doc_to_json};
+use super::keyed::{ENGINE_FIELDS, keyed_doc_to_json};
 use super::oplog::oldest_entry;
 use super::probe::reply_of;
 use super::{BACKOFF_MAX, BACKOFF_MIN, CHECKPOINTS, Inner, sleep_unless_closed};
@@ -194,7 +194,9 @@ pub(crate) fn to_change(event: ChangeStreamEvent<BsonDoc>) -> Result<Option<Chan
                 .zip(event.update_description.as_ref())
                 .and_then(|(b, desc)| rebuild_after(b, desc))
                 .map(|mut d| {
-                    d.remove(WRITTEN);
+                    for field in ENGINE_FIELDS {
+                        d.remove(field);
+                    }
                     d
                 }),
         },

@@ -10,18 +10,18 @@ use mongodb::bson::{Document as BsonDoc, doc};
 use mongodb::options::{ChangeStreamPreAndPostImages, WriteConcern};
 use mongodb::{Collection, Database};
 
-use super::Inner;
-use super::capped::{collection_info, ensure_indexes};
+use super::capped::{DUPLICATE_KEY, collection_info, ensure_indexes};
 use super::convert::{
     Class, OplogPos, Token, bson_doc_to_json, classify, doc_to_bson, encode_token, engine_err,
     error_code, error_of_code, json_to_bson, key_string, regex_escape, update_document,
     write_concern,
 };
 use super::probe::reply_of;
+use super::{Inner, lock_err};
 use crate::clock::now_us;
 use crate::{
     Capabilities, Capability, ChangeFilter, ChangeStart, ChangeStream, Document, Durability,
-    Filter, KeyUpdate, Keyed, KeyedDoc, KeyedSnapshot, Result, StoreError,
+    Filter, KeyUpdate, Keyed, KeyedDoc, KeyedSnapshot, Result, StoreError, WriteId,
 };
 
 /// Documents per batch of a snapshot read: bounds memory whatever the collection's size.
@@ -35,23 +35,55 @@ const NAMESPACE_EXISTS: i32 = 48;
 /// documents look the same on both engines (the embedded engine keeps it in a column).
 pub(crate) const WRITTEN: &str = "_tailrace_written_us";
 
-/// A keyed document as JSON, without the engine's own [`WRITTEN`] field.
+/// The engine's own fields naming the newest [`WriteId`] applied to a keyed document (its
+/// writer, its sequence number): an update sent again under a name not newer is skipped.
+/// Removed from every document read back, as [`WRITTEN`] is.
+pub(crate) const ONCE_WRITER: &str = "_tailrace_writer";
+pub(crate) const ONCE_SEQ: &str = "_tailrace_seq";
+
+/// The engine's own fields of a keyed document, which no reader sees.
+pub(crate) const ENGINE_FIELDS: [&str; 3] = [WRITTEN, ONCE_WRITER, ONCE_SEQ];
+
+/// A keyed document as JSON, without the engine's own fields ([`ENGINE_FIELDS`]).
 pub(crate) fn keyed_doc_to_json(mut doc: BsonDoc) -> Document {
-    doc.remove(WRITTEN);
+    for field in ENGINE_FIELDS {
+        doc.remove(field);
+    }
     bson_doc_to_json(doc)
 }
 
-/// `update` with the write time added to its `$set`.
-fn stamped_update(mut update: BsonDoc, now: i64) -> BsonDoc {
+/// `update` with the write time, and the update's name when it has one, added to its `$set`.
+fn stamped_update(mut update: BsonDoc, now: i64, once: Option<WriteId>) -> BsonDoc {
+    let mut engine = doc! {WRITTEN: now};
+    if let Some(id) = once {
+        let (writer, seq) = once_fields(id);
+        engine.insert(ONCE_WRITER, writer);
+        engine.insert(ONCE_SEQ, seq);
+    }
     match update.get_document_mut("$set") {
-        Ok(set) => {
-            set.insert(WRITTEN, now);
-        }
+        Ok(set) => set.extend(engine),
         Err(_) => {
-            update.insert("$set", doc! {WRITTEN: now});
+            update.insert("$set", engine);
         }
     }
     update
+}
+
+/// A [`WriteId`] as stored: BSON has no unsigned integers, so the writer's 64 bits are kept
+/// as an `i64` (compared for equality only) and the sequence number saturates at `i64::MAX`.
+fn once_fields(id: WriteId) -> (i64, i64) {
+    (
+        i64::from_ne_bytes(id.writer.to_ne_bytes()),
+        i64::try_from(id.seq).unwrap_or(i64::MAX),
+    )
+}
+
+/// Whether a document's stored name (its [`ONCE_WRITER`] and [`ONCE_SEQ`]) shows the update
+/// named `id` as applied: the same writer, a sequence number at least `id`'s.
+fn shows_applied(doc: &BsonDoc, id: WriteId) -> bool {
+    let (writer, seq) = once_fields(id);
+    doc.get_i64(ONCE_WRITER).ok() == Some(writer)
+        && doc.get_i64(ONCE_SEQ).is_ok_and(|stored| stored >= seq)
 }
 
 /// Whether an existing collection's `listCollections` entry can serve as a keyed collection,
@@ -162,7 +194,7 @@ async fn ensure_keyed_collection(db: &Database, name: &str, images: bool) -> Res
 pub(crate) fn replacement(key: &str, doc: &Document, now: i64) -> BsonDoc {
     let mut out = doc! {"_id": key};
     for (k, v) in doc_to_bson(doc) {
-        if k != "_id" && k != WRITTEN {
+        if k != "_id" && !ENGINE_FIELDS.contains(&k.as_str()) {
             out.insert(k, v);
         }
     }
@@ -211,10 +243,18 @@ const UPDATE_CHUNK: usize = 32;
 /// a custom error, so the transaction is aborted and the store error comes out unchanged.
 struct UpdateFailed(StoreError);
 
+/// A statement of an `update` command that failed: where it was in the command (ordered, so
+/// the ones before it were applied and none after it ran), the server's code, and the error.
+struct Refusal {
+    index: usize,
+    code: i32,
+    error: StoreError,
+}
+
 /// What the reply of an `update` command says of its statements: `writeErrors` (the first
-/// statement that failed, with how many before it were applied: ordered, so none after it
-/// ran) and `writeConcernError` (every statement applied, not yet as durable as asked).
-fn update_outcome(reply: &BsonDoc) -> std::result::Result<(), (usize, StoreError)> {
+/// statement that failed) and `writeConcernError` (every statement applied, not yet as durable
+/// as asked: a [`Refusal`] of index `usize::MAX`).
+fn update_outcome(reply: &BsonDoc) -> std::result::Result<(), Refusal> {
     if let Some(first) = reply
         .get_array("writeErrors")
         .ok()
@@ -224,21 +264,23 @@ fn update_outcome(reply: &BsonDoc) -> std::result::Result<(), (usize, StoreError
         let code = first.get_i32("code").unwrap_or(0);
         let index = first.get_i32("index").unwrap_or(0).max(0) as usize;
         let message = first.get_str("errmsg").unwrap_or("(no message)");
-        return Err((
+        return Err(Refusal {
             index,
-            error_of_code(code, format!("update: code {code}: {message}")),
-        ));
+            code,
+            error: error_of_code(code, format!("update: code {code}: {message}")),
+        });
     }
     if let Ok(wce) = reply.get_document("writeConcernError") {
         let code = wce.get_i32("code").unwrap_or(64);
         let message = wce.get_str("errmsg").unwrap_or("(no message)");
-        return Err((
-            0,
-            StoreError::Unavailable {
+        return Err(Refusal {
+            index: usize::MAX,
+            code,
+            error: StoreError::Unavailable {
                 engine: "mongodb",
                 message: format!("write concern: code {code}: {message}"),
             },
-        ));
+        });
     }
     Ok(())
 }
@@ -257,38 +299,72 @@ fn after_applied(applied: usize, error: StoreError) -> StoreError {
     }
 }
 
-/// The `update` commands of a batch of upserts, in order: each key's `{q, u, upsert}` statement,
-/// [`UPDATE_CHUNK`] to a command, ordered (a statement runs only after the ones before it).
+/// One upsert as sent: its key, its update document (stamped: [`stamped_update`]), its name
+/// if the caller gave one, and whether it may have landed already (sent before in a request
+/// that did not succeed: [`Inner::unsettled`]).
+#[derive(Clone, Debug)]
+struct Upsert {
+    key: String,
+    update: BsonDoc,
+    once: Option<WriteId>,
+    guard: bool,
+}
+
+/// The `update` command of a chunk of upserts: each key's `{q, u, upsert}` statement, in order
+/// (`ordered`: a statement runs only after the ones before it). Outside a transaction
+/// (`in_transaction` false) a guarded upsert's filter also asks that the document not show it
+/// applied ([`shows_applied`]): sent again after it landed, it matches nothing, and its upsert
+/// is refused as a duplicate `_id`.
+fn update_command(
+    collection: &str,
+    chunk: &[Upsert],
+    wc: Option<&BsonDoc>,
+    in_transaction: bool,
+) -> BsonDoc {
+    let updates: Vec<mongodb::bson::Bson> = chunk
+        .iter()
+        .map(|op| {
+            let mut q = doc! {"_id": op.key.as_str()};
+            if let (true, false, Some(id)) = (op.guard, in_transaction, op.once) {
+                let (writer, seq) = once_fields(id);
+                q.insert(
+                    "$or",
+                    vec![
+                        doc! {ONCE_WRITER: {"$ne": writer}},
+                        doc! {ONCE_SEQ: {"$lt": seq}},
+                    ],
+                );
+            }
+            mongodb::bson::Bson::Document(doc! {
+                "q": q,
+                "u": op.update.clone(),
+                "upsert": true,
+            })
+        })
+        .collect();
+    let mut cmd = doc! {"update": collection, "updates": updates, "ordered": true};
+    if let Some(wc) = wc {
+        cmd.insert("writeConcern", wc.clone());
+    }
+    cmd
+}
+
+/// The `update` commands of a batch of upserts, in order, [`UPDATE_CHUNK`] to a command.
 fn update_commands(
     collection: &str,
-    ops: &[(String, BsonDoc)],
-    wc: Option<&WriteConcern>,
-) -> Result<Vec<BsonDoc>> {
-    let wc = wc
-        .map(mongodb::bson::serialize_to_document)
-        .transpose()
-        .map_err(|e| engine_err(format!("write concern: {e}")))?;
-    Ok(ops
-        .chunks(UPDATE_CHUNK)
-        .map(|chunk| {
-            let updates: Vec<mongodb::bson::Bson> = chunk
-                .iter()
-                .map(|(key, update)| {
-                    mongodb::bson::Bson::Document(doc! {
-                        "q": {"_id": key.as_str()},
-                        "u": update.clone(),
-                        "upsert": true,
-                    })
-                })
-                .collect();
-            let mut cmd = doc! {"update": collection, "updates": updates, "ordered": true};
-            if let Some(wc) = &wc {
-                cmd.insert("writeConcern", wc.clone());
-            }
-            cmd
-        })
-        .collect())
+    ops: &[Upsert],
+    wc: Option<&BsonDoc>,
+    in_transaction: bool,
+) -> Vec<BsonDoc> {
+    ops.chunks(UPDATE_CHUNK)
+        .map(|chunk| update_command(collection, chunk, wc, in_transaction))
+        .collect()
 }
+
+/// How often a guarded upsert refused as a duplicate `_id` whose document does not show it
+/// applied is sent again (another writer created the key between its filter and its insert;
+/// sent again, it finds the document) before the refusal is handed back.
+const GUARD_RETRIES: usize = 3;
 
 /// Applies upserts in order, in one `update` command per [`UPDATE_CHUNK`] keys: one round trip
 /// for a batch's rollups, not one per key. Several keys go into one transaction, so the batch
@@ -297,46 +373,49 @@ fn update_commands(
 /// (not a replica set, or one that refuses `startTransaction`:
 /// [`crate::Capability::Transactions`]) the commands run without one: each key's write is
 /// atomic, the batch is not.
+///
+/// Guarded upserts ([`Upsert::guard`]) that landed before are skipped: without a transaction by
+/// the guard in their filter ([`update_command`]), which the server evaluates with the write;
+/// in a transaction (where a refused statement would abort it) by reading the documents' names
+/// first, in the transaction's snapshot. The others go out as plain upserts: on the way every
+/// write takes, a name costs one `$set` of two fields.
 async fn run_updates(
     inner: Arc<Inner>,
     coll: Collection<BsonDoc>,
-    ops: Vec<(String, BsonDoc)>,
+    ops: Vec<Upsert>,
     wc: WriteConcern,
 ) -> Result<()> {
-    let db = &inner.db;
     if ops.len() == 1 || !inner.capabilities.transactions.is_yes() {
-        let mut applied = 0;
-        for cmd in update_commands(coll.name(), &ops, Some(&wc))? {
-            let statements = cmd.get_array("updates").map_or(0, Vec::len);
-            let reply = db
-                .run_command(cmd)
-                .await
-                .map_err(|e| after_applied(applied, e.into()))?;
-            match update_outcome(&reply) {
-                Ok(()) => applied += statements,
-                // A write concern error: every statement of the command was applied.
-                Err((_, e)) if reply.contains_key("writeConcernError") => {
-                    return Err(after_applied(applied + statements, e));
-                }
-                Err((index, e)) => return Err(after_applied(applied + index, e)),
-            }
-        }
-        return Ok(());
+        return run_updates_one_by_one(&inner.db, &coll, &ops, &wc).await;
     }
-    // Inside a transaction the write concern belongs to the commit, not to each command.
-    let commands = update_commands(coll.name(), &ops, None)?;
+    let db = &inner.db;
     let mut session = inner.client.start_session().await?;
     // `and_run` retries the whole transaction on TransientTransactionError and the commit on
     // UnknownTransactionCommitResult (up to 120 s), as the driver's transaction spec says.
     let ran = session
         .start_transaction()
         .write_concern(wc)
-        .and_run((db, &commands), |session, (db, commands)| {
+        .and_run((db, &coll, &ops), |session, (db, coll, ops)| {
             async move {
-                for cmd in commands.iter() {
-                    let reply = db.run_command(cmd.clone()).session(&mut *session).await?;
-                    if let Err((_, e)) = update_outcome(&reply) {
-                        return Err(mongodb::error::Error::custom(Arc::new(UpdateFailed(e))));
+                let applied = applied_before(coll, ops, session).await?;
+                let todo: Vec<Upsert> = ops
+                    .iter()
+                    .filter(|op| {
+                        !(op.guard
+                            && op.once.is_some_and(|id| {
+                                applied.get(&op.key).is_some_and(|d| shows_applied(d, id))
+                            }))
+                    })
+                    .cloned()
+                    .collect();
+                // Inside a transaction the write concern belongs to the commit, not to each
+                // command.
+                for cmd in update_commands(coll.name(), &todo, None, true) {
+                    let reply = db.run_command(cmd).session(&mut *session).await?;
+                    if let Err(refusal) = update_outcome(&reply) {
+                        return Err(mongodb::error::Error::custom(Arc::new(UpdateFailed(
+                            refusal.error,
+                        ))));
                     }
                 }
                 Ok(())
@@ -350,6 +429,143 @@ async fn run_updates(
             Some(failed) => Err(failed.0.duplicate("mongodb")),
             None => Err(e.into()),
         },
+    }
+}
+
+/// The documents, as far as their names go ([`ONCE_WRITER`], [`ONCE_SEQ`]), of the keys of
+/// `ops`' guarded upserts, read in `session`'s transaction.
+async fn applied_before(
+    coll: &Collection<BsonDoc>,
+    ops: &[Upsert],
+    session: &mut mongodb::ClientSession,
+) -> mongodb::error::Result<std::collections::HashMap<String, BsonDoc>> {
+    let mut keys: Vec<&str> = ops
+        .iter()
+        .filter(|op| op.guard)
+        .map(|op| op.key.as_str())
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let mut found = std::collections::HashMap::new();
+    if keys.is_empty() {
+        return Ok(found);
+    }
+    let mut cursor = coll
+        .find(doc! {"_id": {"$in": keys}})
+        .projection(doc! {ONCE_WRITER: 1, ONCE_SEQ: 1})
+        .session(&mut *session)
+        .await?;
+    while let Some(doc) = cursor.next(&mut *session).await {
+        let doc = doc?;
+        if let Ok(key) = doc.get_str("_id") {
+            found.insert(key.to_string(), doc);
+        }
+    }
+    Ok(found)
+}
+
+/// [`run_updates`] without a transaction: command after command.
+async fn run_updates_one_by_one(
+    db: &Database,
+    coll: &Collection<BsonDoc>,
+    ops: &[Upsert],
+    wc: &WriteConcern,
+) -> Result<()> {
+    let wc = mongodb::bson::serialize_to_document(wc)
+        .map_err(|e| engine_err(format!("write concern: {e}")))?;
+    // The upserts before `next` are applied.
+    let mut next = 0;
+    let mut guard_retries = 0;
+    while next < ops.len() {
+        let chunk = &ops[next..ops.len().min(next + UPDATE_CHUNK)];
+        let reply = db
+            .run_command(update_command(coll.name(), chunk, Some(&wc), false))
+            .await
+            .map_err(|e| after_applied(next, e.into()))?;
+        let refusal = match update_outcome(&reply) {
+            Ok(()) => {
+                next += chunk.len();
+                continue;
+            }
+            // A write concern error: every statement of the command was applied.
+            Err(r) if r.index == usize::MAX => {
+                return Err(after_applied(next + chunk.len(), r.error));
+            }
+            Err(r) => r,
+        };
+        next += refusal.index.min(chunk.len());
+        let guarded = chunk
+            .get(refusal.index)
+            .filter(|op| op.guard)
+            .and_then(|op| op.once);
+        match guarded {
+            Some(id) if refusal.code == DUPLICATE_KEY => {
+                // The guard matched nothing: the upsert landed before (a reply lost), or
+                // another writer created the key meanwhile. The document tells which.
+                let key = &ops[next].key;
+                let stored = coll
+                    .find_one(doc! {"_id": key.as_str()})
+                    .projection(doc! {ONCE_WRITER: 1, ONCE_SEQ: 1})
+                    .await
+                    .map_err(|e| after_applied(next, e.into()))?;
+                if stored.as_ref().is_some_and(|d| shows_applied(d, id)) {
+                    next += 1;
+                } else if guard_retries < GUARD_RETRIES {
+                    guard_retries += 1;
+                } else {
+                    return Err(after_applied(next, refusal.error));
+                }
+            }
+            _ => return Err(after_applied(next, refusal.error)),
+        }
+    }
+    Ok(())
+}
+
+/// The names of a request of named upserts, marked unsettled ([`Inner::unsettled`]) before it
+/// is sent and settled when it succeeds: a request that fails, or is dropped on its way, leaves
+/// them marked, and a request that sends them again guards them.
+struct Sent {
+    inner: Arc<Inner>,
+    /// Per writer, the newest sequence number of the request.
+    newest: Vec<(u64, u64)>,
+}
+
+impl Sent {
+    fn mark(inner: &Arc<Inner>, ops: &[Upsert]) -> Result<Sent> {
+        let mut newest: Vec<(u64, u64)> = Vec::new();
+        for id in ops.iter().filter_map(|op| op.once) {
+            match newest.iter_mut().find(|(w, _)| *w == id.writer) {
+                Some((_, seq)) => *seq = (*seq).max(id.seq),
+                None => newest.push((id.writer, id.seq)),
+            }
+        }
+        if !newest.is_empty() {
+            let mut unsettled = inner.unsettled.lock().map_err(lock_err)?;
+            for &(writer, seq) in &newest {
+                let upto = unsettled.entry(writer).or_insert(seq);
+                *upto = (*upto).max(seq);
+            }
+        }
+        Ok(Sent {
+            inner: inner.clone(),
+            newest,
+        })
+    }
+
+    /// The request succeeded: a writer's names up to its newest are settled (those sent again
+    /// in it were guarded; the ones after it were not sent yet).
+    fn settled(self) {
+        if self.newest.is_empty() {
+            return;
+        }
+        if let Ok(mut unsettled) = self.inner.unsettled.lock() {
+            for (writer, seq) in &self.newest {
+                if unsettled.get(writer).is_some_and(|upto| upto <= seq) {
+                    unsettled.remove(writer);
+                }
+            }
+        }
     }
 }
 
@@ -381,15 +597,24 @@ impl Keyed for MongoKeyed {
             return Ok(());
         }
         let now = now_us();
+        let unsettled = self.inner.unsettled.lock().map_err(lock_err)?.clone();
         let ops = updates
-            .iter()
+            .into_iter()
             .map(|u| {
-                Ok((
-                    u.key.clone(),
-                    stamped_update(update_document(&u.update)?, now),
-                ))
+                Ok(Upsert {
+                    update: stamped_update(update_document(&u.update)?, now, u.once),
+                    key: u.key,
+                    once: u.once,
+                    guard: u.once.is_some_and(|id| {
+                        unsettled
+                            .get(&id.writer)
+                            .is_some_and(|&upto| id.seq <= upto)
+                    }),
+                })
             })
             .collect::<Result<Vec<_>>>()?;
+        // Until the request succeeds, its names may have landed or not.
+        let sent = Sent::mark(&self.inner, &ops)?;
         self.inner.wait_for_opening_streams().await;
         let inner = self.inner.clone();
         let coll = self.coll.clone();
@@ -397,6 +622,9 @@ impl Keyed for MongoKeyed {
         let write = async move {
             let done = run_updates(inner.clone(), coll, ops, wc).await;
             inner.keyed_written.send_modify(|n| *n += 1);
+            if done.is_ok() {
+                sent.settled();
+            }
             done
         };
         if durability.waits() {
@@ -633,13 +861,22 @@ impl Keyed for MongoKeyed {
 mod tests {
     use super::*;
 
+    fn upsert(key: &str, once: Option<WriteId>, guard: bool) -> Upsert {
+        Upsert {
+            key: key.into(),
+            update: doc! {"$inc": {"n": 1}},
+            once,
+            guard,
+        }
+    }
+
     #[test]
     fn a_batch_of_upserts_is_one_ordered_update_command_per_chunk() {
-        let ops: Vec<(String, BsonDoc)> = (0..UPDATE_CHUNK + 2)
-            .map(|i| (format!("k{i}"), doc! {"$inc": {"n": 1}}))
+        let ops: Vec<Upsert> = (0..UPDATE_CHUNK + 2)
+            .map(|i| upsert(&format!("k{i}"), None, false))
             .collect();
-        let wc = WriteConcern::builder().journal(true).build();
-        let commands = update_commands("rollups", &ops, Some(&wc)).unwrap();
+        let wc = doc! {"j": true};
+        let commands = update_commands("rollups", &ops, Some(&wc), false);
         assert_eq!(commands.len(), 2, "two chunks");
         let first = &commands[0];
         assert_eq!(first.get_str("update").unwrap(), "rollups");
@@ -648,7 +885,11 @@ mod tests {
         let statement = first.get_array("updates").unwrap()[0]
             .as_document()
             .unwrap();
-        assert_eq!(statement.get_document("q").unwrap(), &doc! {"_id": "k0"});
+        assert_eq!(
+            statement.get_document("q").unwrap(),
+            &doc! {"_id": "k0"},
+            "an upsert sent for the first time needs no guard"
+        );
         assert!(statement.get_bool("upsert").unwrap());
         assert!(
             first
@@ -658,19 +899,73 @@ mod tests {
                 .unwrap()
         );
         assert_eq!(commands[1].get_array("updates").unwrap().len(), 2);
-        let in_txn = update_commands("rollups", &ops[..1], None).unwrap();
+        let in_txn = update_commands("rollups", &ops[..1], None, true);
         assert!(in_txn[0].get("writeConcern").is_none());
+    }
+
+    #[test]
+    fn a_named_upsert_leaves_its_name_and_sent_again_is_guarded_by_it() {
+        let id = WriteId {
+            writer: u64::MAX,
+            seq: 7,
+        };
+        let u = stamped_update(doc! {"$inc": {"n": 1}}, 9, Some(id));
+        assert_eq!(
+            u,
+            doc! {"$inc": {"n": 1}, "$set": {WRITTEN: 9_i64, ONCE_WRITER: -1_i64, ONCE_SEQ: 7_i64}},
+            "the writer's 64 bits kept as an i64"
+        );
+        let guarded = update_command("r", &[upsert("k", Some(id), true)], None, false);
+        let statement = guarded.get_array("updates").unwrap()[0]
+            .as_document()
+            .unwrap();
+        assert_eq!(
+            statement.get_document("q").unwrap(),
+            &doc! {"_id": "k", "$or": [{ONCE_WRITER: {"$ne": -1_i64}}, {ONCE_SEQ: {"$lt": 7_i64}}]}
+        );
+        for (guard, in_transaction) in [(false, false), (true, true)] {
+            let plain = update_command("r", &[upsert("k", Some(id), guard)], None, in_transaction);
+            let statement = plain.get_array("updates").unwrap()[0]
+                .as_document()
+                .unwrap();
+            assert_eq!(
+                statement.get_document("q").unwrap(),
+                &doc! {"_id": "k"},
+                "first sent, or in a transaction (names read first)"
+            );
+        }
+
+        // Applied: the same writer at this sequence number or a later one.
+        let stored = |writer: i64, seq: i64| doc! {"_id": "k", ONCE_WRITER: writer, ONCE_SEQ: seq};
+        assert!(shows_applied(&stored(-1, 7), id));
+        assert!(shows_applied(&stored(-1, 8), id));
+        assert!(
+            !shows_applied(&stored(-1, 6), id),
+            "an earlier update of the key"
+        );
+        assert!(!shows_applied(&stored(5, 9), id), "another writer's name");
+        assert!(!shows_applied(&doc! {"_id": "k"}, id), "never named");
+        let far = WriteId {
+            writer: 1,
+            seq: u64::MAX,
+        };
+        assert_eq!(once_fields(far), (1, i64::MAX), "saturates, never wraps");
     }
 
     #[test]
     fn an_update_reply_tells_its_first_failed_statement() {
         assert!(update_outcome(&doc! {"ok": 1.0, "n": 3, "nModified": 1}).is_ok());
-        let (index, refused) = update_outcome(&doc! {
+        let Refusal {
+            index,
+            code,
+            error: refused,
+        } = update_outcome(&doc! {
             "ok": 1.0, "n": 1,
             "writeErrors": [{"index": 1, "code": 14, "errmsg": "Cannot apply $inc to a string"}],
         })
         .unwrap_err();
         assert_eq!(index, 1, "the statement before it was applied");
+        assert_eq!(code, 14);
         assert!(
             matches!(&refused, StoreError::Invalid(m) if m.contains("$inc")),
             "a refused statement is a bad request: {refused}"
@@ -684,12 +979,15 @@ mod tests {
             after_applied(0, StoreError::Invalid("x".into())),
             StoreError::Invalid(_)
         ));
-        let (_, wce) = update_outcome(&doc! {
+        let Refusal {
+            index, error: wce, ..
+        } = update_outcome(&doc! {
             "ok": 1.0, "n": 2,
             "writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"},
         })
         .unwrap_err();
         assert!(wce.is_transient(), "{wce}");
+        assert_eq!(index, usize::MAX, "every statement was applied");
     }
     use serde_json::json;
 
@@ -705,11 +1003,13 @@ mod tests {
 
     #[test]
     fn every_write_carries_its_time_and_reads_leave_it_out() {
-        let u = stamped_update(doc! {"$inc": {"count": 1}}, 9);
+        let u = stamped_update(doc! {"$inc": {"count": 1}}, 9, None);
         assert_eq!(u, doc! {"$inc": {"count": 1}, "$set": {WRITTEN: 9_i64}});
-        let u = stamped_update(doc! {"$set": {"a": 1}}, 9);
+        let u = stamped_update(doc! {"$set": {"a": 1}}, 9, None);
         assert_eq!(u, doc! {"$set": {"a": 1, WRITTEN: 9_i64}});
-        let read = keyed_doc_to_json(doc! {"_id": "k", "count": 3, WRITTEN: 9_i64});
+        let read = keyed_doc_to_json(
+            doc! {"_id": "k", "count": 3, WRITTEN: 9_i64, ONCE_WRITER: 1_i64, ONCE_SEQ: 2_i64},
+        );
         assert_eq!(
             serde_json::Value::Object(read),
             json!({"_id": "k", "count": 3})

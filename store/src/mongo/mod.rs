@@ -57,7 +57,12 @@
 //! a retried insert (FerretDB) refuses it as a duplicate `_id` when the first attempt stored
 //! documents: the documents it holds as sent at the insert's own positions are taken as
 //! stored, once. An insert that fails without saying how far it got is settled from the newest
-//! position on the server before the next one. Beyond that, tails and change streams re-open
+//! position on the server before the next one. Keyed upserts go out as `update` commands,
+//! which the driver does not retry; a caller that sends them again names each one
+//! ([`crate::WriteId`]), and the engine keeps the newest name applied beside each document
+//! (`_tailrace_writer`, `_tailrace_seq`, left out of every read). An update sent again after
+//! a request that did not succeed is guarded by it and skips what landed before (in a
+//! transaction, the names are read first). Beyond that, tails and change streams re-open
 //! after their last position with backoff; operations return [`StoreError::Engine`] with the
 //! driver's message.
 //!
@@ -194,6 +199,11 @@ pub(crate) struct Inner {
     /// with `ChangeStart::Now` sees every write issued after `changes()` returned, although
     /// opening it takes a round trip (`changes()` itself is not async).
     opening: Arc<watch::Sender<usize>>,
+    /// Per writer of named keyed updates ([`crate::WriteId`]): the newest sequence number sent
+    /// in a request that has not succeeded (it failed, or was dropped on its way). An update
+    /// named at or below it may have landed, so it goes out guarded (`keyed.rs`); every other
+    /// update was never sent and needs no guard.
+    pub(crate) unsettled: Mutex<HashMap<u64, u64>>,
 }
 
 pub(crate) fn lock_err<T>(_: T) -> StoreError {
@@ -398,6 +408,7 @@ impl MongoStore {
                 closed: watch::Sender::new(false),
                 keyed_written: watch::Sender::new(0),
                 opening: Arc::new(watch::Sender::new(0)),
+                unsettled: Mutex::new(HashMap::new()),
             }),
         })
     }

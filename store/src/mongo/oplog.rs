@@ -672,14 +672,17 @@ mod tests {
     fn an_update_that_sets_the_whole_document_carries_its_image() {
         let whole = doc! {
             "op": "u", "ns": "db.rollups", "o2": {"_id": "source:a"},
-            "o": {"$v": 1, "$set": {"_id": "source:a", "count": 7, "_tailrace_written_us": 5_i64}},
+            "o": {"$v": 1, "$set": {
+                "_id": "source:a", "count": 7, "_tailrace_written_us": 5_i64,
+                "_tailrace_writer": -3_i64, "_tailrace_seq": 12_i64,
+            }},
         };
         let p = read_op("db", &whole).unwrap();
         assert_eq!(p.op, ChangeOp::Update);
         assert_eq!(
             p.after.map(serde_json::Value::Object),
             Some(serde_json::json!({"_id": "source:a", "count": 7})),
-            "the image, without the engine's write time"
+            "the image, without the engine's write time and update name"
         );
         let fields = doc! {
             "op": "u", "ns": "db.rollups", "o2": {"_id": "source:a"},
