@@ -905,4 +905,19 @@ async fn a_server_restart_under_ingestion_loses_and_doubles_nothing() {
         m_missing as u64 > before,
         "writes continued after the restart"
     );
+    // The source's summary counts each stored event once: a rollups update whose reply was
+    // lost with the server is sent again, and must not count twice.
+    let rollups = all_docs(&f, &db, "rollups").await;
+    let summary = rollups
+        .iter()
+        .find(|d| d["_id"] == "source:sample")
+        .expect("the source's summary");
+    if summary["count"].as_u64() != Some(m_missing as u64) {
+        eprintln!("{}", t.report());
+    }
+    assert_eq!(
+        summary["count"].as_u64(),
+        Some(m_missing as u64),
+        "the summary's count against the events stored: {summary}"
+    );
 }

@@ -29,6 +29,7 @@ use store::clock::now_us;
 use store::{Capped, Document, Durability, KeyUpdate, Keyed, STAMP_SOURCE_PATH, Stamp, StoreError};
 use tokio::sync::mpsc;
 
+use rollups::UpdateNames;
 pub use rollups::{coalesce_counters, rollups};
 pub use validate::{Rejection, dead_letter, validate};
 pub use write::StoreHealth;
@@ -311,8 +312,9 @@ impl Ingester {
         let roller = {
             let this = this.clone();
             tokio::spawn(async move {
+                let mut names = UpdateNames::new();
                 while let Some(batch) = landed.recv().await {
-                    this.write_rollups(batch).await;
+                    this.write_rollups(batch, &mut names).await;
                     rolled.send_modify(|n| *n += 1);
                 }
             })
@@ -606,8 +608,10 @@ impl Ingester {
     }
 
     /// The third stage: writes the rollups of a batch whose events are written, then accounts
-    /// for the batch.
-    async fn write_rollups(&self, batch: Landed) {
+    /// for the batch. Each update is named (`names`), so one that landed before a failure whose
+    /// outcome was not known (a reply lost with its connection) counts once when the batch is
+    /// written again.
+    async fn write_rollups(&self, batch: Landed, names: &mut UpdateNames) {
         let Landed {
             n,
             events,
@@ -616,6 +620,7 @@ impl Ingester {
             last_seq,
         } = batch;
         coalesce_counters(&mut updates);
+        names.name(&mut updates);
         let rollups_d = rollups_durability(self.options.durability, self.engine);
         let rollups = write_isolating("rollups", updates, &self.health, |updates| {
             let rollups = self.rollups.clone();

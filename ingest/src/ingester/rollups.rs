@@ -113,6 +113,42 @@ fn add_increments(a: &Update, b: &Update) -> Option<Update> {
     Some(sum)
 }
 
+/// Names a writer's rollup updates ([`store::WriteId`]): a writer drawn at random when the
+/// ingester starts, and a sequence number per update, in the order they are sent. The third
+/// stage sends batches one after another and each batch's updates in order, and writes a batch
+/// again only before the next one: the order a `WriteId` asks for.
+pub struct UpdateNames {
+    writer: u64,
+    next: u64,
+}
+
+impl UpdateNames {
+    /// A new writer's names, from sequence number 1.
+    pub fn new() -> Self {
+        UpdateNames {
+            writer: rand::random(),
+            next: 1,
+        }
+    }
+
+    /// Names `updates`, in order, after every update named before.
+    pub fn name(&mut self, updates: &mut [KeyUpdate]) {
+        for u in updates {
+            u.once = Some(store::WriteId {
+                writer: self.writer,
+                seq: self.next,
+            });
+            self.next += 1;
+        }
+    }
+}
+
+impl Default for UpdateNames {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -122,6 +158,31 @@ mod tests {
     use store::Durability;
 
     use super::*;
+
+    #[test]
+    fn updates_are_named_in_order_across_batches() {
+        let mut names = UpdateNames::new();
+        let other = UpdateNames::new();
+        let mut first = vec![KeyUpdate::new("a", Update::inc("n", 1)); 2];
+        let mut second = vec![KeyUpdate::new("a", Update::inc("n", 1))];
+        names.name(&mut first);
+        names.name(&mut second);
+        let ids: Vec<store::WriteId> = first
+            .iter()
+            .chain(&second)
+            .map(|u| u.once.unwrap())
+            .collect();
+        assert_eq!(
+            ids.iter().map(|id| id.seq).collect::<Vec<_>>(),
+            [1, 2, 3],
+            "one sequence over the batches, in order"
+        );
+        assert!(ids.iter().all(|id| id.writer == names.writer));
+        assert_ne!(
+            names.writer, other.writer,
+            "each writer its own (64 random bits)"
+        );
+    }
 
     #[test]
     fn counters_are_coalesced_per_batch_and_summaries_kept() {
