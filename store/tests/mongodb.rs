@@ -615,11 +615,12 @@ async fn a_named_update_sent_again_counts_once(t: &TestDb) {
         named(tag, 45, Update::inc("count", 1)),
         named("fresh", 46, Update::inc("count", 1)),
     ];
-    let _ = tokio::time::timeout(
-        std::time::Duration::ZERO,
-        k.update(again.clone(), Durability::Acknowledged),
-    )
-    .await;
+    // Polled exactly once, then dropped (a timeout of zero is no such thing: tokio's timer
+    // fires on its next millisecond tick, time enough for the request to finish).
+    let dropped = k
+        .update(again.clone(), Durability::Acknowledged)
+        .now_or_never();
+    assert!(dropped.is_none(), "one poll cannot finish a request");
     k.update(again, Durability::Acknowledged).await.unwrap();
     assert_eq!(count(tag).await, json!(7));
     assert_eq!(
@@ -1372,12 +1373,12 @@ async fn wire_named_updates_in_a_transaction_skip_what_landed() {
         KeyUpdate::new(key, Update::inc("n", 1)).once(WriteId { writer: 42, seq })
     };
     let batch = vec![named("a", 5), named("b", 6)];
-    // The earlier attempt: dropped on its way, its outcome unknown to the engine.
-    let _ = tokio::time::timeout(
-        std::time::Duration::ZERO,
-        k.update(batch.clone(), Durability::Acknowledged),
-    )
-    .await;
+    // The earlier attempt: polled once and dropped on its way, its outcome unknown to the
+    // engine (not a zero timeout, which may let it finish before its timer fires).
+    let dropped = k
+        .update(batch.clone(), Durability::Acknowledged)
+        .now_or_never();
+    assert!(dropped.is_none(), "one poll cannot finish a request");
     k.update(batch, Durability::Acknowledged).await.unwrap();
     let find = fake
         .commands("find")
