@@ -574,6 +574,36 @@ async fn an_index_added_later_covers_the_documents_already_stored() {
     store.close().await.unwrap();
 }
 
+/// A handle hashes its appends' index values for the indexes it was opened with; one opened
+/// before another handle added an index still has its documents found by the new index.
+#[tokio::test]
+async fn a_handle_opened_before_an_index_was_added_appends_into_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let early = store
+        .capped("events", &spec(10_000, &["lang"]))
+        .await
+        .unwrap();
+    let late = store
+        .capped("events", &spec(10_000, &["user.screen_name"]))
+        .await
+        .unwrap();
+    early
+        .append((0..10).map(event).collect(), Durability::Journaled)
+        .await
+        .unwrap();
+    late.append(vec![event(10)], Durability::Journaled)
+        .await
+        .unwrap();
+    let got = late
+        .latest("user.screen_name", &json!("ü0🦀"), 100)
+        .await
+        .unwrap();
+    let got: Vec<_> = got.iter().map(|r| r.doc["i"].clone()).collect();
+    assert_eq!(got, vec![json!(10), json!(5), json!(0)]);
+    store.close().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_second_process_cannot_open_the_same_directory() {
     let dir = tempfile::tempdir().unwrap();

@@ -123,6 +123,9 @@ pub(crate) struct Inner {
 struct CappedShared {
     spec: CappedSpec,
     newest: Arc<AtomicU64>,
+    /// The collection's indexes as the writer had them when this handle opened it: appends
+    /// hash their documents' values of these on the caller's thread.
+    indexes: Arc<[String]>,
 }
 
 pub(crate) fn lock_err<T>(_: T) -> StoreError {
@@ -489,7 +492,7 @@ impl Store for EmbeddedStore {
                 Durability::Journaled,
             )
             .await?;
-        let Reply::Newest(newest) = reply else {
+        let Reply::Newest(newest, indexes) = reply else {
             return Err(StoreError::Engine {
                 engine: "embedded",
                 message: "the writer did not answer the collection's creation".into(),
@@ -498,6 +501,7 @@ impl Store for EmbeddedStore {
         let shared = Arc::new(CappedShared {
             spec: spec.clone(),
             newest,
+            indexes,
         });
         self.inner
             .capped
@@ -623,8 +627,8 @@ struct EmbeddedCapped {
 }
 
 impl EmbeddedCapped {
-    /// The append of `docs`, their JSON encoded here (on the caller's thread, not the
-    /// writer's).
+    /// The append of `docs`, their JSON encoded and their index values hashed here (on the
+    /// caller's thread, not the writer's).
     fn append_op(&self, docs: Arc<[Arc<Document>]>) -> Result<Op> {
         // Each body starts with room for the previous one's size and a little more: a batch's
         // documents are mostly alike in size, and a buffer grown by doubling from a guess
@@ -637,10 +641,14 @@ impl EmbeddedCapped {
             room = (body.len() + body.len() / 8).max(128);
             bodies.push(body);
         }
+        let indexed = self.shared.indexes.clone();
+        let hashes = writer::index_hashes(&self.name, &indexed, docs.iter());
         Ok(Op::Append {
             coll: self.name.clone(),
             bodies,
             docs: docs.into(),
+            indexed,
+            hashes,
         })
     }
 

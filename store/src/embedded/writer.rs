@@ -67,6 +67,11 @@ pub(crate) enum Op {
         /// Each document's JSON text, encoded by the caller: the encoding then runs on the
         /// caller's thread, beside the writer's, not on it.
         bodies: Vec<Vec<u8>>,
+        /// Each document's index hashes, computed by the caller for the fields `indexed` (the
+        /// collection's indexes when it was opened): used when they are still the collection's
+        /// indexes, computed again on the writer when not (another handle added an index).
+        indexed: Arc<[String]>,
+        hashes: Vec<Vec<u64>>,
     },
     Update {
         coll: String,
@@ -130,7 +135,9 @@ impl Op {
 pub(crate) enum Reply {
     Positions(Vec<Position>),
     /// A capped collection's newest position, shared with its handles.
-    Newest(Arc<AtomicU64>),
+    /// A capped collection opened: its newest position and its indexes (every field any
+    /// opening declared, in the catalog's order).
+    Newest(Arc<AtomicU64>, Arc<[String]>),
     Deleted(bool),
     Expired(u64),
     Done,
@@ -251,7 +258,7 @@ pub(crate) struct Kv {
 /// writer, so the cache is exact.
 #[derive(Default)]
 struct KvCache {
-    docs: HashMap<String, HashMap<String, Kv>>,
+    docs: KvHashMap<String, KvHashMap<String, Kv>>,
     len: usize,
 }
 
@@ -318,6 +325,27 @@ pub(crate) type RecoveredCapped = (u64, u64, VecDeque<u32>, Option<(u64, u64)>);
 /// A change of an earlier layout's log: operation, collection, key, before and after.
 pub(crate) type ImportedChange = (ChangeOp, String, String, Option<Kv>, Option<Kv>);
 
+/// Maps of the writer's per-key work (several lookups for every update): hashbrown's
+/// default hasher (foldhash, seeded per process), faster than SipHash on these short keys.
+type KvHashMap<K, V> = hashbrown::HashMap<K, V>;
+
+/// A keyed document's place, (collection, key), as the staged maps hold it.
+type KvKey = (String, String);
+
+/// The staged keyed documents of a job or a group.
+type KvMap = KvHashMap<KvKey, Slot>;
+
+/// A [`KvKey`] borrowed, to look one up without building it: it hashes as the tuple does
+/// (`derive(Hash)` hashes the fields in order, as a tuple hashes its elements).
+#[derive(Hash)]
+struct KvRef<'a>(&'a str, &'a str);
+
+impl hashbrown::Equivalent<KvKey> for KvRef<'_> {
+    fn equivalent(&self, k: &KvKey) -> bool {
+        self.0 == k.0 && self.1 == k.1
+    }
+}
+
 /// A keyed key's state as staged: `None` once deleted.
 #[derive(Clone)]
 struct Slot {
@@ -340,7 +368,7 @@ pub(crate) struct StagedChange {
 struct JobOut {
     appends: Vec<Appended>,
     changes: Vec<StagedChange>,
-    kv: HashMap<(String, String), Slot>,
+    kv: KvMap,
     checkpoints: Vec<(String, String)>,
     spills: Vec<Spilled>,
     /// Which appends (index into `appends`) answer the job.
@@ -354,7 +382,7 @@ struct Group {
     /// hashes.
     appends: Vec<Appended>,
     changes: Vec<StagedChange>,
-    kv: HashMap<(String, String), Slot>,
+    kv: KvMap,
     checkpoints: Vec<(String, String)>,
     spills: Vec<Spilled>,
     bytes: usize,
@@ -409,6 +437,21 @@ pub(crate) struct Recovered {
     /// Per capped collection: oldest, next, sizes of `[oldest, next)`, last seek.
     pub capped: HashMap<String, RecoveredCapped>,
     pub last_change_seek: Option<(u64, u64)>,
+}
+
+/// Each document's hashes of its values of `indexes` (a missing or null value has none).
+pub(crate) fn index_hashes<'a>(
+    coll: &str,
+    indexes: &[String],
+    docs: impl Iterator<Item = &'a Arc<Document>>,
+) -> Vec<Vec<u64>> {
+    docs.map(|d| {
+        indexes
+            .iter()
+            .filter_map(|f| state::value_hash(coll, f, update::get_path(d, f)))
+            .collect()
+    })
+    .collect()
 }
 
 fn lock_err<T>(_: T) -> StoreError {
@@ -497,11 +540,6 @@ impl Writer {
             last_change_seek: r.last_change_seek,
             poisoned: None,
         })
-    }
-
-    /// The shared `newest` position of a capped collection (for its handles).
-    pub(crate) fn newest_of(&self, coll: &str) -> Option<Arc<AtomicU64>> {
-        self.capped.get(coll).map(|c| c.newest.clone())
     }
 
     /// Commits `jobs` (one record); returns each job's result, in order.
@@ -599,11 +637,15 @@ impl Writer {
         match op {
             Op::CreateCapped { name, spec } => {
                 self.create_capped(&name, &spec)?;
-                let newest = self.newest_of(&name).ok_or_else(|| StoreError::Engine {
-                    engine: "embedded",
-                    message: format!("capped collection {name} was not created"),
-                })?;
-                Ok(Reply::Newest(newest))
+                let (newest, indexes) = self
+                    .capped
+                    .get(&name)
+                    .map(|c| (c.newest.clone(), Arc::from(c.indexes.as_slice())))
+                    .ok_or_else(|| StoreError::Engine {
+                        engine: "embedded",
+                        message: format!("capped collection {name} was not created"),
+                    })?;
+                Ok(Reply::Newest(newest, indexes))
             }
             Op::CreateKeyed { name } => {
                 self.create_keyed(&name)?;
@@ -613,7 +655,13 @@ impl Writer {
                 self.set_validator(&coll, rule)?;
                 Ok(Reply::Done)
             }
-            Op::Append { coll, docs, bodies } => {
+            Op::Append {
+                coll,
+                docs,
+                bodies,
+                indexed,
+                hashes,
+            } => {
                 let meta = self.capped.get(&coll).ok_or_else(|| {
                     StoreError::Invalid(format!("capped collection {coll} was not opened"))
                 })?;
@@ -629,15 +677,11 @@ impl Writer {
                 {
                     return Err(refused(&coll, rule));
                 }
-                let hashes = docs
-                    .iter()
-                    .map(|d| {
-                        meta.indexes
-                            .iter()
-                            .filter_map(|f| state::value_hash(&coll, f, update::get_path(d, f)))
-                            .collect()
-                    })
-                    .collect();
+                let hashes = if *indexed == *meta.indexes && hashes.len() == docs.len() {
+                    hashes
+                } else {
+                    index_hashes(&coll, &meta.indexes, docs.iter())
+                };
                 if out.answer_append.is_none() {
                     out.answer_append = Some(out.appends.len());
                 }
@@ -730,7 +774,7 @@ impl Writer {
 
     /// The current state of a key: staged by this job, by the group, cached, or in the tree.
     fn read_kv(&self, coll: &str, key: &str, group: &Group, out: &JobOut) -> Result<Option<Kv>> {
-        let k = (coll.to_owned(), key.to_owned());
+        let k = KvRef(coll, key);
         if let Some(slot) = out.kv.get(&k).or_else(|| group.kv.get(&k)) {
             return Ok(slot.now.clone());
         }
@@ -758,15 +802,21 @@ impl Writer {
 
     /// The write time the tree held for a key before this group (for its write-time index
     /// entry): as staged by the job or the group when they touched it, else `current`'s.
-    fn orig_ts(
-        k: &(String, String),
-        group: &Group,
-        out: &JobOut,
-        current: Option<&Kv>,
-    ) -> Option<i64> {
+    fn orig_ts(k: &KvRef<'_>, group: &Group, out: &JobOut, current: Option<&Kv>) -> Option<i64> {
         match out.kv.get(k).or_else(|| group.kv.get(k)) {
             Some(slot) => slot.orig_ts,
             None => current.map(|c| c.ts),
+        }
+    }
+
+    /// Stages a key's new state in the job (its key is copied only the first time the job
+    /// writes it: a source's summary is written for every event of a batch).
+    fn put_slot(out: &mut JobOut, coll: &str, key: &str, slot: Slot) {
+        match out.kv.get_mut(&KvRef(coll, key)) {
+            Some(staged) => *staged = slot,
+            None => {
+                out.kv.insert((coll.to_owned(), key.to_owned()), slot);
+            }
         }
     }
 
@@ -793,22 +843,23 @@ impl Writer {
             json,
             ts: now,
         };
-        let k = (coll.to_owned(), key.clone());
-        let orig_ts = Self::orig_ts(&k, group, out, before.as_ref());
+        let orig_ts = Self::orig_ts(&KvRef(coll, &key), group, out, before.as_ref());
+        Self::put_slot(
+            out,
+            coll,
+            &key,
+            Slot {
+                now: Some(after.clone()),
+                orig_ts,
+            },
+        );
         out.changes.push(StagedChange {
             op,
             coll: coll.to_owned(),
             key,
             before,
-            after: Some(after.clone()),
+            after: Some(after),
         });
-        out.kv.insert(
-            k,
-            Slot {
-                now: Some(after),
-                orig_ts,
-            },
-        );
         Ok(())
     }
 
@@ -820,8 +871,8 @@ impl Writer {
         group: &Group,
         out: &mut JobOut,
     ) -> Result<()> {
-        let k = (coll.to_owned(), key.clone());
-        let orig_ts = Self::orig_ts(&k, group, out, Some(&before));
+        let orig_ts = Self::orig_ts(&KvRef(coll, &key), group, out, Some(&before));
+        Self::put_slot(out, coll, &key, Slot { now: None, orig_ts });
         out.changes.push(StagedChange {
             op: ChangeOp::Delete,
             coll: coll.to_owned(),
@@ -829,7 +880,6 @@ impl Writer {
             before: Some(before),
             after: None,
         });
-        out.kv.insert(k, Slot { now: None, orig_ts });
         Ok(())
     }
 
@@ -880,7 +930,7 @@ impl Writer {
                 if !key.starts_with(prefix) {
                     continue;
                 }
-                let k = (coll.to_owned(), key.to_owned());
+                let k = KvRef(coll, key);
                 if out.kv.contains_key(&k) || group.kv.contains_key(&k) {
                     // Written (or deleted) by this group: not idle.
                     continue;
@@ -1720,5 +1770,36 @@ fn answer(jobs: Vec<Job>, mut result: impl FnMut() -> Result<Reply>) {
         if let Some(tx) = job.reply {
             let _ = tx.send(r);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A borrowed key finds what was staged under the owned one, and only that: if the two
+    /// hashed differently, a job's second update of a key would not see its first.
+    #[test]
+    fn a_borrowed_key_finds_the_owned_one() {
+        let mut m: KvMap = KvMap::default();
+        for (c, k) in [
+            ("rollups", "hashtags:東京"),
+            ("rollups", "source:a"),
+            ("r", "ollups"),
+        ] {
+            m.insert(
+                (c.to_owned(), k.to_owned()),
+                Slot {
+                    now: None,
+                    orig_ts: Some(k.len() as i64),
+                },
+            );
+        }
+        let ts = |c, k| m.get(&KvRef(c, k)).map(|s| s.orig_ts);
+        assert_eq!(ts("rollups", "hashtags:東京"), Some(Some(15)));
+        assert_eq!(ts("rollups", "source:a"), Some(Some(8)));
+        assert_eq!(ts("r", "ollups"), Some(Some(6)));
+        assert_eq!(ts("rollup", "ssource:a"), None);
+        assert_eq!(ts("rollups", "hashtags:东京"), None);
     }
 }
