@@ -23,6 +23,8 @@ fn open(dir: &tempfile::TempDir) -> EmbeddedStore {
         Tuning {
             segment_bytes: 64 * 1024,
             memtable_bytes: 64 * 1024,
+            // Small, so the filter of stored keys is built again and again under the suite.
+            known_keys_min: 16,
         },
     )
     .expect("open embedded store")
@@ -364,6 +366,7 @@ async fn keyed_state_is_replayed_from_the_journal_after_a_drop() {
             Tuning {
                 segment_bytes: 64 * 1024,
                 memtable_bytes: 64 * 1024,
+                known_keys_min: 16,
             },
         ) {
             Ok(s) => break s,
@@ -602,6 +605,39 @@ async fn a_handle_opened_before_an_index_was_added_appends_into_it() {
     let got: Vec<_> = got.iter().map(|r| r.doc["i"].clone()).collect();
     assert_eq!(got, vec![json!(10), json!(5), json!(0)]);
     store.close().await.unwrap();
+}
+
+/// A long tail of counters counts exactly while the writer's filter of stored keys is built,
+/// outgrown and built again beside the updates, and after each reopen (when it is built anew
+/// from the tree). In these (debug) builds the writer also checks every read the filter skips
+/// against the tree.
+#[tokio::test]
+async fn a_long_tail_of_counters_counts_exactly_across_filter_rebuilds() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = |i: u64| format!("hashtags:#東京{i}🦀");
+    for round in 1..=3u64 {
+        let store = open(&dir);
+        let k = store.keyed("rollups").await.unwrap();
+        // Each commit counts 50 keys: the 25 newest of the commit before and 25 new ones, so a
+        // key new in the commit that asked for a build is counted again right after it.
+        for batch in 0..40u64 {
+            let updates = (batch * 25..batch * 25 + 50)
+                .map(|i| KeyUpdate::new(key(i), Update::inc("count", 1)))
+                .collect();
+            k.update(updates, Durability::Acknowledged).await.unwrap();
+        }
+        for i in 0..1025u64 {
+            let per_round = if (25..1000).contains(&i) { 2 } else { 1 };
+            let doc = k.get(&key(i)).await.unwrap().expect("stored");
+            assert_eq!(
+                doc["count"],
+                json!(round * per_round),
+                "{} in round {round}",
+                key(i)
+            );
+        }
+        store.close().await.unwrap();
+    }
 }
 
 #[tokio::test]

@@ -190,6 +190,8 @@ fn convert(dir: &Path, work: &Path, options: &EmbeddedOptions, tuning: &Tuning) 
         Arc::new(AtomicU64::new(0)),
         maint_tx,
         tuning.memtable_bytes,
+        // The conversion writes without reading: no filter to build.
+        0,
         Arc::new(AtomicBool::new(false)),
     )?;
     let maint = Maint {

@@ -20,6 +20,7 @@
 mod catalog;
 mod format;
 mod journal;
+mod known;
 mod maint;
 mod migrate;
 pub mod probe;
@@ -81,6 +82,9 @@ pub struct Tuning {
     pub segment_bytes: u64,
     /// The tree's memtable is sealed and flushed once it holds this many bytes.
     pub memtable_bytes: u64,
+    /// The filter of stored keyed documents (reads of keys it does not hold are skipped) is
+    /// sized for twice the keys the tree holds, and at least this many; 0: no filter.
+    pub known_keys_min: usize,
 }
 
 impl Default for Tuning {
@@ -88,6 +92,8 @@ impl Default for Tuning {
         Tuning {
             segment_bytes: 8 << 20,
             memtable_bytes: 4 << 20,
+            // ~80 KB of filter at 1 % false positives.
+            known_keys_min: 1 << 16,
         }
     }
 }
@@ -189,6 +195,7 @@ impl EmbeddedStore {
             newest_op.clone(),
             maint_tx.clone(),
             tuning.memtable_bytes,
+            tuning.known_keys_min,
             rotate_asked.clone(),
         )?;
         let cell = Arc::new(WriterCell::new(writer));

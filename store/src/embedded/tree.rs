@@ -53,6 +53,18 @@ pub(crate) fn tree_err(e: lsm_tree::Error) -> StoreError {
     }
 }
 
+/// The prefix of every keyed document's key.
+pub(crate) const DOC_PREFIX: &[u8] = b"d";
+
+/// The collection and key of a document key (`None` for a key that is not one).
+pub(crate) fn split_doc_key(k: &[u8]) -> Option<(&str, &str)> {
+    let rest = k.strip_prefix(DOC_PREFIX)?;
+    let zero = rest.iter().position(|&b| b == 0)?;
+    let coll = std::str::from_utf8(&rest[..zero]).ok()?;
+    let key = std::str::from_utf8(&rest[zero + 1..]).ok()?;
+    Some((coll, key))
+}
+
 pub(crate) fn doc_key(coll: &str, key: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(2 + coll.len() + key.len());
     k.push(b'd');
@@ -191,17 +203,37 @@ impl Tree {
             .unwrap_or(0))
     }
 
-    /// Up to `limit` entries whose key starts with `prefix` and sorts after `after` (or from
-    /// the first), at `seqno`.
-    pub fn page(
+    /// Up to `limit` keys that start with `prefix` and sort after `after` (or from the
+    /// first), at `seqno`: [`Tree::page`] without the values.
+    pub fn page_keys(
         &self,
         prefix: &[u8],
         after: Option<&[u8]>,
         limit: usize,
         seqno: SeqNo,
-    ) -> Result<Vec<(lsm_tree::UserKey, lsm_tree::UserValue)>> {
+    ) -> Result<Vec<lsm_tree::UserKey>> {
         let mut out = Vec::new();
-        let iter: Box<dyn Iterator<Item = lsm_tree::IterGuardImpl>> = match after {
+        for item in self.range_of(prefix, after, seqno) {
+            if out.len() >= limit {
+                break;
+            }
+            let k = item.key().map_err(tree_err)?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            out.push(k);
+        }
+        Ok(out)
+    }
+
+    /// The entries from `after` (excluded) or from the first that starts with `prefix`.
+    fn range_of<'a>(
+        &'a self,
+        prefix: &'a [u8],
+        after: Option<&'a [u8]>,
+        seqno: SeqNo,
+    ) -> Box<dyn Iterator<Item = lsm_tree::IterGuardImpl> + 'a> {
+        match after {
             Some(after) => {
                 let mut upper = prefix.to_vec();
                 // Every key of the prefix sorts below the prefix followed by 0xff bytes (keys
@@ -217,8 +249,20 @@ impl Tree {
                 ))
             }
             None => Box::new(self.tree.prefix(prefix, seqno, None)),
-        };
-        for item in iter {
+        }
+    }
+
+    /// Up to `limit` entries whose key starts with `prefix` and sorts after `after` (or from
+    /// the first), at `seqno`.
+    pub fn page(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+        seqno: SeqNo,
+    ) -> Result<Vec<(lsm_tree::UserKey, lsm_tree::UserValue)>> {
+        let mut out = Vec::new();
+        for item in self.range_of(prefix, after, seqno) {
             if out.len() >= limit {
                 break;
             }

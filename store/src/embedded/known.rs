@@ -1,0 +1,313 @@
+//! Which keyed documents the tree may hold: a Bloom filter over every stored (collection, key),
+//! so an update of a key the tree does not hold (on a long tail, most of them are new) is
+//! answered without reading the tree. A read of an absent key searches the memtable's skip
+//! list, takes the tree's version and asks every table's filter; the writer does it for every
+//! new key, and every commit waits for the writer.
+//!
+//! The filter must hold every stored key: one it wrongly called absent would be written as new
+//! (a counter starting again at 1). So it is only used once built, and built from the tree
+//! itself, off the writer, in a thread of its own: the writer asks for a build at the tree's
+//! visible sequence number, records every key it writes from then on, and adopts the built
+//! filter with those keys added. Keys deleted since stay in the filter (a Bloom filter cannot
+//! forget) and only cost a read; the filter is built again, sized for the keys the tree holds
+//! then, once the keys added since the last build outgrow what it was sized for, so its
+//! memory follows the keys the tree holds, not every key ever written.
+
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError, sync_channel};
+use std::thread::JoinHandle;
+
+use fastbloom::BloomFilter;
+
+use super::tree::{self, Tree};
+use crate::{Result, StoreError};
+
+/// The share of "may hold" answers for absent keys the filter is sized for.
+const FALSE_POSITIVES: f64 = 0.01;
+
+/// A key, as the filter hashes it: the collection and the key, as the writer's maps do.
+#[derive(Hash)]
+struct Key<'a>(&'a str, &'a str);
+
+type Hasher = hashbrown::DefaultHashBuilder;
+type Filter = BloomFilter<Hasher>;
+
+fn filter(capacity: usize, hasher: Hasher) -> Filter {
+    BloomFilter::with_false_pos(FALSE_POSITIVES)
+        .hasher(hasher)
+        .expected_items(capacity)
+}
+
+/// A filter built from the tree, and how many keys it was built from.
+struct Built {
+    filter: Filter,
+    keys: usize,
+}
+
+pub(crate) struct KnownKeys {
+    /// `None` until the first build is adopted: every read then goes to the tree.
+    filter: Option<Filter>,
+    /// Keys the filter was built from plus those added since (counted when new to it).
+    held: usize,
+    /// How many keys it was sized for.
+    capacity: usize,
+    /// The smallest capacity a build sizes for.
+    min_capacity: usize,
+    /// A build under way.
+    building: Option<Building>,
+    /// Every filter's hasher (seeded once): a key written during a build is kept as its hash
+    /// and added to the built filter by it.
+    hasher: Hasher,
+}
+
+struct Building {
+    answer: Receiver<Result<Built>>,
+    /// The hashes of the keys written since the build's sequence number (8 bytes a key: a
+    /// build of millions of keys under a fast stream keeps hundreds of thousands).
+    since: Vec<u64>,
+    /// Set when the writer goes (the store closes): the build stops.
+    cancel: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Drop for KnownKeys {
+    /// A build reads the tree: it is over before the writer (and the store) is gone, so a store
+    /// opened again on the same directory never shares it with a reader of the closed one.
+    fn drop(&mut self) {
+        if let Some(b) = self.building.take() {
+            b.cancel.store(true, Ordering::Relaxed);
+            let _ = b.thread.join();
+        }
+    }
+}
+
+impl KnownKeys {
+    /// A filter sized for at least `min_capacity` keys; 0 never builds one (every read goes
+    /// to the tree: the conversion of an earlier layout, which writes without reading).
+    pub(crate) fn new(min_capacity: usize) -> Self {
+        KnownKeys {
+            filter: None,
+            held: 0,
+            capacity: 0,
+            min_capacity,
+            building: None,
+            hasher: Hasher::default(),
+        }
+    }
+
+    /// `false` only for a key the tree does not hold.
+    pub(crate) fn may_hold(&self, coll: &str, key: &str) -> bool {
+        self.filter
+            .as_ref()
+            .is_none_or(|f| f.contains(&Key(coll, key)))
+    }
+
+    /// A key the writer is writing into the tree.
+    pub(crate) fn written(&mut self, coll: &str, key: &str) {
+        if self.filter.is_none() && self.building.is_none() {
+            return;
+        }
+        let h = self.hasher.hash_one(Key(coll, key));
+        if let Some(f) = &mut self.filter
+            && !f.insert_hash(h)
+        {
+            self.held += 1;
+        }
+        if let Some(b) = &mut self.building {
+            b.since.push(h);
+        }
+    }
+
+    /// Called by the writer between commits (nothing of a commit is in the tree but not yet
+    /// visible): adopts a finished build, and starts one when there is none yet or the keys
+    /// have outgrown the filter.
+    pub(crate) fn tend(&mut self, tree: &Arc<Tree>) {
+        if self.min_capacity == 0 {
+            return;
+        }
+        if let Some(b) = &self.building {
+            match b.answer.try_recv() {
+                Err(TryRecvError::Empty) => return,
+                Ok(Ok(built)) => {
+                    let Some(b) = self.building.take() else {
+                        return;
+                    };
+                    let _ = b.thread.join();
+                    let mut f = built.filter;
+                    let mut held = built.keys;
+                    for &h in &b.since {
+                        if !f.insert_hash(h) {
+                            held += 1;
+                        }
+                    }
+                    self.capacity = self.capacity_for(built.keys);
+                    self.held = held;
+                    self.filter = Some(f);
+                }
+                // The build failed (a read error, a thread that could not start): the filter in
+                // use, if any, is still complete; try again later.
+                Ok(Err(_)) | Err(TryRecvError::Disconnected) => {
+                    if let Some(b) = self.building.take() {
+                        let _ = b.thread.join();
+                    }
+                    return;
+                }
+            }
+        }
+        if self.filter.is_none() || self.held > self.capacity {
+            self.start(tree);
+        }
+    }
+
+    fn capacity_for(&self, keys: usize) -> usize {
+        keys.saturating_mul(2).max(self.min_capacity)
+    }
+
+    fn start(&mut self, tree: &Arc<Tree>) {
+        let seqno = tree.visible();
+        let tree = tree.clone();
+        let min = self.min_capacity;
+        let hasher = self.hasher.clone();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (tx, answer) = sync_channel(1);
+        let spawned = std::thread::Builder::new()
+            .name("tailrace-keys".into())
+            .spawn({
+                let cancel = cancel.clone();
+                move || {
+                    let _ = tx.send(build(&tree, seqno, min, hasher, &cancel));
+                }
+            });
+        // A thread that cannot start leaves the reads to the tree, as before.
+        if let Ok(thread) = spawned {
+            self.building = Some(Building {
+                answer,
+                since: Vec::new(),
+                cancel,
+                thread,
+            });
+        }
+    }
+}
+
+/// Every keyed document's (collection, key) the tree holds at `seqno`, in a filter sized for
+/// twice their number (at least `min`): counted first, then added.
+fn build(
+    tree: &Tree,
+    seqno: u64,
+    min: usize,
+    hasher: Hasher,
+    cancel: &AtomicBool,
+) -> Result<Built> {
+    let mut keys = 0usize;
+    each_key(tree, seqno, cancel, |_, _| keys += 1)?;
+    let mut f = filter(keys.saturating_mul(2).max(min), hasher);
+    each_key(tree, seqno, cancel, |coll, key| {
+        f.insert(&Key(coll, key));
+    })?;
+    Ok(Built { filter: f, keys })
+}
+
+fn each_key(
+    tree: &Tree,
+    seqno: u64,
+    cancel: &AtomicBool,
+    mut f: impl FnMut(&str, &str),
+) -> Result<()> {
+    let prefix = tree::DOC_PREFIX;
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(StoreError::Closed);
+        }
+        let page = tree.page_keys(prefix, after.as_deref(), 4096, seqno)?;
+        for k in &page {
+            if let Some((coll, key)) = tree::split_doc_key(k) {
+                f(coll, key);
+            }
+        }
+        match page.last() {
+            Some(last) if page.len() == 4096 => after = Some(last.to_vec()),
+            _ => return Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use lsm_tree::AbstractTree;
+
+    #[test]
+    fn a_key_written_while_the_filter_is_built_is_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = Arc::new(Tree::open(dir.path()).unwrap());
+        let put = |coll: &str, key: &str, seqno: u64| {
+            tree.tree
+                .insert(tree::doc_key(coll, key), tree::value(0, b"{}"), seqno);
+            tree.publish(seqno);
+        };
+        for i in 0..100u64 {
+            put("rollups", &format!("hashtags:東京{i}"), i + 1);
+        }
+        let mut k = KnownKeys::new(8);
+        assert!(
+            k.may_hold("rollups", "anything"),
+            "no filter yet: ask the tree"
+        );
+        k.tend(&tree);
+        // Written after the build's sequence number: recorded for the build.
+        put("rollups", "source:late", 200);
+        k.written("rollups", "source:late");
+        while k.filter.is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            k.tend(&tree);
+        }
+        for i in 0..100u64 {
+            assert!(k.may_hold("rollups", &format!("hashtags:東京{i}")));
+        }
+        assert!(k.may_hold("rollups", "source:late"));
+        // 101 unless the filter took the late key for one it held (a false positive).
+        assert!((100..=101).contains(&k.held), "{} held", k.held);
+        assert_eq!(k.capacity, 200);
+        let absent = (0..1000)
+            .filter(|i| !k.may_hold("rollups", &format!("hashtags:other{i}")))
+            .count();
+        assert!(
+            absent > 900,
+            "only {absent} of 1000 absent keys called absent"
+        );
+        assert!(!k.may_hold("rollup", "shashtags:東京1"));
+    }
+
+    #[test]
+    fn the_filter_is_built_again_when_its_keys_outgrow_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = Arc::new(Tree::open(dir.path()).unwrap());
+        let mut k = KnownKeys::new(4);
+        k.tend(&tree);
+        while k.filter.is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            k.tend(&tree);
+        }
+        assert_eq!(k.capacity, 4);
+        for i in 0..50u64 {
+            let key = format!("k{i}");
+            tree.tree
+                .insert(tree::doc_key("c", &key), tree::value(0, b"{}"), i + 1);
+            tree.publish(i + 1);
+            k.written("c", &key);
+            k.tend(&tree);
+        }
+        while k.building.is_some() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            k.tend(&tree);
+        }
+        assert!(k.capacity >= 50, "sized for {}", k.capacity);
+        assert!(k.held <= 50 && k.held <= k.capacity, "{} held", k.held);
+        assert!((0..50).all(|i| k.may_hold("c", &format!("k{i}"))));
+    }
+}
