@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError, sync_channel};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use fastbloom::BloomFilter;
 
@@ -26,6 +27,8 @@ use crate::{Result, StoreError};
 
 /// The share of "may hold" answers for absent keys the filter is sized for.
 const FALSE_POSITIVES: f64 = 0.01;
+/// How long after a failed build (a read error) the next one may start.
+const RETRY_AFTER: Duration = Duration::from_secs(10);
 
 /// A key, as the filter hashes it: the collection and the key, as the writer's maps do.
 #[derive(Hash)]
@@ -60,6 +63,8 @@ pub(crate) struct KnownKeys {
     /// Every filter's hasher (seeded once): a key written during a build is kept as its hash
     /// and added to the built filter by it.
     hasher: Hasher,
+    /// No build starts before this (after a failed one).
+    not_before: Option<Instant>,
 }
 
 struct Building {
@@ -94,6 +99,7 @@ impl KnownKeys {
             min_capacity,
             building: None,
             hasher: Hasher::default(),
+            not_before: None,
         }
     }
 
@@ -152,9 +158,13 @@ impl KnownKeys {
                     if let Some(b) = self.building.take() {
                         let _ = b.thread.join();
                     }
+                    self.not_before = Some(Instant::now() + RETRY_AFTER);
                     return;
                 }
             }
+        }
+        if self.not_before.is_some_and(|t| Instant::now() < t) {
+            return;
         }
         if self.filter.is_none() || self.held > self.capacity {
             self.start(tree);
