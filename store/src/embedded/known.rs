@@ -23,16 +23,13 @@ use std::time::{Duration, Instant};
 use fastbloom::BloomFilter;
 
 use super::tree::{self, Tree};
+use super::writer::KvRef;
 use crate::{Result, StoreError};
 
 /// The share of "may hold" answers for absent keys the filter is sized for.
 const FALSE_POSITIVES: f64 = 0.01;
 /// How long after a failed build (a read error) the next one may start.
 const RETRY_AFTER: Duration = Duration::from_secs(10);
-
-/// A key, as the filter hashes it: the collection and the key, as the writer's maps do.
-#[derive(Hash)]
-struct Key<'a>(&'a str, &'a str);
 
 type Hasher = hashbrown::DefaultHashBuilder;
 type Filter = BloomFilter<Hasher>;
@@ -43,10 +40,11 @@ fn filter(capacity: usize, hasher: Hasher) -> Filter {
         .expected_items(capacity)
 }
 
-/// A filter built from the tree, and how many keys it was built from.
+/// A filter built from the tree, how many keys it was built from and sized for.
 struct Built {
     filter: Filter,
     keys: usize,
+    capacity: usize,
 }
 
 pub(crate) struct KnownKeys {
@@ -107,7 +105,7 @@ impl KnownKeys {
     pub(crate) fn may_hold(&self, coll: &str, key: &str) -> bool {
         self.filter
             .as_ref()
-            .is_none_or(|f| f.contains(&Key(coll, key)))
+            .is_none_or(|f| f.contains(&KvRef(coll, key)))
     }
 
     /// A key the writer is writing into the tree.
@@ -115,7 +113,7 @@ impl KnownKeys {
         if self.filter.is_none() && self.building.is_none() {
             return;
         }
-        let h = self.hasher.hash_one(Key(coll, key));
+        let h = self.hasher.hash_one(KvRef(coll, key));
         if let Some(f) = &mut self.filter
             && !f.insert_hash(h)
         {
@@ -148,7 +146,7 @@ impl KnownKeys {
                             held += 1;
                         }
                     }
-                    self.capacity = self.capacity_for(built.keys);
+                    self.capacity = built.capacity;
                     self.held = held;
                     self.filter = Some(f);
                 }
@@ -169,10 +167,6 @@ impl KnownKeys {
         if self.filter.is_none() || self.held > self.capacity {
             self.start(tree);
         }
-    }
-
-    fn capacity_for(&self, keys: usize) -> usize {
-        keys.saturating_mul(2).max(self.min_capacity)
     }
 
     fn start(&mut self, tree: &Arc<Tree>) {
@@ -213,11 +207,16 @@ fn build(
 ) -> Result<Built> {
     let mut keys = 0usize;
     each_key(tree, seqno, cancel, |_, _| keys += 1)?;
-    let mut f = filter(keys.saturating_mul(2).max(min), hasher);
+    let capacity = keys.saturating_mul(2).max(min);
+    let mut f = filter(capacity, hasher);
     each_key(tree, seqno, cancel, |coll, key| {
-        f.insert(&Key(coll, key));
+        f.insert(&KvRef(coll, key));
     })?;
-    Ok(Built { filter: f, keys })
+    Ok(Built {
+        filter: f,
+        keys,
+        capacity,
+    })
 }
 
 fn each_key(

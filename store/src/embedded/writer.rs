@@ -337,9 +337,10 @@ type KvKey = (String, String);
 type KvMap = KvHashMap<KvKey, Slot>;
 
 /// A [`KvKey`] borrowed, to look one up without building it: it hashes as the tuple does
-/// (`derive(Hash)` hashes the fields in order, as a tuple hashes its elements).
+/// (`derive(Hash)` hashes the fields in order, as a tuple hashes its elements). The filter of
+/// stored keys hashes keys as this too.
 #[derive(Hash)]
-struct KvRef<'a>(&'a str, &'a str);
+pub(crate) struct KvRef<'a>(pub &'a str, pub &'a str);
 
 impl hashbrown::Equivalent<KvKey> for KvRef<'_> {
     fn equivalent(&self, k: &KvKey) -> bool {
