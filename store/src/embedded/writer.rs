@@ -700,15 +700,15 @@ impl Writer {
                 self.check_keyed(&coll)?;
                 for u in updates {
                     let current = self.read_kv(&coll, &u.key, group, out)?;
-                    let mut doc = match &current {
-                        Some(c) => Document::clone(&c.doc),
+                    let doc = match &current {
+                        Some(c) => update::apply_to_copy(&c.doc, u.update)?,
                         None => {
                             let mut d = Document::new();
                             d.insert("_id".into(), u.key.clone().into());
+                            update::apply_owned(&mut d, u.update)?;
                             d
                         }
                     };
-                    update::apply_owned(&mut doc, u.update)?;
                     let op = if current.is_some() {
                         ChangeOp::Update
                     } else {
