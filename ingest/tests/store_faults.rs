@@ -202,6 +202,36 @@ async fn a_rollup_update_the_store_refuses_is_dropped_and_ingestion_goes_on() {
     );
 }
 
+/// Events the store refuses and a rollup it refuses, in the same batches: the rollups,
+/// written again to isolate the refused one, count the stored events only.
+#[tokio::test]
+async fn refused_events_stay_uncounted_when_a_refused_rollup_is_isolated() {
+    let r = rig().await;
+    ingest(&r, vec![event(0, false)]).await;
+    r.store
+        .set_validator("events", rule(json!({"poison": {"$exists": false}})))
+        .await
+        .unwrap();
+    r.store
+        .set_validator("rollups", rule(json!({"_id": {"$ne": "lang:ja"}})))
+        .await
+        .unwrap();
+    let poisoned = |i: u64| i % 11 == 4;
+    let events: Vec<Value> = (1..=200).map(|i| event(i, poisoned(i))).collect();
+    ingest(&r, events).await;
+    let kept = |i: &u64| !poisoned(*i);
+    let stored = all(&r, "events").await;
+    assert_eq!(stored.len(), (0..=200).filter(kept).count());
+    let rollups = r.store.keyed("rollups").await.unwrap();
+    let en = rollups.get("lang:en").await.unwrap().unwrap();
+    let n_en = (0..=200).filter(kept).filter(|i| i % 3 != 0).count() as u64;
+    assert_eq!(en["count"], json!(n_en), "stored events only, each once");
+    let ja = rollups.get("lang:ja").await.unwrap().unwrap();
+    assert_eq!(ja["count"], json!(1), "counted before the rule only");
+    let summary = rollups.get("source:s").await.unwrap().unwrap();
+    assert_eq!(summary["count"], json!(stored.len() as u64));
+}
+
 /// The usual batch (no dead letters) commits its events and their rollups together: every
 /// rollup change carries the commit time of events, and every batch's events one of a rollup
 /// change. (The refusals above prove the other way: a failed joint commit is written in turn.)

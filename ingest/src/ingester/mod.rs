@@ -34,7 +34,9 @@ pub use rollups::{coalesce_counters, rollups};
 pub use validate::{Rejection, dead_letter, validate};
 pub use write::StoreHealth;
 
-use write::{Refused, Written, write_isolating, write_together, write_until_refused};
+use write::{
+    Refused, Written, write_isolating, write_isolating_remade, write_together, write_until_refused,
+};
 
 use crate::source::{Raw, RejectReason};
 use crate::telemetry as t;
@@ -95,8 +97,10 @@ pub trait WriteObserver: Send + Sync + 'static {
 
 /// A batch ready for the store.
 struct Prepared {
-    /// Validated, stamped events, shared with the store (and through it with live tails).
+    /// Validated, stamped events, shared with the store (and through it with live tails) ...
     docs: Vec<Arc<Document>>,
+    /// ... and the source each came from.
+    sources: Vec<Arc<str>>,
     /// Their rollup updates, uncoalesced ...
     updates: Vec<KeyUpdate>,
     /// ... and the index in `docs` of the event each belongs to (the updates of an event the
@@ -119,8 +123,11 @@ struct Landed {
     events: Written<Arc<Document>>,
     /// ... and of its dead letters.
     dead_letters: Written<Arc<Document>>,
-    /// The rollup updates of its stored events, uncoalesced.
+    /// The rollup updates of its stored events, uncoalesced ...
     updates: Vec<KeyUpdate>,
+    /// ... and those events with their sources, in order: their updates again, should the
+    /// first attempt to write them fail ([`write_isolating_remade`]).
+    stored: Vec<(Arc<Document>, Arc<str>)>,
     /// The newest sequence number of each source among its events.
     last_seq: HashMap<Arc<str>, u64>,
 }
@@ -388,6 +395,7 @@ impl Ingester {
         let now = now_us();
         let mut ready = Prepared {
             docs: Vec::with_capacity(batch.len()),
+            sources: Vec::with_capacity(batch.len()),
             updates: Vec::with_capacity(batch.len() * 4),
             owners: Vec::with_capacity(batch.len() * 4),
             dead: Vec::new(),
@@ -438,6 +446,7 @@ impl Ingester {
                     rollups(&doc, &h.source, &self.options, &mut ready.updates);
                     ready.owners.resize(ready.updates.len(), ready.docs.len());
                     ready.docs.push(Arc::new(doc));
+                    ready.sources.push(h.source.clone());
                 }
                 Err((rejection, bytes)) => {
                     t::RecordRejected {
@@ -472,6 +481,7 @@ impl Ingester {
     ) -> Option<Landed> {
         let Prepared {
             mut docs,
+            sources,
             updates,
             owners,
             mut dead,
@@ -505,6 +515,9 @@ impl Ingester {
                 return None;
             }
         }
+        // The events, shared with what the store keeps, and their sources: the rollups are
+        // derived from them again only if their first write fails.
+        let stored: Vec<(Arc<Document>, Arc<str>)> = docs.iter().cloned().zip(sources).collect();
         // Events and dead letters in hand-over order, stage after stage ([`order`]): a crash
         // leaves each source a prefix of what it handed over, so a restart that resumes after
         // its newest stored record loses no record. The last stage's dead letters too are
@@ -562,23 +575,31 @@ impl Ingester {
             dead_letters.absorb(written, stage.letters.start);
         }
         // The rollups of the events that were stored (not of the ones the store refused).
-        let updates = if events.refused.is_empty() {
-            updates
+        let (updates, stored) = if events.refused.is_empty() {
+            (updates, stored)
         } else {
             let refused: std::collections::HashSet<usize> =
                 events.refused.iter().map(|r| r.index).collect();
-            updates
+            let stored = stored
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| !refused.contains(i))
+                .map(|(_, s)| s)
+                .collect();
+            let updates = updates
                 .into_iter()
                 .zip(owners)
                 .filter(|(_, event)| !refused.contains(event))
                 .map(|(u, _)| u)
-                .collect()
+                .collect();
+            (updates, stored)
         };
         Some(Landed {
             n,
             events,
             dead_letters,
             updates,
+            stored,
             last_seq,
         })
     }
@@ -617,14 +638,27 @@ impl Ingester {
             events,
             dead_letters,
             mut updates,
+            stored,
             last_seq,
         } = batch;
         coalesce_counters(&mut updates);
+        let mut again = names.clone();
         names.name(&mut updates);
+        // The same updates with the same names: derived, merged and named as above.
+        let capacity = updates.len();
+        let remake = move || {
+            let mut updates = Vec::with_capacity(capacity);
+            for (doc, source) in &stored {
+                rollups(doc, source, &self.options, &mut updates);
+            }
+            coalesce_counters(&mut updates);
+            again.name(&mut updates);
+            updates
+        };
         let rollups_d = rollups_durability(self.options.durability, self.engine);
-        let rollups = write_isolating("rollups", updates, &self.health, |updates| {
+        let rollups = write_isolating_remade("rollups", updates, remake, &self.health, |updates| {
             let rollups = self.rollups.clone();
-            async move { rollups.update(updates.to_vec(), rollups_d).await }
+            async move { rollups.update(updates.into_vec(), rollups_d).await }
         })
         .await;
         self.account(n, events, (rollups, rollups_d), dead_letters, last_seq)

@@ -116,7 +116,9 @@ fn add_increments(a: &Update, b: &Update) -> Option<Update> {
 /// Names a writer's rollup updates ([`store::WriteId`]): a writer drawn at random when the
 /// ingester starts, and a sequence number per update, in the order they are sent. The third
 /// stage sends batches one after another and each batch's updates in order, and writes a batch
-/// again only before the next one: the order a `WriteId` asks for.
+/// again only before the next one: the order a `WriteId` asks for. A clone names the same
+/// updates again with the same names.
+#[derive(Clone)]
 pub struct UpdateNames {
     writer: u64,
     next: u64,

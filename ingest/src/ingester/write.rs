@@ -142,16 +142,71 @@ pub(super) async fn write_isolating<T, F, Fut>(
     collection: &str,
     items: Vec<T>,
     health: &Arc<StoreHealth>,
-    write: F,
+    mut write: F,
 ) -> Written<T>
 where
     T: Clone,
     F: FnMut(Arc<[T]>) -> Fut,
     Fut: Future<Output = Result<(), StoreError>>,
 {
-    write_ordered(collection, items, health, write, false)
+    let by_part = |part: Part<T>| write(part.into_shared());
+    write_ordered(
+        collection,
+        items,
+        None::<fn() -> Vec<T>>,
+        health,
+        by_part,
+        false,
+    )
+    .await
+    .0
+}
+
+/// [`write_isolating`] of items the caller can make again, exactly (`remake`: the same items
+/// in the same order). The first attempt is handed the items themselves, and nothing is kept:
+/// an engine that takes its updates by value then copies nothing. Only after a failed attempt
+/// are the items made again, to write again or to isolate the one refused.
+pub(super) async fn write_isolating_remade<T, R, F, Fut>(
+    collection: &str,
+    items: Vec<T>,
+    remake: R,
+    health: &Arc<StoreHealth>,
+    write: F,
+) -> Written<T>
+where
+    T: Clone,
+    R: FnOnce() -> Vec<T>,
+    F: FnMut(Part<T>) -> Fut,
+    Fut: Future<Output = Result<(), StoreError>>,
+{
+    write_ordered(collection, items, Some(remake), health, write, false)
         .await
         .0
+}
+
+/// What one attempt writes: the items themselves (the first attempt of
+/// [`write_isolating_remade`]), or shared with what is kept to write again.
+pub(super) enum Part<T> {
+    Owned(Vec<T>),
+    Shared(Arc<[T]>),
+}
+
+impl<T: Clone> Part<T> {
+    /// The items by value: copied only when shared.
+    pub(super) fn into_vec(self) -> Vec<T> {
+        match self {
+            Part::Owned(items) => items,
+            Part::Shared(items) => items.to_vec(),
+        }
+    }
+
+    /// The items shared.
+    fn into_shared(self) -> Arc<[T]> {
+        match self {
+            Part::Owned(items) => items.into(),
+            Part::Shared(items) => items,
+        }
+    }
 }
 
 /// [`write_isolating`] up to the first item the store refuses: every item before it is
@@ -162,26 +217,52 @@ pub(super) async fn write_until_refused<T, F, Fut>(
     collection: &str,
     items: Vec<T>,
     health: &Arc<StoreHealth>,
-    write: F,
+    mut write: F,
 ) -> (Written<T>, Vec<T>)
 where
     T: Clone,
     F: FnMut(Arc<[T]>) -> Fut,
     Fut: Future<Output = Result<(), StoreError>>,
 {
-    write_ordered(collection, items, health, write, true).await
+    let by_part = |part: Part<T>| write(part.into_shared());
+    write_ordered(
+        collection,
+        items,
+        None::<fn() -> Vec<T>>,
+        health,
+        by_part,
+        true,
+    )
+    .await
 }
 
-async fn write_ordered<T, F, Fut>(
+/// The items kept to write again: shared from the start, or made again by `remake` the first
+/// time they are needed.
+fn kept<'a, T, R: FnOnce() -> Vec<T>>(
+    shared: &'a mut Option<Arc<[T]>>,
+    remake: &mut Option<R>,
+    len: usize,
+) -> &'a Arc<[T]> {
+    shared.get_or_insert_with(|| {
+        let again = remake.take().map(|r| r()).unwrap_or_default();
+        // The ranges index the first items: made again, they must be as many.
+        assert_eq!(again.len(), len, "items made again differ in number");
+        again.into()
+    })
+}
+
+async fn write_ordered<T, R, F, Fut>(
     collection: &str,
     items: Vec<T>,
+    mut remake: Option<R>,
     health: &Arc<StoreHealth>,
     mut write: F,
     stop_at_refusal: bool,
 ) -> (Written<T>, Vec<T>)
 where
     T: Clone,
-    F: FnMut(Arc<[T]>) -> Fut,
+    R: FnOnce() -> Vec<T>,
+    F: FnMut(Part<T>) -> Fut,
     Fut: Future<Output = Result<(), StoreError>>,
 {
     let mut out = Written {
@@ -192,11 +273,17 @@ where
     if items.is_empty() {
         return (out, Vec::new());
     }
-    let items: Arc<[T]> = items.into();
+    let len = items.len();
+    // With `remake`, the first attempt takes the items; otherwise every attempt shares them.
+    let (mut first, mut shared) = if remake.is_some() {
+        (Some(items), None)
+    } else {
+        (None, Some(Arc::<[T]>::from(items)))
+    };
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     // Ranges still to write, in order (the next one last).
     let mut todo: Vec<Range<usize>> = Vec::with_capacity(8);
-    todo.push(0..items.len());
+    todo.push(0..len);
     let mut refused: Vec<(usize, StoreError)> = Vec::new();
     while let Some(mut range) = todo.pop() {
         if stop_at_refusal && !refused.is_empty() {
@@ -204,10 +291,16 @@ where
             break;
         }
         let started = Instant::now();
-        let part = if range.len() == items.len() {
-            items.clone()
-        } else {
-            items[range.clone()].into()
+        let part = match first.take() {
+            Some(items) => Part::Owned(items),
+            None => {
+                let items = kept(&mut shared, &mut remake, len);
+                if range.len() == len {
+                    Part::Shared(items.clone())
+                } else {
+                    Part::Shared(items[range.clone()].into())
+                }
+            }
         };
         let mut result = write(part).await;
         if let Err(StoreError::PartlyWritten { written, error }) = result {
@@ -277,6 +370,10 @@ where
             }
         }
     }
+    if refused.is_empty() && todo.is_empty() {
+        return (out, Vec::new());
+    }
+    let items = kept(&mut shared, &mut remake, len);
     out.refused = refused
         .into_iter()
         .map(|(index, error)| Refused {
@@ -532,6 +629,94 @@ mod tests {
                 [4, 5, 6, 7, 8, 9],
                 "partial={partial}: the rest, in order"
             );
+        }
+    }
+
+    /// Items the caller can make again: the first attempt is handed the items themselves and,
+    /// when it succeeds, they are never made again. When it fails (for a passing reason, by a
+    /// refusal, or part way), they are made again once, and what is written, refused and
+    /// resumed is as with shared items.
+    #[tokio::test(start_paused = true)]
+    async fn items_made_again_are_made_only_after_a_failed_first_attempt() {
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        enum Fail {
+            Never,
+            Passing,
+            Refusal,
+            PartWay,
+        }
+        for fail in [Fail::Never, Fail::Passing, Fail::Refusal, Fail::PartWay] {
+            let health = Arc::new(StoreHealth::new());
+            let stored: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+            let attempts: Mutex<Vec<bool>> = Mutex::new(Vec::new());
+            let remade = AtomicBool::new(false);
+            let items: Vec<u32> = (0..10).collect();
+            let out = write_isolating_remade(
+                "rollups",
+                items,
+                || {
+                    assert!(!remade.swap(true, Ordering::SeqCst), "made again once");
+                    (0..10).collect()
+                },
+                &health,
+                |part: Part<u32>| {
+                    let first = attempts.lock().unwrap().is_empty();
+                    attempts
+                        .lock()
+                        .unwrap()
+                        .push(matches!(part, Part::Owned(_)));
+                    let chunk = part.into_vec();
+                    let culprit = chunk.iter().position(|i| *i == 6);
+                    let result = match (fail, first, culprit) {
+                        (Fail::Passing, true, _) => Err(StoreError::Unavailable {
+                            engine: "embedded",
+                            message: "database or disk is full".into(),
+                        }),
+                        (Fail::PartWay, true, Some(at)) => {
+                            stored.lock().unwrap().extend(&chunk[..at]);
+                            Err(StoreError::PartlyWritten {
+                                written: at,
+                                error: Box::new(engine("refused")),
+                            })
+                        }
+                        (Fail::Refusal | Fail::PartWay, _, Some(_)) => Err(engine("refused")),
+                        _ => {
+                            stored.lock().unwrap().extend(&chunk);
+                            Ok(())
+                        }
+                    };
+                    async move { result }
+                },
+            )
+            .await;
+            let attempts = attempts.lock().unwrap();
+            assert!(attempts[0], "{fail:?}: the first attempt takes the items");
+            assert!(
+                attempts[1..].iter().all(|owned| !owned),
+                "{fail:?}: later attempts share what was made again"
+            );
+            assert_eq!(
+                remade.load(Ordering::SeqCst),
+                fail != Fail::Never,
+                "{fail:?}: made again only after a failure"
+            );
+            let refused: Vec<u32> = out.refused.iter().map(|r| r.item).collect();
+            let expected: Vec<u32> = match fail {
+                Fail::Never | Fail::Passing => {
+                    assert!(refused.is_empty(), "{fail:?}");
+                    (0..10).collect()
+                }
+                Fail::Refusal | Fail::PartWay => {
+                    assert_eq!(refused, [6], "{fail:?}: the culprit alone is refused");
+                    (0..10).filter(|i| *i != 6).collect()
+                }
+            };
+            assert_eq!(
+                *stored.lock().unwrap(),
+                expected,
+                "{fail:?}: in order, once"
+            );
+            assert_eq!(out.unwritten, 0);
         }
     }
 
