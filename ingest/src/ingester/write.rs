@@ -142,24 +142,16 @@ pub(super) async fn write_isolating<T, F, Fut>(
     collection: &str,
     items: Vec<T>,
     health: &Arc<StoreHealth>,
-    mut write: F,
+    write: F,
 ) -> Written<T>
 where
     T: Clone,
     F: FnMut(Arc<[T]>) -> Fut,
     Fut: Future<Output = Result<(), StoreError>>,
 {
-    let by_part = |part: Part<T>| write(part.into_shared());
-    write_ordered(
-        collection,
-        items,
-        None::<fn() -> Vec<T>>,
-        health,
-        by_part,
-        false,
-    )
-    .await
-    .0
+    write_shared(collection, items, health, write, false)
+        .await
+        .0
 }
 
 /// [`write_isolating`] of items the caller can make again, exactly (`remake`: the same items
@@ -217,7 +209,23 @@ pub(super) async fn write_until_refused<T, F, Fut>(
     collection: &str,
     items: Vec<T>,
     health: &Arc<StoreHealth>,
+    write: F,
+) -> (Written<T>, Vec<T>)
+where
+    T: Clone,
+    F: FnMut(Arc<[T]>) -> Fut,
+    Fut: Future<Output = Result<(), StoreError>>,
+{
+    write_shared(collection, items, health, write, true).await
+}
+
+/// [`write_ordered`] of items every attempt shares.
+async fn write_shared<T, F, Fut>(
+    collection: &str,
+    items: Vec<T>,
+    health: &Arc<StoreHealth>,
     mut write: F,
+    stop_at_refusal: bool,
 ) -> (Written<T>, Vec<T>)
 where
     T: Clone,
@@ -225,13 +233,14 @@ where
     Fut: Future<Output = Result<(), StoreError>>,
 {
     let by_part = |part: Part<T>| write(part.into_shared());
+    let no_remake = None::<fn() -> Vec<T>>;
     write_ordered(
         collection,
         items,
-        None::<fn() -> Vec<T>>,
+        no_remake,
         health,
         by_part,
-        true,
+        stop_at_refusal,
     )
     .await
 }
