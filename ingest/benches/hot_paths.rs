@@ -6,7 +6,10 @@
 //!   the rate, Bollinger bands, top-k and sequence tracker (snapshots are taken per tick, not
 //!   per event);
 //! - `encode_batch_256`: what the embedded writer does per batch — encode 256 stamped events
-//!   as JSON text.
+//!   as JSON text;
+//! - `coalesce_batch_1000`: what the rollups stage does per batch — merge the counter updates
+//!   of 1,000 long-tail events (the realistic source's default shape: hashtags Zipf over
+//!   2,000,000 values) into one update per key.
 //!
 //! Kept cheap to compile (criterion without rayon, plots or HTML reports): CI builds this file
 //! on every `cargo clippy --all-targets`.
@@ -16,8 +19,9 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use feeds::stats::{Event, RollingStats, StatsConfig};
-use ingest::ingester::{IngestOptions, rollups, validate};
+use ingest::ingester::{IngestOptions, coalesce_counters, rollups, validate};
 use ingest::source::Raw;
+use ingest::source::realistic::{Realistic, Shape};
 use ingest::source::synthetic::Generator;
 use serde_json::json;
 use store::{Document, Durability, STAMP_FIELD, Stamp};
@@ -102,12 +106,39 @@ fn encode_batch(c: &mut Criterion) {
     });
 }
 
+fn coalesce_batch(c: &mut Criterion) {
+    let mut g = Realistic::new(5, Shape::default());
+    let o = options();
+    // Past the first batches, as a running stream is: its counters' keys are a long tail.
+    let batch: Vec<Document> = (1..=1000)
+        .map(|seq| {
+            let mut v = g.event("2026-12-04T00:00:00Z");
+            v[STAMP_FIELD] = json!({"source": "bench", "seq": seq});
+            v.as_object().cloned().unwrap_or_default()
+        })
+        .collect();
+    let mut updates = Vec::new();
+    for doc in &batch {
+        rollups(doc, "bench", &o, &mut updates);
+    }
+    c.bench_function("coalesce_batch_1000", |b| {
+        b.iter_batched(
+            || updates.clone(),
+            |mut u| {
+                coalesce_counters(&mut u);
+                u.len()
+            },
+            criterion::BatchSize::LargeInput,
+        )
+    });
+}
+
 criterion_group! {
     name = hot_paths;
     // Short runs: these are regression signals, not publication figures.
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = validate_and_stamp, rolling_stats_update, encode_batch
+    targets = validate_and_stamp, rolling_stats_update, encode_batch, coalesce_batch
 }
 criterion_main!(hot_paths);

@@ -4,6 +4,7 @@
 //! tailable feed computes).
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 
 use serde_json::Value;
 use store::update::get_path;
@@ -81,27 +82,66 @@ fn is_inside(inner: &str, outer: &str) -> bool {
 /// also `$set` — the `source:<name>` summary, which change feeds read once per event — are
 /// kept one per event, in order.
 pub fn coalesce_counters(updates: &mut Vec<KeyUpdate>) {
-    let mut first: HashMap<String, usize> = HashMap::new();
+    coalesce_hashed(updates, &std::collections::hash_map::RandomState::new());
+}
+
+/// [`coalesce_counters`], hashing keys with `hashes`.
+fn coalesce_hashed(updates: &mut Vec<KeyUpdate>, hashes: &impl BuildHasher) {
+    // Each key's first counter update in `out`, found by the key's hash: no key is copied. A
+    // hash shared by two keys leaves the second one's updates separate, which counts the same.
+    let mut first: HashMap<u64, usize> = HashMap::new();
     let mut out: Vec<KeyUpdate> = Vec::with_capacity(updates.len());
     for u in updates.drain(..) {
-        if u.update.set.is_empty()
-            && let Some(&i) = first.get(&u.key)
-            && let Some(merged) = add_increments(&out[i].update, &u.update)
-        {
-            out[i].update = merged;
+        if !u.update.set.is_empty() {
+            out.push(u);
             continue;
         }
-        if u.update.set.is_empty() {
-            first.entry(u.key.clone()).or_insert(out.len());
+        let hash = hashes.hash_one(&u.key);
+        if let Some(&i) = first.get(&hash)
+            && out[i].key == u.key
+            && add_increments(&mut out[i].update, &u.update)
+        {
+            continue;
         }
+        first.entry(hash).or_insert(out.len());
         out.push(u);
     }
     *updates = out;
 }
 
-/// `a` with `b`'s integer increments added, or `None` when they cannot be added exactly
-/// (a non-integer, an overflow): such updates stay separate.
-fn add_increments(a: &Update, b: &Update) -> Option<Update> {
+/// Adds `b`'s integer increments to `a`; `false`, with `a` as it was, when they cannot be
+/// added exactly (a non-integer, an overflow): such updates stay separate.
+fn add_increments(a: &mut Update, b: &Update) -> bool {
+    if let [(field, delta)] = b.inc.as_slice() {
+        // One increment, every counter's: added in place.
+        let Some(delta) = delta.as_i64() else {
+            return false;
+        };
+        return match a.inc.iter_mut().find(|(f, _)| f == field) {
+            Some((_, v)) => match v.as_i64().and_then(|v| v.checked_add(delta)) {
+                Some(sum) => {
+                    *v = Value::from(sum);
+                    true
+                }
+                None => false,
+            },
+            None => {
+                a.inc.push((field.clone(), Value::from(delta)));
+                true
+            }
+        };
+    }
+    match summed(a, b) {
+        Some(sum) => {
+            *a = sum;
+            true
+        }
+        None => false,
+    }
+}
+
+/// `a` with `b`'s integer increments added, or `None` when they cannot be added exactly.
+fn summed(a: &Update, b: &Update) -> Option<Update> {
     let mut sum = a.clone();
     for (field, delta) in &b.inc {
         let delta = delta.as_i64()?;
@@ -216,6 +256,32 @@ mod tests {
         ];
         coalesce_counters(&mut big);
         assert_eq!(big.len(), 2, "an overflowing sum stays two updates");
+    }
+
+    /// Keys whose hashes collide (here every key's) are never merged into each other: the
+    /// first key seen keeps its place, the others' updates stay separate, and every counter
+    /// ends where one update per event would leave it.
+    #[test]
+    fn keys_sharing_a_hash_are_not_merged() {
+        #[derive(Default)]
+        struct Same;
+        impl std::hash::Hasher for Same {
+            fn finish(&self) -> u64 {
+                7
+            }
+            fn write(&mut self, _: &[u8]) {}
+        }
+        let ku = |k: &str, n: i64| KeyUpdate::new(k, Update::inc("count", n));
+        let mut updates = vec![ku("a", 1), ku("b", 1), ku("a", 2), ku("b", 3), ku("a", 4)];
+        coalesce_hashed(
+            &mut updates,
+            &std::hash::BuildHasherDefault::<Same>::default(),
+        );
+        assert_eq!(
+            updates,
+            vec![ku("a", 7), ku("b", 1), ku("b", 3)],
+            "a merged, b kept apart"
+        );
     }
 
     #[test]
