@@ -644,7 +644,7 @@ impl EmbeddedCapped {
         let mut bodies = Vec::with_capacity(docs.len());
         for d in docs.iter() {
             let mut body = Vec::with_capacity(room);
-            serde_json::to_writer(&mut body, &**d)?;
+            format::write_doc(d, &mut body)?;
             room = (body.len() + body.len() / 8).max(128);
             bodies.push(body);
         }
