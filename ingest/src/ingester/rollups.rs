@@ -42,32 +42,41 @@ pub fn rollups(doc: &Document, source: &str, o: &IngestOptions, out: &mut Vec<Ke
     }
     out.push(KeyUpdate::new(format!("source:{source}"), summary));
     for field in &o.rollup_fields {
-        let key = |v: &Value| match v {
-            Value::String(s) => Some(s.to_lowercase()),
-            Value::Number(n) => Some(n.to_string()),
-            Value::Bool(b) => Some(b.to_string()),
-            _ => None,
-        };
         match get_path(doc, field) {
             Some(Value::Array(items)) => {
-                for k in items.iter().filter_map(key) {
-                    out.push(KeyUpdate::new(
-                        format!("{field}:{k}"),
-                        Update::inc("count", 1),
-                    ));
+                for k in items.iter().filter_map(|v| counter_key(field, v)) {
+                    out.push(KeyUpdate::new(k, Update::inc("count", 1)));
                 }
             }
             Some(v) => {
-                if let Some(k) = key(v) {
-                    out.push(KeyUpdate::new(
-                        format!("{field}:{k}"),
-                        Update::inc("count", 1),
-                    ));
+                if let Some(k) = counter_key(field, v) {
+                    out.push(KeyUpdate::new(k, Update::inc("count", 1)));
                 }
             }
             None => {}
         }
     }
+}
+
+/// The key of `field`'s counter for `value` (`hashtags:rust`): a text lowercased, a number or
+/// a boolean as JSON writes it; `None` for other values. Built in one string: a long-tail
+/// field such as hashtags makes several keys per event.
+fn counter_key(field: &str, value: &Value) -> Option<String> {
+    use std::fmt::Write as _;
+    let mut key = String::with_capacity(field.len() + 24);
+    key.push_str(field);
+    key.push(':');
+    match value {
+        Value::String(s) if s.is_ascii() => {
+            key.extend(s.bytes().map(|b| char::from(b.to_ascii_lowercase())));
+        }
+        // Unicode's lowercasing depends on context (a final sigma): the whole text at once.
+        Value::String(s) => key.push_str(&s.to_lowercase()),
+        Value::Number(n) => write!(key, "{n}").ok()?,
+        Value::Bool(b) => key.push_str(if *b { "true" } else { "false" }),
+        _ => return None,
+    }
+    Some(key)
 }
 
 /// `inner` is a path strictly inside `outer` (`a.b` inside `a`).
@@ -313,6 +322,26 @@ mod tests {
         assert_eq!(summary["retweet_count"], json!(4));
         assert_eq!(summary["hashtags"], json!(["Rust", "db"]));
         assert_eq!(summary["count"], json!(1));
+    }
+
+    #[test]
+    fn counter_keys_are_the_field_and_the_lowercased_value() {
+        // What the key always was: `format!("{field}:{}", value lowercased or as JSON)`.
+        let expected = |field: &str, v: &Value| match v {
+            Value::String(s) => Some(format!("{field}:{}", s.to_lowercase())),
+            Value::Number(n) => Some(format!("{field}:{n}")),
+            Value::Bool(b) => Some(format!("{field}:{b}")),
+            _ => None,
+        };
+        let values = json!([
+            "Rust", "ALL CAPS 123", "", "ΟΔΟΣ", "Straße", "İstanbul", "東京", "👩🏽‍💻Dev",
+            "mixed ASCII then Ünïcödé", 0, -17, 18446744073709551615u64, 2.5, -1e300,
+            true, false, null, {"a": 1}, ["x"]
+        ]);
+        for v in values.as_array().unwrap() {
+            assert_eq!(counter_key("tags.name", v), expected("tags.name", v), "{v}");
+        }
+        assert_eq!(counter_key("h", &json!("ΟΔΟΣ")).as_deref(), Some("h:οδος"));
     }
 
     /// A change feed reads each event's value and top-k field from the summary: an event
