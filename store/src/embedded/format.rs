@@ -59,14 +59,14 @@ pub(crate) fn parse_doc(json: &[u8]) -> Result<Document> {
     })
 }
 
-/// Appends `doc` to `out` as compact JSON: every stored document (a journal entry, an image, a
-/// keyed value) is written here.
+/// Appends `doc` to `out` as compact JSON: every stored document (an event, an image, a keyed
+/// value) is written here.
 ///
-/// The bytes are the ones `serde_json` writes (`stored_documents_are_written_as_serde_json_writes`
-/// checks floats, integers, every script and escapes byte for byte), so the stored format does
-/// not depend on the writer; sonic-rs writes them because its string escaping and number
-/// formatting take less CPU, and each event's document is written once per commit on the
-/// ingester's thread and each keyed value on the writer's.
+/// The bytes are the ones `serde_json` writes: `stored_documents_are_written_as_serde_json_writes`
+/// and `stored_documents_read_back_as_written` compare them byte for byte over every script,
+/// escape, float and integer edge, so the stored format does not depend on the writer.
+/// sonic-rs writes them in less CPU (its string escaping and number formatting), and every
+/// event is written once per commit on the ingester's thread, every keyed value on the writer's.
 pub(crate) fn write_doc(doc: &Document, out: &mut Vec<u8>) -> Result<()> {
     sonic_rs::to_writer(out, doc).map_err(unencodable)
 }
