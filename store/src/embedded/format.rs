@@ -71,9 +71,34 @@ pub(crate) fn write_doc(doc: &Document, out: &mut Vec<u8>) -> Result<()> {
     sonic_rs::to_writer(out, doc).map_err(unencodable)
 }
 
-/// [`write_doc`] into a new string.
-pub(crate) fn doc_text(doc: &Document) -> Result<String> {
-    sonic_rs::to_string(doc).map_err(unencodable)
+/// [`write_doc`] as shared text (a keyed value, kept by the writer's cache and its images).
+///
+/// Encoded into a buffer kept per thread, then copied once into the `Arc`: encoding straight
+/// into a new string grows it a few times on the way to a document's size, an allocation and
+/// a copy each, for every keyed value written.
+pub(crate) fn doc_json(doc: &Document) -> Result<std::sync::Arc<str>> {
+    /// A buffer that grew past this for a large document is let go after it: the writer's
+    /// thread keeps its buffer for as long as it runs.
+    const KEEP: usize = 64 * 1024;
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with(|scratch| {
+        let mut buf = scratch.borrow_mut();
+        buf.clear();
+        let encoded = write_doc(doc, &mut buf).and_then(|()| {
+            std::str::from_utf8(&buf)
+                .map(std::sync::Arc::from)
+                .map_err(|e| StoreError::Engine {
+                    engine: "embedded",
+                    message: format!("a document encoded to invalid UTF-8: {e}"),
+                })
+        });
+        if buf.capacity() > KEEP {
+            *buf = Vec::new();
+        }
+        encoded
+    })
 }
 
 fn unencodable(e: sonic_rs::Error) -> StoreError {
@@ -799,8 +824,24 @@ mod tests {
             String::from_utf8_lossy(&serde_json::to_vec(doc).unwrap()),
             "not what serde_json writes"
         );
-        assert_eq!(doc_text(doc.as_object().unwrap()).unwrap().as_bytes(), json);
+        assert_eq!(doc_json(doc.as_object().unwrap()).unwrap().as_bytes(), json);
         parse_doc(&json).unwrap()
+    }
+
+    #[test]
+    fn shared_text_is_what_write_doc_writes_after_a_large_document_too() {
+        // One past the kept buffer, then a small one: the buffer let go must not leak the
+        // large document's bytes into the next.
+        let large = serde_json::json!({"text": "ü".repeat(40_000), "n": 1});
+        let small = serde_json::json!({"a": [1, 2.5, "x"], "b": {"c": null}});
+        for doc in [&small, &large, &small, &large, &large, &small] {
+            let mut expected = Vec::new();
+            write_doc(doc.as_object().unwrap(), &mut expected).unwrap();
+            assert_eq!(
+                doc_json(doc.as_object().unwrap()).unwrap().as_bytes(),
+                expected
+            );
+        }
     }
 
     #[test]

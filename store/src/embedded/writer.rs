@@ -853,7 +853,7 @@ impl Writer {
         {
             return Err(refused(coll, rule));
         }
-        let json: Arc<str> = Arc::from(format::doc_text(&doc)?);
+        let json = format::doc_json(&doc)?;
         let after = Kv {
             doc: Arc::new(doc),
             json,
