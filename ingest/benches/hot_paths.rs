@@ -9,7 +9,10 @@
 //!   as JSON text, with sonic-rs as `store`'s `format::write_doc` does;
 //! - `coalesce_batch_1000`: what the rollups stage does per batch — merge the counter updates
 //!   of 1,000 long-tail events (the realistic source's default shape: hashtags Zipf over
-//!   2,000,000 values) into one update per key.
+//!   2,000,000 values) into one update per key;
+//! - `document_types_1000`: parse, read two fields of, encode and drop 1,000 realistic events,
+//!   as the pipeline's documents (`serde_json`'s map) and as sonic-rs's `Value`: the share of
+//!   an event's cost a cheaper document type could take away.
 //!
 //! Kept cheap to compile (criterion without rayon, plots or HTML reports): CI builds this file
 //! on every `cargo clippy --all-targets`.
@@ -133,12 +136,65 @@ fn coalesce_batch(c: &mut Criterion) {
     });
 }
 
+/// Parses, reads, encodes and drops 1,000 realistic events with the document type the pipeline
+/// uses (`serde_json`'s map) and with sonic-rs's own `Value`: what a cheaper document type
+/// would save on the work every event pays (docs/results/insert-profile-2026-12-04.md).
+fn document_types(c: &mut Criterion) {
+    let mut g = Realistic::new(7, Shape::default());
+    let lines: Vec<Vec<u8>> = (0..1000)
+        .map(|_| serde_json::to_vec(&g.event("2026-12-04T00:00:00Z")).unwrap_or_default())
+        .collect();
+    let mut group = c.benchmark_group("document_types_1000");
+    group.bench_function("serde_json_map", |b| {
+        let mut out = Vec::with_capacity(1 << 10);
+        b.iter(|| {
+            let mut n = 0usize;
+            for line in black_box(&lines) {
+                let Ok(doc) = serde_json::from_slice::<Document>(line) else {
+                    continue;
+                };
+                n += doc.get("lang").and_then(|v| v.as_str()).map_or(0, str::len);
+                n += doc
+                    .get("hashtags")
+                    .and_then(|v| v.as_array())
+                    .map_or(0, Vec::len);
+                out.clear();
+                let _ = sonic_rs::to_writer(&mut out, &doc);
+                n += out.len();
+            }
+            n
+        })
+    });
+    group.bench_function("sonic_rs_value", |b| {
+        use sonic_rs::{JsonContainerTrait, JsonValueTrait};
+        let mut out = Vec::with_capacity(1 << 10);
+        b.iter(|| {
+            let mut n = 0usize;
+            for line in black_box(&lines) {
+                let Ok(doc) = sonic_rs::from_slice::<sonic_rs::Value>(line) else {
+                    continue;
+                };
+                n += doc.get("lang").and_then(|v| v.as_str()).map_or(0, str::len);
+                n += doc
+                    .get("hashtags")
+                    .and_then(|v| v.as_array())
+                    .map_or(0, |a| a.len());
+                out.clear();
+                let _ = sonic_rs::to_writer(&mut out, &doc);
+                n += out.len();
+            }
+            n
+        })
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = hot_paths;
     // Short runs: these are regression signals, not publication figures.
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = validate_and_stamp, rolling_stats_update, encode_batch, coalesce_batch
+    targets = validate_and_stamp, rolling_stats_update, encode_batch, coalesce_batch, document_types
 }
 criterion_main!(hot_paths);
