@@ -204,7 +204,8 @@ pub struct IngestConfig {
     /// Most events in one write; bigger batches mean fewer, larger commits. 1..=10000.
     #[serde(default = "default_batch_max_events")]
     pub batch_max_events: usize,
-    /// A partial batch is written after waiting this long, bounding the added latency.
+    /// A partial batch is written after waiting this long for more, bounding the added
+    /// latency; 0: at once, with what is already queued.
     #[serde(default = "default_batch_max_wait_ms")]
     pub batch_max_wait_ms: u64,
     /// Capacity of the bounded queue between the sources and the writer; when full, sources

@@ -345,21 +345,15 @@ impl Ingester {
         let mut batch: Vec<Handed> = Vec::with_capacity(this.options.batch_max_events);
         loop {
             batch.clear();
-            // Wait for the first record, then up to batch_max_wait for more.
-            let Some(first) = rx.recv().await else { break };
-            batch.push(first);
-            let deadline = tokio::time::Instant::now() + this.options.batch_max_wait;
-            while batch.len() < this.options.batch_max_events {
-                match rx.try_recv() {
-                    Ok(h) => batch.push(h),
-                    Err(mpsc::error::TryRecvError::Empty) => {
-                        match tokio::time::timeout_at(deadline, rx.recv()).await {
-                            Ok(Some(h)) => batch.push(h),
-                            Ok(None) | Err(_) => break,
-                        }
-                    }
-                    Err(mpsc::error::TryRecvError::Disconnected) => break,
-                }
+            if !gather(
+                &mut rx,
+                &mut batch,
+                this.options.batch_max_events,
+                this.options.batch_max_wait,
+            )
+            .await
+            {
+                break;
             }
             let d = this
                 .stats
@@ -822,6 +816,40 @@ fn rollups_durability(d: Durability, engine: &str) -> Durability {
     }
 }
 
+/// Gathers the next batch into `batch` (empty on entry): waits for a first record, takes what
+/// is queued behind it, and waits up to `max_wait` for more, to at most `max` records. False
+/// when every sender is gone and nothing was left.
+///
+/// A zero `max_wait` arms no timer: tokio's timers tick in whole milliseconds, so a deadline of
+/// "now" would still hold a lone event up to a millisecond and join it to whatever came
+/// meanwhile, which is not what an operator asking for no wait means.
+async fn gather<T>(
+    rx: &mut mpsc::Receiver<T>,
+    batch: &mut Vec<T>,
+    max: usize,
+    max_wait: Duration,
+) -> bool {
+    let Some(first) = rx.recv().await else {
+        return false;
+    };
+    batch.push(first);
+    let deadline = tokio::time::Instant::now() + max_wait;
+    while batch.len() < max {
+        match rx.try_recv() {
+            Ok(h) => batch.push(h),
+            Err(mpsc::error::TryRecvError::Empty) if max_wait.is_zero() => break,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(h)) => batch.push(h),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            Err(mpsc::error::TryRecvError::Disconnected) => break,
+        }
+    }
+    true
+}
+
 /// The first `n` items of `items`, removed from it (without copying the documents).
 fn take_front<T>(items: &mut Vec<T>, n: usize) -> Vec<T> {
     let rest = items.split_off(n.min(items.len()));
@@ -859,5 +887,52 @@ mod tests {
             assert_eq!(rollups_durability(d, "embedded"), embedded, "{d:?}");
             assert_eq!(rollups_durability(d, "mongodb"), d, "{d:?}");
         }
+    }
+
+    /// A lone record goes at once when no wait is asked (before, a timer of "now" held it
+    /// until the timers' next millisecond tick), and after the whole `max_wait` otherwise;
+    /// what is queued is taken without waiting, up to `max`.
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_waits_for_company_only_as_long_as_asked() {
+        let (tx, mut rx) = mpsc::channel::<u32>(16);
+        let mut batch = Vec::new();
+        // Between two of the timers' ticks, as a real clock nearly always is.
+        tokio::time::advance(Duration::from_micros(300)).await;
+        tx.send(1).await.unwrap();
+        let start = tokio::time::Instant::now();
+        assert!(gather(&mut rx, &mut batch, 8, Duration::ZERO).await);
+        assert_eq!(batch, [1]);
+        assert_eq!(start.elapsed(), Duration::ZERO, "no wait asked");
+
+        batch.clear();
+        tx.send(2).await.unwrap();
+        let start = tokio::time::Instant::now();
+        assert!(gather(&mut rx, &mut batch, 8, Duration::from_millis(5)).await);
+        assert_eq!(batch, [2]);
+        assert!(
+            start.elapsed() >= Duration::from_millis(5),
+            "{:?}",
+            start.elapsed()
+        );
+
+        // Queued records join the first without a wait, up to `max`.
+        for n in 1..=5 {
+            tx.send(n).await.unwrap();
+        }
+        for (wait, expected) in [
+            (Duration::from_millis(5), vec![1, 2, 3]),
+            (Duration::ZERO, vec![4, 5]),
+        ] {
+            batch.clear();
+            let start = tokio::time::Instant::now();
+            assert!(gather(&mut rx, &mut batch, 3, wait).await);
+            assert_eq!(batch, expected);
+            // Full, or nothing more to wait for.
+            assert_eq!(start.elapsed(), Duration::ZERO, "max_wait {wait:?}");
+        }
+        drop(tx);
+        batch.clear();
+        assert!(!gather(&mut rx, &mut batch, 3, Duration::ZERO).await);
+        assert!(batch.is_empty());
     }
 }
