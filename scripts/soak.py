@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Soak: run the real tailrace binary on the realistic long-tail stream and watch what grows.
 
-Two shapes (issue 11):
+The shapes it runs in:
 
   # a compressed day: 6,000,000 events replayed as fast as the pipeline takes them, rollup
   # retention compressed in proportion (keys idle for 60 s are removed)
@@ -14,11 +14,17 @@ Two shapes (issue 11):
   # taken, beside the 70/s stream, then the 70/s stream alone for five minutes
   python3 scripts/soak.py --seconds 300 --rate 70 --burst 150000 --every 10 --out soak-burst
 
+  # what an event's wait to share a commit trades (latency against CPU and bytes): one
+  # soak per value, side by side so that they share the machine's hour
+  python3 scripts/soak.py --seconds 660 --rate 70 --every 60 --floor-seconds 0 \
+      --batch-max-wait-ms 0 --out soak-wait-0 &
+
 Every --every seconds it samples, from outside the process: resident memory (VmRSS, and its
 anonymous part: what the process allocated, without the binary's mapped pages), CPU time,
 what the process caused to be written to the disk (`write_bytes` of /proc/<pid>/io) and its
 write and sync calls (`syscw`), the data directory's allocated bytes (the journal, the keyed
-state's tables), events read and written, and each feed's lag (from /metrics). At the end it
+state's tables), events read and written, each feed's lag, the commits of events and the
+end-to-end latency from a source to the tail feed (from /metrics). At the end it
 reads a sample of the stored events through the API (`/api/events/{position}`) for their size
 as compact JSON, the stream's own bytes, so the summary can say how many times those bytes
 were written. It writes samples.csv and summary.md into --out and prints the summary: start,
@@ -238,6 +244,8 @@ def main():
     ap.add_argument("--keep-data", action="store_true", help="keep the data directory")
     ap.add_argument("--floor-seconds", type=float, default=30.0,
                     help="after the run, measure write + fdatasync at --rate for this long on the same disk (0: skip)")
+    ap.add_argument("--batch-max-wait-ms", type=int,
+                    help="ingest.batch_max_wait_ms (default: the binary's default): how long an event waits to share a commit")
     ap.add_argument("--burst", type=int, default=0,
                     help="also replay this many long-tail events from a file at the start, as fast as they are taken")
     a = ap.parse_args()
@@ -271,6 +279,8 @@ def main():
     })
     if a.ttl is not None:
         env["TAILRACE_INGEST__ROLLUP_IDLE_TTL_SECS"] = str(a.ttl)
+    if a.batch_max_wait_ms is not None:
+        env["TAILRACE_INGEST__BATCH_MAX_WAIT_MS"] = str(a.batch_max_wait_ms)
     log = open(os.path.join(a.out, "tailrace.log"), "w")
     proc = subprocess.Popen([binary], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work)
     started = time.monotonic()
@@ -315,6 +325,11 @@ def main():
                 "missing": int(msum(m, "tailrace_feed_missing_events_total")),
                 "duplicates": int(msum(m, "tailrace_feed_duplicate_events_total")),
                 "rejected": int(msum(m, "tailrace_events_rejected_total")),
+                # Commits of events (each also carries its rollups, or they follow in their own).
+                "commits": int(msum(m, "tailrace_write_latency_seconds_count", collection="events")),
+                "e2e_seconds": msum(m, "tailrace_end_to_end_latency_seconds_sum", feed="tail"),
+                "e2e_count": int(msum(m, "tailrace_end_to_end_latency_seconds_count", feed="tail")),
+                "e2e_within_1ms": int(msum(m, "tailrace_end_to_end_latency_seconds_bucket", feed="tail", le="0.001")),
             }
             rows.append(row)
             print(
@@ -432,6 +447,15 @@ def main():
            "as compact JSON, a sample of 200 read back through the API)." if mean_event else
            " (the events' own size could not be read back).")
     )
+    commits = (last["commits"] - first["commits"]) / events
+    delivered = last["e2e_count"] - first["e2e_count"]
+    if delivered > 0:
+        e2e_ms = 1e3 * (last["e2e_seconds"] - first["e2e_seconds"]) / delivered
+        within = (last["e2e_within_1ms"] - first["e2e_within_1ms"]) / delivered
+        lines.append(
+            f"- {commits:.3f} commits per event; from a source handing an event over to the tail feed "
+            f"holding it: mean {e2e_ms:,.2f} ms, {within * 100:.1f}% within 1 ms."
+        )
     cpu_share = last["cpu_seconds"] / secs
     lines.append(
         f"- CPU: {cpu_share * 100:.1f}% of one core on average; "
