@@ -857,6 +857,7 @@ fn take_front<T>(items: &mut Vec<T>, n: usize) -> Vec<T> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
