@@ -162,6 +162,53 @@ async fn a_live_tail_shares_the_appended_documents() {
     }
 }
 
+/// A live tail gets a commit stamped when it was published, after its record was written and
+/// synced: later than the commit's start, which the journal keeps and a read back carries,
+/// and no later than the writer's return. Feeds measure notification latency from it.
+#[tokio::test]
+async fn a_live_tail_gets_the_time_the_commit_was_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let c = store.capped("events", &spec(10_000, &[])).await.unwrap();
+    let mut tail = c.tail(Start::Now);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), tail.next())
+            .await
+            .is_err()
+    );
+    // ~2 MB in one record: staging, writing and syncing it take a while on any disk.
+    let docs: Vec<store::Document> = (0..1_000)
+        .map(|i| {
+            let mut d = event(i);
+            d.insert("pad".into(), json!("p".repeat(2_000)));
+            d
+        })
+        .collect();
+    let clock = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as i64
+    };
+    let before = clock();
+    c.append(docs, Durability::Journaled).await.unwrap();
+    let returned = clock();
+    let live = tokio::time::timeout(Duration::from_secs(30), tail.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let stored = c.get(live.position).await.unwrap().unwrap();
+    let (live_at, stored_at) = (
+        live.committed_at_us.unwrap(),
+        stored.committed_at_us.unwrap(),
+    );
+    assert!(
+        before <= stored_at && stored_at < live_at && live_at <= returned,
+        "before {before}, started {stored_at}, published {live_at}, returned {returned}"
+    );
+}
+
 /// Everything written — capped documents over many segments, keyed documents, checkpoints,
 /// the change log — reads back the same after a reopen, and writing goes on from there.
 #[tokio::test]

@@ -1298,6 +1298,18 @@ impl Writer {
             shared.point = (self.tree.visible(), self.change_next.saturating_sub(1));
         }
         if !commit.appended.is_empty() || !commit.changes.is_empty() {
+            // Published with the time of publishing: written (and synced, if asked), applied,
+            // visible. Feeds measure notification latency from this stamp, which the store
+            // contract calls the acknowledgment (the MongoDB engine stamps its writes when the
+            // server acknowledged them). The record keeps `now`, the commit's start, written
+            // before the sync; a document read back from the journal carries that one.
+            let acked_at = now_us();
+            for (_, append) in &mut commit.appended {
+                append.committed_at_us = acked_at;
+            }
+            for change in &mut commit.changes {
+                change.committed_at_us = acked_at;
+            }
             let _ = self.hub.send(Arc::new(commit));
         }
         Ok(())
