@@ -572,7 +572,7 @@ pub(super) fn tail_stream(
                                 yield Record {
                                     position: Position(p),
                                     doc: doc.clone(),
-                                    committed_at_us: Some(append.committed_at_us),
+                                    committed_at_us: Some(commit.committed_at_us),
                                 };
                             }
                         }
@@ -656,7 +656,7 @@ pub(super) fn change_stream(
                             last = Some(seq);
                             advance(seq);
                             if change.matches(&filter) {
-                                yield change.to_change(&filter);
+                                yield change.to_change(&filter, commit.committed_at_us);
                             }
                         }
                     }

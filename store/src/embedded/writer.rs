@@ -189,7 +189,6 @@ impl From<Arc<[Arc<Document>]>> for Docs {
 /// Documents appended to one capped collection by one commit, from position `first` on.
 pub(crate) struct LiveAppend {
     pub first: u64,
-    pub committed_at_us: i64,
     pub docs: Docs,
 }
 
@@ -200,6 +199,12 @@ pub(crate) struct Commit {
     pub appended: Vec<(String, LiveAppend)>,
     /// Published changes in sequence order.
     pub changes: Vec<LiveChange>,
+    /// When it was published: written (and synced, if asked), applied, visible. Feeds
+    /// measure notification latency from it, which the store contract calls the
+    /// acknowledgment (the MongoDB engine stamps its writes when the server acknowledged
+    /// them). The record keeps the commit's start, written before the sync; a document read
+    /// back from the journal carries that one.
+    pub committed_at_us: i64,
 }
 
 /// A change as the writer publishes it, its images shared with every reader.
@@ -210,7 +215,6 @@ pub(crate) struct LiveChange {
     pub before: Option<Arc<Document>>,
     pub after: Option<Arc<Document>>,
     pub seq: u64,
-    pub committed_at_us: i64,
 }
 
 impl LiveChange {
@@ -226,8 +230,9 @@ impl LiveChange {
             })
     }
 
-    /// The change as `filter` delivers it: the images it wants.
-    pub fn to_change(&self, filter: &crate::ChangeFilter) -> Change {
+    /// The change as `filter` delivers it, the images it wants, stamped with its commit's
+    /// [`Commit::committed_at_us`].
+    pub fn to_change(&self, filter: &crate::ChangeFilter, committed_at_us: i64) -> Change {
         Change {
             op: self.op,
             collection: self.collection.clone(),
@@ -239,7 +244,7 @@ impl LiveChange {
             },
             after: self.after.clone(),
             token: ResumeToken(self.seq.to_string()),
-            committed_at_us: self.committed_at_us,
+            committed_at_us,
         }
     }
 }
@@ -1199,14 +1204,7 @@ impl Writer {
                 c.bytes = bytes;
             }
             c.newest.store(c.next - 1, Ordering::Release);
-            commit.appended.push((
-                coll,
-                LiveAppend {
-                    first,
-                    committed_at_us: now,
-                    docs,
-                },
-            ));
+            commit.appended.push((coll, LiveAppend { first, docs }));
         }
         // Keyed state, checkpoints, spills: into the tree, as of this record.
         let seqno = if written.is_some() {
@@ -1281,7 +1279,6 @@ impl Writer {
                     before: c.before.map(|k| k.doc),
                     after: c.after.map(|k| k.doc),
                     seq,
-                    committed_at_us: now,
                 });
             }
             self.change_next = change_first + commit.changes.len() as u64;
@@ -1298,18 +1295,7 @@ impl Writer {
             shared.point = (self.tree.visible(), self.change_next.saturating_sub(1));
         }
         if !commit.appended.is_empty() || !commit.changes.is_empty() {
-            // Published with the time of publishing: written (and synced, if asked), applied,
-            // visible. Feeds measure notification latency from this stamp, which the store
-            // contract calls the acknowledgment (the MongoDB engine stamps its writes when the
-            // server acknowledged them). The record keeps `now`, the commit's start, written
-            // before the sync; a document read back from the journal carries that one.
-            let acked_at = now_us();
-            for (_, append) in &mut commit.appended {
-                append.committed_at_us = acked_at;
-            }
-            for change in &mut commit.changes {
-                change.committed_at_us = acked_at;
-            }
+            commit.committed_at_us = now_us();
             let _ = self.hub.send(Arc::new(commit));
         }
         Ok(())
