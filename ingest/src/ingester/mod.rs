@@ -890,8 +890,8 @@ mod tests {
         }
     }
 
-    /// A lone record goes at once when no wait is asked (before, a timer of "now" held it
-    /// until the timers' next millisecond tick), and after the whole `max_wait` otherwise;
+    /// A lone record goes at once when no wait is asked (a timer of "now" would hold it until
+    /// the timers' next millisecond tick), and after the whole `max_wait` otherwise;
     /// what is queued is taken without waiting, up to `max`.
     #[tokio::test(start_paused = true)]
     async fn a_batch_waits_for_company_only_as_long_as_asked() {
