@@ -121,9 +121,11 @@ impl Fed {
         });
     }
 
-    /// Once per checkpoint interval: the snapshot, and the checkpoint's state encoded.
-    fn tick(&self) -> usize {
+    /// What a feed does once per tick and checkpoint interval: the snapshot, the metrics
+    /// published from it, and the checkpoint's state encoded.
+    fn tick(&mut self) -> usize {
         let snapshot = self.stats.snapshot();
+        self.stats.publish(&snapshot);
         let state = self.stats.save();
         black_box(&snapshot);
         serde_json::to_vec(&state).map_or(0, |v| v.len())

@@ -529,7 +529,7 @@ impl Feed {
             self.stats.advance(now);
         }
         let snap = self.stats.snapshot();
-        self.stats.publish();
+        self.stats.publish(&snap);
         if let Some(l) = lag.entries() {
             self.meters.lag.set(l as f64);
         }

@@ -337,7 +337,7 @@ impl Statistic for ValueBands {
         out.insert("value_bands".into(), json!(self.bands.bands()));
     }
 
-    fn publish(&mut self) {
+    fn publish(&mut self, _figures: &Map<String, Value>) {
         self.gauges.set(self.bands.bands());
     }
 

@@ -71,7 +71,10 @@ pub trait Statistic: Send + Sync + 'static {
     fn snapshot(&self, out: &mut Map<String, Value>);
 
     /// Publishes its current figures as metrics (handles registered when it was built).
-    fn publish(&mut self);
+    /// `figures` is the snapshot just taken, with what [`Statistic::snapshot`] added: a figure
+    /// that costs a pass over the whole state (top-k's merge of its window) is computed once
+    /// a tick, not once for the snapshot and again for the metrics.
+    fn publish(&mut self, figures: &Map<String, Value>);
 
     /// Its whole state, for a checkpoint.
     fn save(&self) -> Value;
@@ -335,10 +338,11 @@ impl RollingStats {
         }
     }
 
-    /// Publishes every statistic's metrics.
-    pub fn publish(&mut self) {
+    /// Publishes every statistic's metrics, from `snapshot` (taken just before, by
+    /// [`RollingStats::snapshot`]).
+    pub fn publish(&mut self, snapshot: &Snapshot) {
         for s in &mut self.stats {
-            s.publish();
+            s.publish(&snapshot.figures);
         }
     }
 
@@ -587,6 +591,52 @@ mod tests {
         assert_eq!(s.snapshot(), snaps[4], "snapshot() is stable");
     }
 
+    /// The top-k gauges follow the snapshot they are published from: its keys with their
+    /// counts, and 0 for a key that has left the top since the last tick.
+    #[test]
+    fn the_published_top_keys_are_the_snapshot_s() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let config = StatsConfig {
+            topk: 2,
+            ..StatsConfig::default()
+        };
+        let gauge = |text: &str, key: &str| -> Option<f64> {
+            let series = format!("{}{{feed=\"g\",key=\"{key}\"}} ", crate::telemetry::TOPK);
+            text.lines()
+                .find_map(|l| l.strip_prefix(series.as_str()))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        metrics::with_local_recorder(&recorder, || {
+            let mut s = RollingStats::new(&config, "g");
+            feed(&mut s, &ev(S, None, None, &["a", "a", "b"]));
+            let snap = s.snapshot();
+            s.publish(&snap);
+            let text = handle.render();
+            assert_eq!(
+                (gauge(&text, "a"), gauge(&text, "b")),
+                (Some(2.0), Some(1.0)),
+                "{text}"
+            );
+            feed(
+                &mut s,
+                &ev(2 * S, None, None, &["c", "c", "c", "d", "d", "d"]),
+            );
+            let snap = s.snapshot();
+            s.publish(&snap);
+            let text = handle.render();
+            assert_eq!(
+                [
+                    gauge(&text, "a"),
+                    gauge(&text, "b"),
+                    gauge(&text, "c"),
+                    gauge(&text, "d")
+                ],
+                [Some(0.0), Some(0.0), Some(3.0), Some(3.0)],
+                "{text}"
+            );
+        });
+    }
     /// What a feed writes (its `stats` document, its checkpoint) must be storable by any
     /// MongoDB-compatible server, whatever the stream's keys: no array directly inside an
     /// array, and no value of the stream as a field name (a hashtag may start with `$` or hold

@@ -174,7 +174,7 @@ impl Statistic for Rate {
         out.insert("rate_bands".into(), json!(last.bands));
     }
 
-    fn publish(&mut self) {
+    fn publish(&mut self, _figures: &Map<String, Value>) {
         let last = self.series.last();
         self.rate.set(last.rate);
         self.bands.set(last.bands);

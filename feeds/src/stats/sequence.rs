@@ -153,7 +153,7 @@ impl Statistic for Completeness {
         out.insert("last_outcome".into(), json!(self.state.last_outcome));
     }
 
-    fn publish(&mut self) {
+    fn publish(&mut self, _figures: &Map<String, Value>) {
         let (missing, duplicates) = (
             self.state.tracker.missing(),
             self.state.tracker.duplicates(),

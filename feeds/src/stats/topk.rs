@@ -217,17 +217,27 @@ impl Statistic for TopKeys {
         out.insert("top".into(), Value::Array(top));
     }
 
-    fn publish(&mut self) {
-        let top = self.top.top();
-        let keys: Vec<String> = top.iter().map(|(k, _)| k.clone()).collect();
-        for gone in self.published.iter().filter(|k| !keys.contains(k)) {
+    fn publish(&mut self, figures: &Map<String, Value>) {
+        // The list `snapshot` put there: merging the window's counters again would double
+        // what a tick costs on a long tail.
+        let top: Vec<(&str, f64)> = figures
+            .get("top")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| Some((e.get("key")?.as_str()?, e.get("count")?.as_f64()?)))
+            .collect();
+        for gone in self
+            .published
+            .iter()
+            .filter(|g| !top.iter().any(|(k, _)| k == g))
+        {
             metrics::gauge!(t::TOPK, "feed" => self.feed.clone(), "key" => gone.clone()).set(0.0);
         }
-        for (k, n) in &top {
-            metrics::gauge!(t::TOPK, "feed" => self.feed.clone(), "key" => k.clone())
-                .set(*n as f64);
+        for &(k, n) in &top {
+            metrics::gauge!(t::TOPK, "feed" => self.feed.clone(), "key" => k.to_string()).set(n);
         }
-        self.published = keys;
+        self.published = top.into_iter().map(|(k, _)| k.to_string()).collect();
     }
 
     fn save(&self) -> Value {
