@@ -31,8 +31,9 @@ pub(crate) const EXPIRE_BUCKET_US: i64 = 60_000_000;
 /// The marker of the journal record the tables are complete up to.
 pub(crate) const APPLIED: &[u8] = b"m\0applied";
 /// The block cache shared by reads of the tree's tables: small, as most reads of long-tail
-/// keys miss anyway, and what it holds counts in the process's resident memory.
-const CACHE_BYTES: u64 = 2 << 20;
+/// keys miss anyway (the filter of stored keys skips most of them), and what it holds counts
+/// in the process's resident memory: a slow stream's footprint is a target of its own.
+const CACHE_BYTES: u64 = 1 << 20;
 /// Tables level 0 gathers before they are merged into level 1. On a long tail every table
 /// overlaps all of level 1, so each merge rewrites it: fewer, larger merges write less.
 const L0_TABLES: u8 = 8;
