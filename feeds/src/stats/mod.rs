@@ -637,6 +637,7 @@ mod tests {
             );
         });
     }
+
     /// What a feed writes (its `stats` document, its checkpoint) must be storable by any
     /// MongoDB-compatible server, whatever the stream's keys: no array directly inside an
     /// array, and no value of the stream as a field name (a hashtag may start with `$` or hold
