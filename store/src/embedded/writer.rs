@@ -628,12 +628,23 @@ impl Writer {
             group.bytes += c.after.as_ref().map_or(0, |a| a.json.len())
                 + c.before.as_ref().map_or(0, |b| b.json.len());
         }
-        group.changes.extend(out.changes);
-        for (k, slot) in out.kv {
-            match group.kv.get_mut(&k) {
-                Some(existing) => existing.now = slot.now,
-                None => {
-                    group.kv.insert(k, slot);
+        // The first job to stage changes or keys (often the group's only one: a batch's
+        // rollups) hands its vector and map over, rather than every key being hashed and
+        // inserted again into a map growing from nothing.
+        if group.changes.is_empty() {
+            group.changes = out.changes;
+        } else {
+            group.changes.extend(out.changes);
+        }
+        if group.kv.is_empty() {
+            group.kv = out.kv;
+        } else {
+            for (k, slot) in out.kv {
+                match group.kv.get_mut(&k) {
+                    Some(existing) => existing.now = slot.now,
+                    None => {
+                        group.kv.insert(k, slot);
+                    }
                 }
             }
         }
