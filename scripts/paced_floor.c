@@ -1,0 +1,74 @@
+/*
+ * The paced commit floor without an interpreter: a 4 KiB O_DIRECT write into a preallocated
+ * file and an fdatasync, RATE times a second, as the journal commits an event at the sample
+ * stream's pace. Prints the CPU time the process spent per commit (user and system, from
+ * getrusage) and the commit's latency (p50, p99). scripts/soak.py measures the same floor in
+ * Python (`paced_floor`); this shows how much of that CPU is the kernel's.
+ *
+ *   gcc -O2 -o /tmp/paced_floor scripts/paced_floor.c
+ *   /tmp/paced_floor 70 700 /var/tmp      # RATE COUNT DIRECTORY (on the data's disk)
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+static int by_value(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double us(struct timeval t) { return t.tv_sec * 1e6 + t.tv_usec; }
+
+int main(int argc, char **argv) {
+    if (argc != 4) {
+        fprintf(stderr, "usage: %s RATE COUNT DIRECTORY\n", argv[0]);
+        return 2;
+    }
+    long rate = atol(argv[1]), count = atol(argv[2]);
+    if (rate <= 0 || count <= 0) {
+        fprintf(stderr, "RATE and COUNT must be positive\n");
+        return 2;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/paced-floor.%d", argv[3], (int)getpid());
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT, 0600);
+    if (fd < 0 || posix_fallocate(fd, 0, (off_t)count * 4096) != 0 || fsync(fd) != 0) {
+        perror(path);
+        return 1;
+    }
+    void *block;
+    if (posix_memalign(&block, 4096, 4096) != 0) return 1;
+    memset(block, 'x', 4096);
+    double *latency = malloc(sizeof(double) * count);
+    struct rusage before, after;
+    struct timespec start;
+    getrusage(RUSAGE_SELF, &before);
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (long i = 0; i < count; i++) {
+        long long due = start.tv_sec * 1000000000LL + start.tv_nsec + 1000000000LL * i / rate;
+        struct timespec at = {due / 1000000000LL, due % 1000000000LL}, a, b;
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        if (pwrite(fd, block, 4096, (off_t)i * 4096) != 4096 || fdatasync(fd) != 0) {
+            perror("commit");
+            unlink(path);
+            return 1;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        latency[i] = (b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) / 1e3;
+    }
+    getrusage(RUSAGE_SELF, &after);
+    unlink(path);
+    qsort(latency, count, sizeof(double), by_value);
+    printf("%ld commits at %ld/s: CPU per commit user %.1f us, system %.1f us; "
+           "latency p50 %.0f us, p99 %.0f us\n",
+           count, rate, (us(after.ru_utime) - us(before.ru_utime)) / count,
+           (us(after.ru_stime) - us(before.ru_stime)) / count, latency[count / 2],
+           latency[count * 99 / 100]);
+    return 0;
+}
