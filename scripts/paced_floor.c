@@ -37,14 +37,19 @@ int main(int argc, char **argv) {
     char path[4096];
     snprintf(path, sizeof path, "%s/paced-floor.%d", argv[3], (int)getpid());
     int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT, 0600);
-    if (fd < 0 || posix_fallocate(fd, 0, (off_t)count * 4096) != 0 || fsync(fd) != 0) {
-        perror(path);
+    if (fd < 0) {
+        perror(path); /* EINVAL: a filesystem that does not take O_DIRECT */
         return 1;
     }
-    void *block;
-    if (posix_memalign(&block, 4096, 4096) != 0) return 1;
-    memset(block, 'x', 4096);
+    void *block = NULL;
     double *latency = malloc(sizeof(double) * count);
+    if (posix_fallocate(fd, 0, (off_t)count * 4096) != 0 || fsync(fd) != 0 ||
+        posix_memalign(&block, 4096, 4096) != 0 || latency == NULL) {
+        perror(path);
+        unlink(path);
+        return 1;
+    }
+    memset(block, 'x', 4096);
     struct rusage before, after;
     struct timespec start;
     getrusage(RUSAGE_SELF, &before);
