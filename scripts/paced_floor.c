@@ -5,8 +5,13 @@
  * getrusage) and the commit's latency (p50, p99). scripts/soak.py measures the same floor in
  * Python (`paced_floor`); this shows how much of that CPU is the kernel's.
  *
+ * With `wake` last it only sleeps until each due time and commits nothing: what waking from
+ * idle RATE times a second costs the process, the part of a commit's CPU (and of every event
+ * a live source delivers) that is the wake-up's.
+ *
  *   gcc -O2 -o /tmp/paced_floor scripts/paced_floor.c
  *   /tmp/paced_floor 70 700 /var/tmp      # RATE COUNT DIRECTORY (on the data's disk)
+ *   /tmp/paced_floor 70 700 /var/tmp wake
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -25,8 +30,9 @@ static int by_value(const void *a, const void *b) {
 static double us(struct timeval t) { return t.tv_sec * 1e6 + t.tv_usec; }
 
 int main(int argc, char **argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: %s RATE COUNT DIRECTORY\n", argv[0]);
+    int wake_only = argc == 5 && strcmp(argv[4], "wake") == 0;
+    if (argc != 4 && !wake_only) {
+        fprintf(stderr, "usage: %s RATE COUNT DIRECTORY [wake]\n", argv[0]);
         return 2;
     }
     long rate = atol(argv[1]), count = atol(argv[2]);
@@ -59,7 +65,8 @@ int main(int argc, char **argv) {
         struct timespec at = {due / 1000000000LL, due % 1000000000LL}, a, b;
         clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL);
         clock_gettime(CLOCK_MONOTONIC, &a);
-        if (pwrite(fd, block, 4096, (off_t)i * 4096) != 4096 || fdatasync(fd) != 0) {
+        if (!wake_only &&
+            (pwrite(fd, block, 4096, (off_t)i * 4096) != 4096 || fdatasync(fd) != 0)) {
             perror("commit");
             unlink(path);
             return 1;
@@ -70,9 +77,9 @@ int main(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &after);
     unlink(path);
     qsort(latency, count, sizeof(double), by_value);
-    printf("%ld commits at %ld/s: CPU per commit user %.1f us, system %.1f us; "
+    printf("%ld %s at %ld/s: CPU per %s user %.1f us, system %.1f us; "
            "latency p50 %.0f us, p99 %.0f us\n",
-           count, rate, (us(after.ru_utime) - us(before.ru_utime)) / count,
+           count, wake_only ? "wakes" : "commits", rate, wake_only ? "wake" : "commit", (us(after.ru_utime) - us(before.ru_utime)) / count,
            (us(after.ru_stime) - us(before.ru_stime)) / count, latency[count / 2],
            latency[count * 99 / 100]);
     return 0;
