@@ -9,9 +9,14 @@
  * idle RATE times a second costs the process, the part of a commit's CPU (and of every event
  * a live source delivers) that is the wake-up's.
  *
+ * With `slow=MS` last it commits as without it and also prints, as they happen, the UTC time
+ * and latency of each commit that took longer than MS milliseconds: a witness of the device's
+ * stalls to set beside a soak's status lines, run on the same disk at the same time.
+ *
  *   gcc -O2 -o /tmp/paced_floor scripts/paced_floor.c
  *   /tmp/paced_floor 70 700 /var/tmp      # RATE COUNT DIRECTORY (on the data's disk)
  *   /tmp/paced_floor 70 700 /var/tmp wake
+ *   /tmp/paced_floor 20 54000 /var/tmp slow=3
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -31,8 +36,16 @@ static double us(struct timeval t) { return t.tv_sec * 1e6 + t.tv_usec; }
 
 int main(int argc, char **argv) {
     int wake_only = argc == 5 && strcmp(argv[4], "wake") == 0;
-    if (argc != 4 && !wake_only) {
-        fprintf(stderr, "usage: %s RATE COUNT DIRECTORY [wake]\n", argv[0]);
+    double slow_us = 0; /* 0: report no single commit */
+    if (argc == 5 && strncmp(argv[4], "slow=", 5) == 0) {
+        slow_us = atof(argv[4] + 5) * 1000;
+        if (slow_us <= 0) {
+            fprintf(stderr, "slow=MS needs a positive number of milliseconds\n");
+            return 2;
+        }
+    }
+    if (argc != 4 && !wake_only && slow_us == 0) {
+        fprintf(stderr, "usage: %s RATE COUNT DIRECTORY [wake | slow=MS]\n", argv[0]);
         return 2;
     }
     long rate = atol(argv[1]), count = atol(argv[2]);
@@ -73,6 +86,16 @@ int main(int argc, char **argv) {
         }
         clock_gettime(CLOCK_MONOTONIC, &b);
         latency[i] = (b.tv_sec - a.tv_sec) * 1e6 + (b.tv_nsec - a.tv_nsec) / 1e3;
+        if (slow_us > 0 && latency[i] > slow_us) {
+            struct timespec now;
+            struct tm utc;
+            char when[32];
+            clock_gettime(CLOCK_REALTIME, &now);
+            gmtime_r(&now.tv_sec, &utc);
+            strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &utc);
+            printf("%s.%03ldZ slow commit %.1f ms\n", when, now.tv_nsec / 1000000, latency[i] / 1e3);
+            fflush(stdout);
+        }
     }
     getrusage(RUSAGE_SELF, &after);
     unlink(path);
