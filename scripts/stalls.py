@@ -23,11 +23,11 @@ import argparse
 import datetime
 import re
 
+from soak import STATUS, UNIT_US  # the status line's format is read in one place
+
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z")
-STATUS = re.compile(r"write p50 ([0-9.]+) (ns|µs|ms|s) p99 ([0-9.]+) (ns|µs|ms|s)")
 SLOW = re.compile(r"slow commit ([0-9.]+) ms")
-UNIT_MS = {"ns": 1e-6, "µs": 1e-3, "ms": 1.0, "s": 1e3}
 
 
 def when(line):
@@ -55,7 +55,7 @@ def main():
             m = STATUS.search(line)
             t = when(line)
             if m and t:
-                minutes.append((t, float(m.group(1)) * UNIT_MS[m.group(2)], float(m.group(3)) * UNIT_MS[m.group(4)]))
+                minutes.append((t, float(m.group(1)) * UNIT_US[m.group(2)] / 1e3, float(m.group(3)) * UNIT_US[m.group(4)] / 1e3))
     slow = []  # (time, ms)
     with open(a.witness, encoding="utf-8", errors="replace") as f:
         for line in f:
