@@ -13,10 +13,14 @@ use std::path::Path;
 use std::process::Command;
 
 fn main() {
-    println!("cargo:rerun-if-changed=symbol-order.txt");
     println!("cargo:rerun-if-env-changed=TAILRACE_SYMBOL_ORDER");
     let order =
         Path::new(&env::var("CARGO_MANIFEST_DIR").unwrap_or_default()).join("symbol-order.txt");
+    // Watched by its absolute path, the one the link argument below names: a checkout moved
+    // or renamed (its target directory with it) no longer has the file there, so the script
+    // runs again and names the new place, where a relative path would leave the old one in
+    // the link arguments and the link would fail.
+    println!("cargo:rerun-if-changed={}", order.display());
     if env::var("PROFILE").as_deref() != Ok("release")
         || env::var("TAILRACE_SYMBOL_ORDER").as_deref() == Ok("0")
         || !order.is_file()
