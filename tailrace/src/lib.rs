@@ -3,9 +3,9 @@
 //! [`run`] (the pipeline with the HTTP server, the status line and signals, and its ordered
 //! shutdown), [`status`] (what the user sees), [`dead_letters`] (`tailrace dead-letters`),
 //! [`exporter`] (the Prometheus recorder), [`tail`] (`tailrace tail`), [`allocator`] (the
-//! binary's allocator). The binary itself (`main.rs`) parses the command line, loads the
-//! configuration, installs telemetry and signal handling, calls the library and maps errors
-//! to exit codes.
+//! binary's allocator), [`priority`] (the async workers' scheduling priority). The binary
+//! itself (`main.rs`) parses the command line, loads the configuration, installs telemetry
+//! and signal handling, calls the library and maps errors to exit codes.
 //!
 //! What it is not: the sources, ingester and configuration (`ingest`), the HTTP server
 //! (`server`) or the benchmarks (`bench`).
@@ -13,6 +13,7 @@
 pub mod allocator;
 pub mod dead_letters;
 pub mod exporter;
+pub mod priority;
 pub mod run;
 pub mod status;
 pub mod tail;

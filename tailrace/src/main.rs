@@ -148,6 +148,7 @@ fn main() -> ExitCode {
     init_logs(cli.log_format, filter);
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .on_thread_start(tailrace::priority::lower_this_thread)
         .build()
         .context("starting the async runtime")
         .and_then(|rt| rt.block_on(run(cli)));
