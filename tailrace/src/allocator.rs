@@ -144,7 +144,9 @@ mod tests {
             // loaded machine) rightly finds them purged. So the round is repeated until one
             // is that quick, and the quickest is judged; with no delay, every round finds the
             // pages gone.
-            let mut round = (0, 0, Instant::now(), Duration::MAX);
+            // The quickest round so far: resident bytes at its peak and just after its free,
+            // and how long the free and the reading took.
+            let mut quickest = (0, 0, Duration::MAX);
             for _ in 0..ROUNDS {
                 // SAFETY: each block is written within its size and freed once, by this thread.
                 let blocks: Vec<usize> = (0..BLOCKS)
@@ -162,18 +164,19 @@ mod tests {
                 }
                 let just_freed = resident();
                 let took = started.elapsed();
-                if took < round.3 {
-                    round = (peak, just_freed, Instant::now(), took);
+                if took < quickest.2 {
+                    quickest = (peak, just_freed, took);
                 }
                 if took < delay {
                     break;
                 }
             }
-            freed_tx.send(round).ok();
+            // From the last free on, nothing allocates: the purge is timed from here.
+            freed_tx.send((quickest, Instant::now())).ok();
             // Quiet, but alive: a thread's exit would hand its memory back by itself.
             done_rx.recv().ok();
         });
-        let (peak, just_freed, freed_at, took) =
+        let ((peak, just_freed, took), freed_at) =
             freed_rx.recv().expect("the allocating thread ran");
         let held = peak.saturating_sub(before);
         assert!(
