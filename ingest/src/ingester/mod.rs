@@ -476,8 +476,8 @@ impl Ingester {
         let Prepared {
             mut docs,
             sources,
-            updates,
-            owners,
+            mut updates,
+            mut owners,
             mut dead,
             letters_at,
             last_seq,
@@ -493,11 +493,14 @@ impl Ingester {
         {
             // Every earlier batch's rollups first (the third stage may still be on them).
             let _ = rolled.wait_for(|done| *done >= sent).await;
+            // Handed over, not copied: a failed attempt writes nothing, and the updates are
+            // derived again from the events for the writes in turn (as `write_rollups`
+            // remakes them), which is rarer than a copy of every batch's updates.
             if let Some(latency) = write_together(
                 &self.events,
                 &self.rollups,
                 &docs,
-                &updates,
+                std::mem::take(&mut updates),
                 d,
                 &self.health,
             )
@@ -507,6 +510,11 @@ impl Ingester {
                 self.account(n, events, (rollups, d), Written::none(), last_seq)
                     .await;
                 return None;
+            }
+            owners.clear();
+            for (i, (doc, source)) in docs.iter().zip(&sources).enumerate() {
+                rollups(doc, source, &self.options, &mut updates);
+                owners.resize(updates.len(), i);
             }
         }
         // The events, shared with what the store keeps, and their sources: the rollups are

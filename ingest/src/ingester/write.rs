@@ -405,12 +405,13 @@ where
 /// two together ([`store::Capped::commits_with`]; it waits for earlier rollups before it calls
 /// this). Returns the commit's latency. `None` when the attempt failed: then nothing of it was
 /// written (all or nothing), and the caller writes both in turn, which retries transient
-/// failures and isolates refused items.
+/// failures and isolates refused items. The updates are consumed either way: the caller
+/// derives them again from the events should it need them.
 pub(super) async fn write_together(
     events: &Arc<dyn Capped>,
     rollups: &Arc<dyn Keyed>,
     docs: &[Arc<Document>],
-    updates: &[KeyUpdate],
+    mut updates: Vec<KeyUpdate>,
     durability: Durability,
     health: &StoreHealth,
 ) -> Option<Duration> {
@@ -421,7 +422,6 @@ pub(super) async fn write_together(
     // fail.
     let n = docs.len();
     let docs: Arc<[Arc<Document>]> = docs.into();
-    let mut updates = updates.to_vec();
     super::coalesce_counters(&mut updates);
     let started = Instant::now();
     match events
