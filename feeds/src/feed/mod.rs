@@ -186,7 +186,7 @@ impl TickWrites {
     async fn run(self, checkpoint: Option<Checkpoint>, stats_doc: Option<Value>) -> bool {
         let mut saved = true;
         if let Some(cp) = checkpoint {
-            let result = match serde_json::to_value(&cp) {
+            let result = match cp.into_value() {
                 Ok(value) => {
                     self.store
                         .save_checkpoint(&self.feed, value, Durability::Journaled)

@@ -99,6 +99,7 @@ use std::hash::{BuildHasher, RandomState};
 
 use hashbrown::HashTable;
 
+use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize, Serializer};
 
 /// Microseconds per second, the bucket width.
@@ -186,8 +187,8 @@ pub enum StateError {
 }
 
 /// One closed second: its Space-Saving counters, frozen. Saved as [`BucketForm`].
-#[derive(Serialize, Deserialize, Clone)]
-#[serde(into = "BucketForm", try_from = "BucketForm")]
+#[derive(Deserialize, Clone)]
+#[serde(try_from = "BucketForm")]
 struct Bucket {
     /// Whole second since the Unix epoch.
     sec: i64,
@@ -208,7 +209,7 @@ struct Bucket {
 /// array of `[key, count, error]` triples, so the document holds no array inside an array
 /// (servers that speak MongoDB's protocol without being MongoDB refuse those) and no key
 /// becomes a field name (a hashtag may start with `$` or hold a dot).
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BucketForm {
     sec: i64,
@@ -218,21 +219,45 @@ struct BucketForm {
     errors: Vec<u64>,
 }
 
-impl From<Bucket> for BucketForm {
-    fn from(b: Bucket) -> Self {
-        let mut form = BucketForm {
-            sec: b.sec,
-            floor: b.floor,
-            keys: Vec::with_capacity(b.counters.len()),
-            counts: Vec::with_capacity(b.counters.len()),
-            errors: Vec::with_capacity(b.counters.len()),
-        };
-        for (key, count, error) in b.counters {
-            form.keys.push(key);
-            form.counts.push(count);
-            form.errors.push(error);
+/// Writes a second in [`BucketForm`]'s shape straight from its counters, each column a
+/// sequence serde collects as it goes: a checkpoint copies no key on its way out (with a
+/// `BucketForm` in between, every key of the window was copied at every save).
+fn serialize_form<'a, S, I>(
+    s: S,
+    sec: i64,
+    floor: u64,
+    counters: impl Fn() -> I,
+) -> Result<S::Ok, S::Error>
+where
+    S: Serializer,
+    I: Iterator<Item = (&'a str, u64, u64)>,
+{
+    /// One column of the counters, collected from a fresh pass over them.
+    struct Column<F>(F);
+    impl<F, J> Serialize for Column<F>
+    where
+        F: Fn() -> J,
+        J: Iterator,
+        J::Item: Serialize,
+    {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.collect_seq((self.0)())
         }
-        form
+    }
+    let mut form = s.serialize_struct("BucketForm", 5)?;
+    form.serialize_field("sec", &sec)?;
+    form.serialize_field("floor", &floor)?;
+    form.serialize_field("keys", &Column(|| counters().map(|(k, _, _)| k)))?;
+    form.serialize_field("counts", &Column(|| counters().map(|(_, c, _)| c)))?;
+    form.serialize_field("errors", &Column(|| counters().map(|(_, _, e)| e)))?;
+    form.end()
+}
+
+impl Serialize for Bucket {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        serialize_form(s, self.sec, self.floor, || {
+            self.counters.iter().map(|(k, c, e)| (k.as_str(), *c, *e))
+        })
     }
 }
 
@@ -503,19 +528,7 @@ impl fmt::Debug for Live {
 /// replacement order.
 impl Serialize for Live {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut form = BucketForm {
-            sec: self.sec,
-            floor: self.floor,
-            keys: Vec::with_capacity(self.slots.len()),
-            counts: Vec::with_capacity(self.slots.len()),
-            errors: Vec::with_capacity(self.slots.len()),
-        };
-        for (key, count, error) in self.counters() {
-            form.keys.push(key.to_string());
-            form.counts.push(count);
-            form.errors.push(error);
-        }
-        form.serialize(s)
+        serialize_form(s, self.sec, self.floor, || self.counters())
     }
 }
 
