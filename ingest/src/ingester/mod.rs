@@ -84,6 +84,8 @@ pub struct IngestStats {
     pub queue_depth: AtomicI64,
     /// Write latency of `events` batches since the last status line (µs).
     pub write_latency_us: Mutex<Option<hdrhistogram::Histogram<u64>>>,
+    /// The metrics each commit records into, registered once.
+    pub(crate) meters: t::Meters,
 }
 
 /// Told of every batch whose events the store acknowledged: how many were stored, at which
@@ -768,9 +770,9 @@ impl Ingester {
                 durability: d,
                 latency,
             }
-            .emit();
+            .emit_to(&self.stats.meters);
             for (source, seq) in last_seq {
-                t::sequence_acked(&source, seq);
+                self.stats.meters.sequence_acked(&source, seq);
             }
         }
         for (collection, written, durability) in [
@@ -784,7 +786,7 @@ impl Ingester {
                     durability,
                     latency,
                 }
-                .emit();
+                .emit_to(&self.stats.meters);
             }
         }
     }
