@@ -837,3 +837,63 @@ impl StreamGap<'_> {
         tracing::info!(collection = %self.collection, detail = %serde_json::Value::Object(self.detail.clone()), "change stream: history after the client's id is gone; continuing from the oldest");
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use store::Durability;
+
+    use super::*;
+
+    /// The handles `Meters` keeps record into the series `histogram!`/`gauge!` name: one
+    /// per set of labels, whichever commit registered it.
+    #[test]
+    fn meters_record_into_one_series_per_set_of_labels() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let value = |text: &str, series: &str| -> Option<f64> {
+            text.lines()
+                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        metrics::with_local_recorder(&recorder, || {
+            let meters = Meters::default();
+            let acked = |collection, durability, ms| WriteAcked {
+                engine: "embedded",
+                collection,
+                durability,
+                latency: Duration::from_millis(ms),
+            };
+            acked("events", Durability::Journaled, 2).emit_to(&meters);
+            acked("events", Durability::Journaled, 3).emit_to(&meters);
+            acked("rollups", Durability::Acknowledged, 4).emit_to(&meters);
+            acked("events", Durability::Acknowledged, 5).emit_to(&meters);
+            let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+            meters.sequence_acked(&a, 7);
+            meters.sequence_acked(&b, 1);
+            meters.sequence_acked(&a, 9);
+            let text = handle.render();
+            let count = |collection: &str, durability: &str| {
+                let series = format!(
+                    "{WRITE_LATENCY}_count{{engine=\"embedded\",collection=\"{collection}\",durability=\"{durability}\"}}"
+                );
+                value(&text, &series)
+            };
+            assert_eq!(count("events", "journaled"), Some(2.0), "{text}");
+            assert_eq!(count("rollups", "acknowledged"), Some(1.0), "{text}");
+            assert_eq!(count("events", "acknowledged"), Some(1.0), "{text}");
+            let sum = format!(
+                "{WRITE_LATENCY}_sum{{engine=\"embedded\",collection=\"events\",durability=\"journaled\"}}"
+            );
+            assert!(
+                value(&text, &sum).is_some_and(|s| (s - 0.005).abs() < 1e-9),
+                "{text}"
+            );
+            let seq = |source: &str| value(&text, &format!("{LAST_SEQ}{{source=\"{source}\"}}"));
+            assert_eq!((seq("a"), seq("b")), (Some(9.0), Some(1.0)), "{text}");
+        });
+    }
+}
