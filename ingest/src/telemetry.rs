@@ -442,9 +442,8 @@ impl StoreRefused<'_> {
 /// The write-latency histograms and last-sequence gauges the ingester has registered, kept
 /// so that a commit records into them without registering them again: `histogram!` and
 /// `gauge!` with labels copy every label into a new key and search the registry at each
-/// call (~7 allocations an event at 70/s, measured with heaptrack), for series that are
-/// the same from one commit to the next. Handles of the recorder installed when each was
-/// first used, which is the global one for a whole run.
+/// call, for series that are the same from one commit to the next. Handles of the recorder
+/// installed when each was first used, which is the global one for a whole run.
 #[derive(Default)]
 pub struct Meters {
     /// `(engine, collection, durability)` and its histogram; a handful at most.
