@@ -133,11 +133,16 @@ impl Target {
 
     /// `met (1.05×)` or `MISSED by 35% (1.62× against 1.20×)`.
     pub fn verdict(&self) -> String {
+        // A near miss must not read as "90 % against 90 %": one more decimal where whole
+        // numbers would show the measure equal to the bound.
+        let decimals = usize::from(
+            !self.met && format!("{:.0}", self.measured) == format!("{:.0}", self.limit),
+        );
         let show = |v: f64| match self.unit.as_str() {
             u if u.starts_with('×') => fmt_ratio(v),
             "µs" => super::measure::fmt_us(v),
             "docs/s" | "req/s" => super::measure::fmt_rate(v),
-            _ => format!("{v:.0} {}", self.unit),
+            _ => format!("{v:.decimals$} {}", self.unit),
         };
         if self.met {
             format!("met ({})", show(self.measured))
@@ -147,7 +152,9 @@ impl Target {
             } else {
                 (1.0 - self.measured / self.limit) * 100.0
             };
-            let by = if by.is_finite() {
+            let by = if by.is_finite() && by < 1.0 {
+                format!(" by {by:.1}%")
+            } else if by.is_finite() {
                 format!(" by {by:.0}%")
             } else {
                 String::new()
@@ -370,6 +377,14 @@ mod tests {
         assert_eq!(
             Target::at_least("x", 50_000.0, 100_000.0, "docs/s").verdict(),
             "MISSED by 50% (50,000/s against 100,000/s)"
+        );
+        assert_eq!(
+            Target::at_least("x", 89.6, 90.0, "%").verdict(),
+            "MISSED by 0.4% (89.6 % against 90.0 %)"
+        );
+        assert_eq!(
+            Target::at_least("x", 78.2, 90.0, "%").verdict(),
+            "MISSED by 13% (78 % against 90 %)"
         );
     }
 }
