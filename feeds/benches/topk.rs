@@ -12,7 +12,11 @@
 //! - `record/<structure>/<n>`: one event as a feed applies it, `record` then
 //!   `expire` at the event's time (the clock advances 20 µs per event);
 //! - `top/<structure>/<n>`: one `top()` on the filled window;
-//! - `keygen/<n>`: making the key alone, to subtract from `record`.
+//! - `keygen/<n>`: making the key alone, to subtract from `record`;
+//! - `record/HeavyHitters-scripts/<n>`, `keygen/scripts-<n>`: the same with keys
+//!   spelled as hashtags are on a real stream, in every script (`#Тег42`,
+//!   `#ΟΔΟΣ7`, `#标签9`, `#İstanbul3`, emoji, most of them not lowercase ASCII),
+//!   which the summary case-folds before counting.
 //!
 //! After filling, the size of each structure's JSON checkpoint is printed.
 //!
@@ -37,19 +41,45 @@ const K: usize = 10;
 /// Distinct values the keys are drawn from.
 const CARDINALITIES: [u64; 4] = [100, 10_000, 1_000_000, 10_000_000];
 
-/// A seeded stream of keys `tag<i>`, `i` uniform in `0..n`, written into one
-/// reused buffer so the benchmark measures the structures, not allocation.
+/// The stem of every key of the plain stream.
+const PLAIN: &[&str] = &["tag"];
+/// Stems of the stream spelled in many scripts: cased and caseless, folded
+/// to themselves or not (a final sigma, a dotted capital I, a sharp s).
+const SCRIPTS: &[&str] = &[
+    "tag",
+    "Tag",
+    "Тег",
+    "тег",
+    "ΟΔΟΣ",
+    "οδος",
+    "标签",
+    "タグ",
+    "وسم",
+    "टैग",
+    "🦀",
+    "👩🏽‍💻",
+    "Straße",
+    "İstanbul",
+    "한국어",
+    "ТЕГ",
+];
+
+/// A seeded stream of keys `<stem><i>`, `i` uniform in `0..n` and the stem
+/// chosen by `i`, written into one reused buffer so the benchmark measures
+/// the structures, not allocation.
 struct Keys {
     state: u64,
     n: u64,
+    stems: &'static [&'static str],
     buf: String,
 }
 
 impl Keys {
-    fn new(n: u64) -> Self {
+    fn new(n: u64, stems: &'static [&'static str]) -> Self {
         Self {
             state: 0x5EED ^ n,
             n,
+            stems,
             buf: String::with_capacity(32),
         }
     }
@@ -63,7 +93,8 @@ impl Keys {
         z ^= z >> 31;
         let mut i = ((u128::from(z) * u128::from(self.n)) >> 64) as u64;
         self.buf.clear();
-        self.buf.push_str("tag");
+        self.buf
+            .push_str(self.stems[(i % self.stems.len() as u64) as usize]);
         let mut digits = [0u8; 20];
         let mut len = 0;
         loop {
@@ -132,10 +163,10 @@ struct Filled<W> {
 }
 
 impl<W: Window> Filled<W> {
-    fn new(n: u64) -> Self {
+    fn new(n: u64, stems: &'static [&'static str]) -> Self {
         let mut f = Self {
             w: W::fresh(),
-            keys: Keys::new(n),
+            keys: Keys::new(n, stems),
             t_us: 1_700_000_000_000_000,
         };
         for _ in 0..(WINDOW_SECS as i64 + 1) * RATE {
@@ -165,7 +196,7 @@ fn bench_one<W: Window>(c: &mut Criterion, n: u64) {
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
     record.bench_function(BenchmarkId::new(W::NAME, n), |b| {
-        let f = filled.get_or_insert_with(|| Filled::new(n));
+        let f = filled.get_or_insert_with(|| Filled::new(n, PLAIN));
         b.iter(|| f.event())
     });
     record.finish();
@@ -177,7 +208,7 @@ fn bench_one<W: Window>(c: &mut Criterion, n: u64) {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
     top.bench_function(BenchmarkId::new(W::NAME, n), |b| {
-        let f = filled.get_or_insert_with(|| Filled::new(n));
+        let f = filled.get_or_insert_with(|| Filled::new(n, PLAIN));
         b.iter(|| black_box(f.w.top()))
     });
     top.finish();
@@ -186,8 +217,12 @@ fn bench_one<W: Window>(c: &mut Criterion, n: u64) {
 fn topk(c: &mut Criterion) {
     let mut keygen = c.benchmark_group("keygen");
     for n in CARDINALITIES {
-        let mut keys = Keys::new(n);
+        let mut keys = Keys::new(n, PLAIN);
         keygen.bench_function(BenchmarkId::from_parameter(n), |b| {
+            b.iter(|| black_box(keys.next_key().len()))
+        });
+        let mut keys = Keys::new(n, SCRIPTS);
+        keygen.bench_function(BenchmarkId::from_parameter(format!("scripts-{n}")), |b| {
             b.iter(|| black_box(keys.next_key().len()))
         });
     }
@@ -196,6 +231,21 @@ fn topk(c: &mut Criterion) {
         bench_one::<TopK>(c, n);
         bench_one::<HeavyHitters>(c, n);
     }
+    // The bounded summary only: the exact structure is the reference, and its
+    // cost does not depend on how keys are spelled beyond their length.
+    let mut record = c.benchmark_group("record");
+    record
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    for n in CARDINALITIES {
+        let mut filled: Option<Filled<HeavyHitters>> = None;
+        let id = BenchmarkId::new(format!("{}-scripts", HeavyHitters::NAME), n);
+        record.bench_function(id, |b| {
+            let f = filled.get_or_insert_with(|| Filled::new(n, SCRIPTS));
+            b.iter(|| f.event())
+        });
+    }
+    record.finish();
 }
 
 criterion_group!(benches, topk);
