@@ -91,7 +91,6 @@
 //! trip therefore continues exactly as if never stopped. `top` breaks ties by
 //! key, so its output does not depend on hash order either.
 
-use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
@@ -320,7 +319,9 @@ struct Slot {
 /// array.
 #[derive(Clone, Debug)]
 struct Meta {
-    key: Box<str>,
+    /// A `String`, not a `Box<str>`: a full summary replaces a key at nearly
+    /// every new one on a long tail, and the replacement reuses this buffer.
+    key: String,
     /// `HeavyHitters::hasher` applied to `key`, kept so that growing the
     /// index, removing a replaced key and merging in `top` never hash a
     /// string again.
@@ -400,7 +401,8 @@ impl Live {
         }
         index.insert_unique(hash, id, rehash);
         if let Some(m) = meta.get_mut(id as usize) {
-            m.key = key.into();
+            m.key.clear();
+            m.key.push_str(key);
             m.hash = hash;
             m.error = min;
         }
@@ -455,7 +457,10 @@ impl Live {
         let mut hashes = Vec::with_capacity(self.slots.len());
         for s in &self.slots {
             if let Some(m) = meta.get_mut(s.id as usize) {
-                counters.push((std::mem::take(&mut m.key).into_string(), s.count, m.error));
+                let mut key = std::mem::take(&mut m.key);
+                // Grown by longer keys it replaced: the closed second keeps only what it holds.
+                key.shrink_to_fit();
+                counters.push((key, s.count, m.error));
                 hashes.push(m.hash);
             }
         }
@@ -490,7 +495,7 @@ impl Live {
                 meta.get(*i as usize).map_or(0, |m| m.hash)
             });
             live.meta.push(Meta {
-                key: key.into_boxed_str(),
+                key,
                 hash,
                 error,
                 pos: id,
@@ -570,6 +575,9 @@ pub struct HeavyHitters {
     /// not serialized.
     #[serde(skip)]
     hasher: RandomState,
+    /// Where a key that changes when folded is folded, reused from key to key.
+    #[serde(skip)]
+    fold_buf: String,
 }
 
 impl PartialEq for HeavyHitters {
@@ -597,6 +605,7 @@ impl HeavyHitters {
             closed: VecDeque::new(),
             live: None,
             hasher: RandomState::new(),
+            fold_buf: String::new(),
         }
     }
 
@@ -622,8 +631,8 @@ impl HeavyHitters {
             None => self.live.insert(Live::new(sec)),
         };
         for key in keys {
-            let key = fold_key(key);
-            live.add(&key, self.hasher.hash_one(&*key), self.capacity);
+            let key = fold_key(key, &mut self.fold_buf);
+            live.add(key, self.hasher.hash_one(key), self.capacity);
         }
         let newest = live.sec;
         self.expire_before(newest);
@@ -858,6 +867,7 @@ impl TryFrom<State> for HeavyHitters {
             closed: s.closed.into_iter().map(hash).collect(),
             live: s.live.map(|b| Live::from_bucket(hash(b))),
             hasher,
+            fold_buf: String::new(),
         })
     }
 }
@@ -894,29 +904,43 @@ fn check_bucket(b: &Bucket, capacity: usize) -> Result<(), StateError> {
 }
 
 /// Case-folds a key as `TopK` does (`str::to_lowercase`) and cuts it to
-/// [`MAX_KEY_BYTES`] at a character boundary. ASCII keys that are already
-/// lowercase, the common case, are borrowed, not copied.
-fn fold_key(key: &str) -> Cow<'_, str> {
-    let mut folded = if key.is_ascii() {
+/// [`MAX_KEY_BYTES`] at a character boundary. A key that folds to itself,
+/// lowercase ASCII or a script without case (CJK, Arabic, Devanagari, emoji),
+/// is borrowed; any other is folded into `buf`, so a long tail of new keys
+/// does not allocate one string each.
+fn fold_key<'a>(key: &'a str, buf: &'a mut String) -> &'a str {
+    let folded: &str = if key.is_ascii() {
         if key.bytes().any(|b| b.is_ascii_uppercase()) {
-            Cow::Owned(key.to_ascii_lowercase())
+            buf.clear();
+            buf.push_str(key);
+            buf.make_ascii_lowercase();
+            buf
         } else {
-            Cow::Borrowed(key)
+            key
         }
+    } else if key.chars().all(folds_to_itself) {
+        key
+    } else if key.contains('\u{3a3}') {
+        // A capital sigma lowers to ς or σ by what surrounds it: std's rule.
+        *buf = key.to_lowercase();
+        buf
     } else {
-        Cow::Owned(key.to_lowercase())
+        // Without a capital sigma, str::to_lowercase lowers char by char.
+        buf.clear();
+        buf.extend(key.chars().flat_map(char::to_lowercase));
+        buf
     };
-    if folded.len() > MAX_KEY_BYTES {
-        let mut end = MAX_KEY_BYTES;
-        while !folded.is_char_boundary(end) {
-            end -= 1;
-        }
-        match &mut folded {
-            Cow::Borrowed(s) => *s = &s[..end],
-            Cow::Owned(s) => s.truncate(end),
-        }
+    let mut end = folded.len().min(MAX_KEY_BYTES);
+    while !folded.is_char_boundary(end) {
+        end -= 1;
     }
-    folded
+    &folded[..end]
+}
+
+/// Whether `c` lowers to itself alone.
+fn folds_to_itself(c: char) -> bool {
+    let mut lower = c.to_lowercase();
+    lower.next() == Some(c) && lower.next().is_none()
 }
 
 #[cfg(test)]
@@ -997,10 +1021,85 @@ mod tests {
     }
 
     #[test]
+    fn folding_into_a_reused_buffer_is_str_to_lowercase() {
+        let cut = |s: String| {
+            let mut end = s.len().min(MAX_KEY_BYTES);
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            s[..end].to_owned()
+        };
+        let mut keys: Vec<String> = [
+            "rust",
+            "Rust",
+            "RUST",
+            "标签",
+            "タグ",
+            "وسم",
+            "टैग",
+            "🦀",
+            "👩🏽‍💻",
+            "Тег",
+            "ΟΔΟΣ",
+            "ΣΑΣ",
+            "Σ",
+            "aΣ",
+            "Σa",
+            "ΟΔΟΣ ΟΔΟΣ",
+            "Straße",
+            "STRASSE",
+            "İstanbul",
+            "ǅemal",
+            "ǅ",
+            "ΑΣ🦀",
+            "$Price",
+            "user.Name",
+            "Ünïcode",
+            "ᾈ",
+            "Ⅻ",
+            "Ꭰ",
+            "𐐀",
+        ]
+        .iter()
+        .map(|k| (*k).to_owned())
+        .collect();
+        keys.push(format!("{}Ä", "a".repeat(MAX_KEY_BYTES - 1)));
+        keys.push("İ".repeat(MAX_KEY_BYTES));
+        // Random strings over every Unicode scalar value, and over the cased
+        // blocks where lowering changes length or needs context.
+        let mut rng = StdRng::seed_from_u64(7);
+        for _ in 0..20_000 {
+            let len = rng.random_range(1..12);
+            let k: String = (0..len)
+                .map(|_| {
+                    loop {
+                        let c = if rng.random_bool(0.5) {
+                            rng.random_range(0..=0x10FFFFu32)
+                        } else {
+                            rng.random_range(0x41..0x600u32)
+                        };
+                        if let Some(c) = char::from_u32(c) {
+                            break c;
+                        }
+                    }
+                })
+                .collect();
+            keys.push(k);
+        }
+        // One buffer for all, as the summary keeps it: nothing of a key may
+        // leak into the next.
+        let mut buf = String::new();
+        for k in &keys {
+            assert_eq!(fold_key(k, &mut buf), cut(k.to_lowercase()), "{k:?}");
+        }
+    }
+
+    #[test]
     fn long_keys_are_cut_at_a_char_boundary() {
         // 255 ASCII bytes then a 4-byte crab: the cut cannot split the crab.
         let long = format!("{}🦀tail", "a".repeat(MAX_KEY_BYTES - 1));
-        let folded = fold_key(&long);
+        let mut buf = String::new();
+        let folded = fold_key(&long, &mut buf);
         assert_eq!(
             folded,
             "a".repeat(MAX_KEY_BYTES - 1),
@@ -1008,7 +1107,7 @@ mod tests {
         );
         let exact = "é".repeat(MAX_KEY_BYTES / 2);
         assert_eq!(
-            fold_key(&exact),
+            fold_key(&exact, &mut String::new()),
             exact,
             "a key of exactly the limit is kept"
         );
@@ -1315,7 +1414,7 @@ mod tests {
             let keys: Vec<String> = keys
                 .iter()
                 .filter(|k| !k.is_empty())
-                .map(|k| fold_key(k).into_owned())
+                .map(|k| fold_key(k, &mut String::new()).to_owned())
                 .collect();
             if keys.is_empty() {
                 return;
