@@ -17,7 +17,9 @@
 //! left and reads what happened: every event's hand-over and commit times (the ingest rate is
 //! the events over the time from the first hand-over to the last commit), and each feed's
 //! checkpoint (how many events it had processed when the binary stopped). The wall time from
-//! starting the process to its exit gives the end-to-end rate, start-up and shutdown included.
+//! starting the process to its exit gives the end-to-end rate, start-up and shutdown included,
+//! and the process's CPU time (its user and system time as a reaped child) the CPU per event:
+//! on a shared machine the steadier of the two measures of what a variant costs.
 //!
 //! The binary is this one, or `--binary`. It gets the configuration as a file written from
 //! the one in use, with only the source, the data directory, the HTTP port (any free one)
