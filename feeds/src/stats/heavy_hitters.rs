@@ -1029,40 +1029,33 @@ mod tests {
             }
             s[..end].to_owned()
         };
-        let mut keys: Vec<String> = [
-            "rust",
-            "Rust",
-            "RUST",
-            "标签",
-            "タグ",
-            "وسم",
-            "टैग",
-            "🦀",
-            "👩🏽‍💻",
-            "Тег",
-            "ΟΔΟΣ",
-            "ΣΑΣ",
-            "Σ",
-            "aΣ",
-            "Σa",
-            "ΟΔΟΣ ΟΔΟΣ",
-            "Straße",
-            "STRASSE",
-            "İstanbul",
-            "ǅemal",
-            "ǅ",
-            "ΑΣ🦀",
-            "$Price",
-            "user.Name",
-            "Ünïcode",
-            "ᾈ",
-            "Ⅻ",
-            "Ꭰ",
-            "𐐀",
-        ]
-        .iter()
-        .map(|k| (*k).to_owned())
-        .collect();
+        // The stems of every other test here, and the cases where lowering
+        // changes a key's length or depends on its neighbours.
+        let mut keys: Vec<String> = STEMS
+            .iter()
+            .chain(&[
+                "Rust",
+                "RUST",
+                "タグ",
+                "ΣΑΣ",
+                "Σ",
+                "aΣ",
+                "Σa",
+                "ΟΔΟΣ ΟΔΟΣ",
+                "STRASSE",
+                "ǅemal",
+                "ǅ",
+                "ΑΣ🦀",
+                "ᾈ",
+                "Ⅻ",
+                "Ꭰ",
+                "𐐀",
+                "$Price",
+                "user.Name",
+                "Ünïcode",
+            ])
+            .map(|k| (*k).to_owned())
+            .collect();
         keys.push(format!("{}Ä", "a".repeat(MAX_KEY_BYTES - 1)));
         keys.push("İ".repeat(MAX_KEY_BYTES));
         // Random strings over every Unicode scalar value, and over the cased
