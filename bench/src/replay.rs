@@ -110,6 +110,18 @@ struct Outcome {
     processed: Vec<(String, u64)>,
 }
 
+impl Outcome {
+    /// The ingest rate: events over first hand-over → last commit.
+    fn rate(&self) -> f64 {
+        self.events as f64 / self.ingest_secs.max(1e-9)
+    }
+
+    /// The process's CPU time per event, µs.
+    fn cpu_us_per_event(&self) -> Option<f64> {
+        self.cpu_secs.map(|c| 1e6 * c / self.events.max(1) as f64)
+    }
+}
+
 /// Writes `n` tweets whose hashtags come from `vocabulary` to `path`; returns (distinct tags,
 /// tag uses).
 fn write_file(path: &Path, n: u64, vocabulary: Option<u64>) -> Result<(usize, u64)> {
@@ -367,7 +379,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
     }
 
     for o in &outcomes {
-        let rate = o.events as f64 / o.ingest_secs.max(1e-9);
+        let rate = o.rate();
         let before = BEFORE.iter().find(|b| b.0 == o.name).map(|b| b.1);
         let behind: u64 = o
             .processed
@@ -387,7 +399,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
                 "wall_secs": o.wall_secs,
                 "end_to_end_per_sec": o.events as f64 / o.wall_secs.max(1e-9),
                 "cpu_secs": o.cpu_secs,
-                "cpu_us_per_event": o.cpu_secs.map(|c| 1e6 * c / o.events.max(1) as f64),
+                "cpu_us_per_event": o.cpu_us_per_event(),
                 "feeds_processed": o.processed.iter().map(|(f, p)| json!({"feed": f, "events": p})).collect::<Vec<_>>(),
                 "issue_10_before_per_sec": before,
                 "failures_are": "events the feeds had not processed when the binary stopped (summed over feeds)",
@@ -395,20 +407,15 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             ..Series::default()
         });
     }
-    let rate_of = |name: &str| {
-        report
-            .series
-            .iter()
-            .find(|s| s.name == name)
-            .map(|s| s.throughput_per_sec)
-    };
-    if let (Some(on), Some(off), Some(none)) = (
-        rate_of("10,000,000 distinct"),
-        rate_of("10,000,000 distinct, top-k disabled"),
-        rate_of("no hashtags"),
-    ) {
-        let on_vs_off = 100.0 * on / off.max(1e-9);
-        let on_vs_none = 100.0 * on / none.max(1e-9);
+    let outcome = |name: &str| outcomes.iter().find(|o| o.name == name);
+    let (on, off, none) = (
+        outcome("10,000,000 distinct"),
+        outcome("10,000,000 distinct, top-k disabled"),
+        outcome("no hashtags"),
+    );
+    if let (Some(on), Some(off), Some(none)) = (on, off, none) {
+        let on_vs_off = 100.0 * on.rate() / off.rate().max(1e-9);
+        let on_vs_none = 100.0 * on.rate() / none.rate().max(1e-9);
         report.targets.push(Target::at_least(
             "10,000,000 distinct: top-k on ≥ 90 % of the rate with top-k off (the statistic costs little at any cardinality)",
             on_vs_off,
@@ -422,16 +429,9 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             "%",
         ));
     }
-    let cpu_of = |name: &str| {
-        report
-            .series
-            .iter()
-            .find(|s| s.name == name)
-            .and_then(|s| s.extra["cpu_us_per_event"].as_f64())
-    };
     if let (Some(on), Some(off)) = (
-        cpu_of("10,000,000 distinct"),
-        cpu_of("10,000,000 distinct, top-k disabled"),
+        on.and_then(Outcome::cpu_us_per_event),
+        off.and_then(Outcome::cpu_us_per_event),
     ) {
         // The rate of a run this short moves with whatever else the machine does; the CPU it
         // took is the steadier measure of what the statistic costs.
@@ -493,8 +493,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
                 .map_or_else(|| "—".into(), fmt_rate),
             format!("{:.2}", o.wall_secs),
             fmt_rate(o.events as f64 / o.wall_secs.max(1e-9)),
-            s.extra["cpu_us_per_event"]
-                .as_f64()
+            o.cpu_us_per_event()
                 .map_or_else(|| "—".into(), |c| format!("{c:.1}")),
             fmt_us(s.latency_us.p50),
             fmt_us(s.latency_us.p99),
