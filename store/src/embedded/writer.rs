@@ -260,44 +260,60 @@ pub(crate) struct Kv {
 }
 
 /// Documents of keyed collections as last written: an update of a hot key (a source's
-/// summary, updated on every event) then needs no read and no parse. The writer is the only
-/// writer, so the cache is exact.
-#[derive(Default)]
+/// summary, updated on every event; a common hashtag's counter) then needs no read and no
+/// parse. The writer is the only writer, so the cache is exact.
+///
+/// On a long tail most keys are written once or a few times and would push the hot ones out
+/// of a cache that keeps whatever was written last. `quick_cache`'s CLOCK-Pro admits a new key
+/// into a small cold section; only a key written again while there, or again after it left
+/// (remembered by its hash), takes a place among the hot ones.
 struct KvCache {
-    docs: KvHashMap<String, KvHashMap<String, Kv>>,
-    len: usize,
+    docs: quick_cache::unsync::Cache<KvKey, Kv, KvWeight, hashbrown::DefaultHashBuilder>,
 }
 
 impl KvCache {
-    /// Entries kept at most; beyond, the cache starts over (cold keys of a long tail are read
-    /// from the tree anyway). The keys written on every batch (a source's summary, the
-    /// common values) are few.
-    const CAPACITY: usize = 1024;
+    /// Bytes the cached entries may take, as [`KvWeight`] counts them: about a thousand
+    /// counters of a long-tail field beside the summaries, what the memory target at 70
+    /// events/s leaves room for (docs/BENCHMARKS.md, "Targets").
+    const BYTES: u64 = 1 << 20;
+
+    fn new() -> Self {
+        let docs = quick_cache::unsync::Cache::with(
+            usize::try_from(Self::BYTES / 900).unwrap_or(1024),
+            Self::BYTES,
+            KvWeight,
+            hashbrown::DefaultHashBuilder::default(),
+            quick_cache::unsync::DefaultLifecycle::default(),
+        );
+        Self { docs }
+    }
 
     fn get(&self, coll: &str, key: &str) -> Option<&Kv> {
-        self.docs.get(coll)?.get(key)
+        self.docs.get(&KvRef(coll, key))
     }
 
     fn put(&mut self, coll: &str, key: &str, kv: Kv) {
-        if self.len >= Self::CAPACITY {
-            self.docs.clear();
-            self.len = 0;
-        }
-        let keys = match self.docs.get_mut(coll) {
-            Some(keys) => keys,
-            None => self.docs.entry(coll.to_owned()).or_default(),
-        };
-        if keys.insert(key.to_owned(), kv).is_none() {
-            self.len += 1;
+        match self.docs.get_mut(&KvRef(coll, key)) {
+            // The weight may change with the document; `RefMut` accounts for it when dropped.
+            Some(mut cached) => *cached = kv,
+            None => self.docs.insert((coll.to_owned(), key.to_owned()), kv),
         }
     }
 
     fn remove(&mut self, coll: &str, key: &str) {
-        if let Some(keys) = self.docs.get_mut(coll)
-            && keys.remove(key).is_some()
-        {
-            self.len -= 1;
-        }
+        self.docs.remove(&KvRef(coll, key));
+    }
+}
+
+/// A cached keyed document's weight: about the bytes it holds. Its decoded form takes a few
+/// times its JSON, and at least a node of a `BTreeMap` (~640 bytes, allocated even for a
+/// counter's one field); then its key and its JSON.
+#[derive(Clone)]
+struct KvWeight;
+
+impl quick_cache::Weighter<KvKey, Kv> for KvWeight {
+    fn weight(&self, key: &KvKey, kv: &Kv) -> u64 {
+        (key.0.len() + key.1.len() + 4 * kv.json.len() + 768) as u64
     }
 }
 
@@ -539,7 +555,7 @@ impl Writer {
             catalog: r.catalog,
             capped,
             keyed_validators,
-            cache: KvCache::default(),
+            cache: KvCache::new(),
             hub,
             newest_op,
             builder: Builder::new(),
@@ -803,6 +819,13 @@ impl Writer {
             return Ok(slot.now.clone());
         }
         if let Some(kv) = self.cache.get(coll, key) {
+            // Every test runs this check too: a cached document that is not the tree's would
+            // be updated from a stale state.
+            debug_assert_eq!(
+                self.read_tree(coll, key).ok().flatten().map(|t| t.json),
+                Some(kv.json.clone()),
+                "the cache of keyed documents differs from the tree at {coll}/{key}"
+            );
             return Ok(Some(kv.clone()));
         }
         if !self.known.may_hold(coll, key) {
@@ -1828,5 +1851,66 @@ mod tests {
         assert_eq!(ts("r", "ollups"), Some(Some(6)));
         assert_eq!(ts("rollup", "ssource:a"), None);
         assert_eq!(ts("rollups", "hashtags:东京"), None);
+    }
+
+    fn kv(json: &str) -> Kv {
+        Kv {
+            doc: Arc::new(serde_json::from_str(json).expect("a test document")),
+            json: Arc::from(json),
+            ts: 0,
+        }
+    }
+
+    /// What the writer does with a key it updates: read it (from the cache when there) and
+    /// write it back.
+    fn update(cache: &mut KvCache, coll: &str, key: &str, json: &str) -> bool {
+        let hit = cache.get(coll, key).is_some();
+        cache.put(coll, key, kv(json));
+        hit
+    }
+
+    /// On a long tail (every event a new hashtag, as at 10^7 distinct values) the keys written
+    /// on every event stay cached, and the cache stays within its bytes; a key written twice
+    /// in a row is found the second time.
+    #[test]
+    fn a_long_tail_leaves_the_hot_keys_cached() {
+        let mut cache = KvCache::new();
+        let hot = ["source:a", "lang:en", "hashtags:東京"];
+        let mut misses = 0;
+        for i in 0..100_000 {
+            for k in hot {
+                if !update(&mut cache, "rollups", k, &format!(r#"{{"count":{i}}}"#)) {
+                    misses += 1;
+                }
+            }
+            let tail = format!("hashtags:tag{i}");
+            assert!(!update(&mut cache, "rollups", &tail, r#"{"count":1}"#));
+            assert!(update(&mut cache, "rollups", &tail, r#"{"count":2}"#));
+            assert!(cache.docs.weight() <= KvCache::BYTES);
+        }
+        assert_eq!(misses, hot.len(), "only each hot key's first update misses");
+        let json = |k| cache.get("rollups", k).map(|kv| kv.json.to_string());
+        assert_eq!(json("lang:en").as_deref(), Some(r#"{"count":99999}"#));
+        // An entry replaced by a smaller document weighs less: the bound counts what is held.
+        let before = cache.docs.weight();
+        cache.put("rollups", "lang:en", kv(r#"{"c":1}"#));
+        assert!(cache.docs.weight() < before);
+        cache.remove("rollups", "lang:en");
+        assert!(cache.get("rollups", "lang:en").is_none());
+        // Large documents count by their size, not as one entry each.
+        let big = format!(r#"{{"text":"{}"}}"#, "x".repeat(64 * 1024));
+        for i in 0..64 {
+            cache.put("docs", &format!("doc{i}"), kv(&big));
+            assert!(cache.docs.weight() <= KvCache::BYTES);
+        }
+        let held = (0..64)
+            .filter(|i| {
+                cache
+                    .docs
+                    .peek(&KvRef("docs", &format!("doc{i}")))
+                    .is_some()
+            })
+            .count();
+        assert!(held <= 3, "{held} documents of 64 KiB held");
     }
 }
