@@ -272,10 +272,11 @@ struct KvCache {
 }
 
 impl KvCache {
-    /// Bytes the cached entries may take, as [`KvWeight`] counts them: about a thousand
-    /// counters of a long-tail field beside the summaries, what the memory target at 70
-    /// events/s leaves room for (docs/BENCHMARKS.md, "Targets").
-    const BYTES: u64 = 1 << 20;
+    /// Bytes the cached entries may take, as [`KvWeight`] counts them: several hundred
+    /// counters of a long-tail field beside the summaries. At 70 events/s the cache fills
+    /// and stays full, so its bytes count against the memory target there
+    /// (docs/BENCHMARKS.md, "Targets").
+    const BYTES: u64 = 512 * 1024;
 
     fn new() -> Self {
         let docs = quick_cache::unsync::Cache::with(
@@ -1911,6 +1912,9 @@ mod tests {
                     .is_some()
             })
             .count();
-        assert!(held <= 3, "{held} documents of 64 KiB held");
+        assert!(
+            held as u64 * 4 * big.len() as u64 <= KvCache::BYTES,
+            "{held} documents of 64 KiB held"
+        );
     }
 }
