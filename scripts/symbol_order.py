@@ -20,7 +20,10 @@ it executed itself, most first.
 
 Symbol names change as the code does: a function renamed or changed since the list was
 written is left where the linker puts it. Nothing breaks; the binary only holds more of its
-code resident. Run this again after large changes or a new Rust.
+code resident. Their hashes also change with the crates' dependencies and the compiler, which
+renames nearly every function at once: beside the list this writes tailrace/symbol-order.stamp
+(the rustc release and a hash of Cargo.lock it was taken with), and a release build with
+others warns (tailrace/build.rs). Run this again then, after large changes, or a new Rust.
 """
 
 import argparse
@@ -116,6 +119,30 @@ def self_costs(path, binary_name):
     return own
 
 
+def fnv1a64(data):
+    """FNV-1a, 64 bits, as tailrace/build.rs computes it."""
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def write_stamp(order_path):
+    """What the list was taken with, for tailrace/build.rs to compare with its build."""
+    rustc = os.environ.get("RUSTC", "rustc")
+    info = subprocess.run([rustc, "-vV"], capture_output=True, text=True, check=True).stdout
+    release = next(l.split(": ", 1)[1] for l in info.splitlines() if l.startswith("release: "))
+    with open(os.path.join(ROOT, "Cargo.lock"), "rb") as f:
+        lock = fnv1a64(f.read())
+    stamp = os.path.splitext(order_path)[0] + ".stamp"
+    with open(stamp, "w") as f:
+        f.write("# What symbol-order.txt was taken with (scripts/symbol_order.py); a release\n"
+                "# build with another rustc or Cargo.lock warns that the list may be stale.\n"
+                f"rustc {release}\n"
+                f"Cargo.lock fnv1a64 {lock:016x}\n")
+    return stamp
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "tailrace"))
@@ -183,7 +210,8 @@ def main():
     order = [name for name, _ in own.most_common()]
     with open(a.out, "w") as f:
         f.write("".join(name + "\n" for name in order))
-    print(f"symbol_order: {len(order)} functions executed, {sum(own.values()):,} instructions; wrote {a.out}")
+    stamp = write_stamp(a.out)
+    print(f"symbol_order: {len(order)} functions executed, {sum(own.values()):,} instructions; wrote {a.out} and {stamp}")
     shutil.rmtree(work, ignore_errors=True)
 
 
