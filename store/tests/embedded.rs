@@ -76,30 +76,53 @@ fn event(i: u64) -> store::Document {
     }))
 }
 
+/// A document of ~20 KB: a tail catching up over such documents reads a few dozen at a time,
+/// not 512.
+fn large_event(i: u64) -> store::Document {
+    let mut doc = event(i);
+    doc.insert("body".into(), json!("東京の雨 🦀 مرحبا ".repeat(700)));
+    doc
+}
+
 /// A tail catching up reads several batches at once ahead of its consumer; with appends
 /// going on meanwhile (so some batches end short and reads started beyond them are dropped),
 /// it still yields every position once, in order, with its own document, then follows live.
 #[tokio::test]
 async fn a_tail_catching_up_while_appends_go_on_yields_each_position_once() {
+    catch_up_while_appending(event, 100, 100).await;
+}
+
+/// The same with documents large enough that a catch-up step reads fewer of them (its bytes
+/// are bounded), so several steps, and reads started beyond a short one, fall in each append.
+#[tokio::test]
+async fn a_tail_catching_up_over_large_documents_yields_each_position_once() {
+    catch_up_while_appending(large_event, 10, 60).await;
+}
+
+/// Appends `batches` batches of `per` documents, 40 % of them before a tail starts from the
+/// oldest and the rest while it catches up; the tail must yield each position once, in order.
+async fn catch_up_while_appending(doc: fn(u64) -> store::Document, per: u64, batches: u64) {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
     let c = store.capped("events", &spec(1_000_000, &[])).await.unwrap();
-    for b in 0..40u64 {
-        let docs = (b * 100..b * 100 + 100).map(event).collect();
+    let before = batches * 2 / 5;
+    for b in 0..before {
+        let docs = (b * per..b * per + per).map(doc).collect();
         c.append(docs, Durability::Acknowledged).await.unwrap();
     }
     let writer = {
         let c = c.clone();
         tokio::spawn(async move {
-            for b in 40..100u64 {
-                let docs = (b * 100..b * 100 + 100).map(event).collect();
+            for b in before..batches {
+                let docs = (b * per..b * per + per).map(doc).collect();
                 c.append(docs, Durability::Acknowledged).await.unwrap();
                 tokio::task::yield_now().await;
             }
         })
     };
+    let total = per * batches;
     let mut tail = c.tail(Start::Oldest);
-    for want in 0..10_000u64 {
+    for want in 0..total {
         let r = tokio::time::timeout(Duration::from_secs(30), tail.next())
             .await
             .expect("the tail goes on")
@@ -112,13 +135,13 @@ async fn a_tail_catching_up_while_appends_go_on_yields_each_position_once() {
         );
         assert_eq!(
             *r.doc,
-            event(want),
+            doc(want),
             "position {} holds its own document",
             want + 1
         );
     }
     writer.await.unwrap();
-    c.append(vec![event(10_000)], Durability::Acknowledged)
+    c.append(vec![doc(total)], Durability::Acknowledged)
         .await
         .unwrap();
     let r = tokio::time::timeout(Duration::from_secs(30), tail.next())
@@ -126,7 +149,11 @@ async fn a_tail_catching_up_while_appends_go_on_yields_each_position_once() {
         .unwrap()
         .unwrap()
         .unwrap();
-    assert_eq!(r.position, Position(10_001), "then it follows live appends");
+    assert_eq!(
+        r.position,
+        Position(total + 1),
+        "then it follows live appends"
+    );
 }
 
 /// A live tail yields the documents an append handed over, shared: the very allocation the

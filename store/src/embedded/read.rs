@@ -19,6 +19,31 @@ use crate::{
 
 /// Documents or changes read per catch-up step: bounds memory while a reader is far behind.
 pub(super) const CATCH_UP_BATCH: usize = 512;
+/// Stored bytes a tail's catch-up step reads at most, as the collection's average document
+/// size says: a tail catching up holds three steps (the one its consumer takes and two read
+/// ahead), so documents of tens of kilobytes would otherwise make that tens of megabytes per
+/// reader. Events of a few hundred bytes still go [`CATCH_UP_BATCH`] at a time.
+const CATCH_UP_BYTES: u64 = 1 << 20;
+/// Documents a catch-up step reads at least, however large they are.
+const CATCH_UP_MIN: usize = 16;
+
+/// How many documents of `coll` a tail's catch-up step reads (see [`CATCH_UP_BYTES`]).
+fn catch_up_batch(inner: &Inner, coll: &str) -> Result<usize> {
+    let shared = inner.shared.read().map_err(super::lock_err)?;
+    let (count, bytes) = shared
+        .capped
+        .get(coll)
+        .map_or((0, 0), |v| (v.count, v.bytes));
+    Ok(batch_for(count, bytes))
+}
+
+/// [`catch_up_batch`] for a collection of `count` documents of `bytes` in all.
+fn batch_for(count: u64, bytes: u64) -> usize {
+    let average = bytes.checked_div(count).unwrap_or(0).max(1);
+    usize::try_from(CATCH_UP_BYTES / average)
+        .unwrap_or(usize::MAX)
+        .clamp(CATCH_UP_MIN, CATCH_UP_BATCH)
+}
 /// Documents read per step while walking back for `newest_matching`, and per page of a
 /// snapshot: bounds memory whatever the collection's size.
 const PAGE_ROWS: usize = 256;
@@ -191,18 +216,24 @@ fn read_capped_after(
     inner: &Arc<Inner>,
     coll: &str,
     after: Option<u64>,
+    limit: usize,
     spent: Vec<Arc<Document>>,
 ) -> impl Future<Output = Result<Vec<Record>>> + use<> {
     let coll = coll.to_owned();
     inner.read_started(move |i| {
         drop(spent);
-        capped_after(i, &coll, after)
+        capped_after(i, &coll, after, limit)
     })
 }
 
-/// The next documents after `after` (from the oldest when `None`), or `PositionLost` when the
-/// one right after `after` was evicted.
-fn capped_after(inner: &Inner, coll: &str, after: Option<u64>) -> Result<Vec<Record>> {
+/// The next `limit` documents after `after` (from the oldest when `None`), or `PositionLost`
+/// when the one right after `after` was evicted.
+fn capped_after(
+    inner: &Inner,
+    coll: &str,
+    after: Option<u64>,
+    limit: usize,
+) -> Result<Vec<Record>> {
     let (oldest, next) = {
         let shared = inner.shared.read().map_err(super::lock_err)?;
         shared
@@ -221,7 +252,7 @@ fn capped_after(inner: &Inner, coll: &str, after: Option<u64>) -> Result<Vec<Rec
         });
     }
     let from = after.map_or(oldest, |a| a + 1);
-    let batch = read_docs(inner, coll, from, u64::MAX, CATCH_UP_BATCH)?;
+    let batch = read_docs(inner, coll, from, u64::MAX, limit)?;
     // Evicted while being read: the reader is overtaken after all.
     if let (Some(after), Some(first)) = (after, batch.first())
         && first.position.0 > after + 1
@@ -507,7 +538,8 @@ pub(super) fn tail_stream(
             // batches are read at once on storage threads while the consumer takes a third:
             // decoding is the slower half, and two threads of it keep the consumer busy.
             let mut reading = std::collections::VecDeque::new();
-            reading.push_back((last, read_capped_after(&inner, &coll, last, Vec::new())));
+            let step = catch_up_batch(&inner, &coll)?;
+            reading.push_back((last, read_capped_after(&inner, &coll, last, step, Vec::new())));
             // The documents of the batch handed over before the current one: the consumer
             // has asked for the current batch, so it is done with them.
             let mut handed: Vec<Arc<Document>> = Vec::new();
@@ -516,14 +548,14 @@ pub(super) fn tail_stream(
                     // Started beyond the batch before, which ended short after all: read
                     // again from where the consumer is.
                     reading.clear();
-                    reading.push_back((last, read_capped_after(&inner, &coll, last, Vec::new())));
+                    reading.push_back((last, read_capped_after(&inner, &coll, last, step, Vec::new())));
                     continue;
                 }
                 let batch = read.await?;
                 let Some(end) = batch.last().map(|r| r.position.0) else {
                     break;
                 };
-                if batch.len() < CATCH_UP_BATCH {
+                if batch.len() < step {
                     // The end (for now): a read started beyond it would leave a hole should
                     // documents arrive meanwhile, and waiting for it gains nothing.
                     reading.clear();
@@ -532,17 +564,17 @@ pub(super) fn tail_stream(
                     &mut handed,
                     batch.iter().map(|r| r.doc.clone()).collect(),
                 );
-                // Positions are dense: a full batch ends `CATCH_UP_BATCH` after its start.
+                // Positions are dense: a full batch ends `step` after its start.
                 let mut from = reading
                     .back()
-                    .map_or(end, |(a, _)| a.map_or(end, |a| a + CATCH_UP_BATCH as u64));
+                    .map_or(end, |(a, _)| a.map_or(end, |a| a + step as u64));
                 while reading.len() < 2 {
                     let spent = std::mem::take(&mut spent);
                     reading.push_back((
                         Some(from),
-                        read_capped_after(&inner, &coll, Some(from), spent),
+                        read_capped_after(&inner, &coll, Some(from), step, spent),
                     ));
-                    from += CATCH_UP_BATCH as u64;
+                    from += step as u64;
                 }
                 for record in batch {
                     last = Some(record.position.0);
@@ -736,4 +768,21 @@ pub(super) async fn snapshot(
         token: ResumeToken(token.to_string()),
         docs: Box::pin(docs),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Events of a few hundred bytes go 512 at a time; large documents fewer, their bytes
+    /// bounded; huge ones at least 16; an empty collection as events.
+    #[test]
+    fn a_catch_up_step_is_bounded_by_bytes() {
+        assert_eq!(batch_for(0, 0), CATCH_UP_BATCH);
+        assert_eq!(batch_for(100_000, 43_000_000), CATCH_UP_BATCH);
+        let step = batch_for(2_000, 2_000 * 24_000);
+        assert_eq!(step, 43);
+        assert!(step as u64 * 24_000 <= CATCH_UP_BYTES);
+        assert_eq!(batch_for(10, 10 << 24), CATCH_UP_MIN);
+    }
 }
