@@ -52,6 +52,14 @@ struct AckRange {
     at_us: i64,
 }
 
+/// One wait of a tail for acknowledgments (see [`AckRing::committed_at`]): positions up to
+/// `up_to` wait until `deadline` at most.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AckWindow {
+    up_to: u64,
+    deadline: tokio::time::Instant,
+}
+
 /// The bounded memory of when this process's writes were acknowledged, shared by the writer
 /// and the tails, so [`Record::committed_at_us`] is the real acknowledgment time of the
 /// documents this process wrote (and `None` for others'). One entry per `insert_many`, not per
@@ -141,15 +149,33 @@ impl AckRing {
             .map(|r| r.at_us)
     }
 
-    /// Like [`AckRing::lookup`], but when `position` is in flight in this process, waits (at
-    /// most `wait`) for its insert to finish: a tail can see a document before its writer has
-    /// heard the acknowledgment.
-    pub(crate) async fn committed_at(&self, position: u64, wait: Duration) -> Option<i64> {
+    /// Like [`AckRing::lookup`], but when `position` is in flight in this process, waits for
+    /// its insert to finish: a tail can see a document before its writer has heard the
+    /// acknowledgment. The wait is `window`'s: it covers every position in flight when it
+    /// began, so a tail reading a large insert whose reply is slow (a server restarting, or
+    /// starved) waits `wait` once for all of it, not once per document.
+    pub(crate) async fn committed_at(
+        &self,
+        position: u64,
+        window: &mut Option<AckWindow>,
+        wait: Duration,
+    ) -> Option<i64> {
         if position <= *self.resolved.borrow() || position > self.allocated() {
             return self.lookup(position);
         }
+        let deadline = match window {
+            Some(w) if position <= w.up_to => w.deadline,
+            _ => {
+                let w = AckWindow {
+                    up_to: self.allocated(),
+                    deadline: tokio::time::Instant::now() + wait,
+                };
+                *window = Some(w);
+                w.deadline
+            }
+        };
         let mut rx = self.resolved.subscribe();
-        let _ = tokio::time::timeout(wait, rx.wait_for(|r| *r >= position)).await;
+        let _ = tokio::time::timeout_at(deadline, rx.wait_for(|r| *r >= position)).await;
         self.lookup(position)
     }
 
@@ -1147,6 +1173,7 @@ fn tail_stream(
     let mut written = shared.acks.subscribe();
     Box::pin(async_stream::try_stream! {
         let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
+        let mut ack_window = None;
         loop {
             if *closed.borrow() {
                 Err(StoreError::Closed)?;
@@ -1238,7 +1265,7 @@ fn tail_stream(
                         last = Some(position);
                         yielded = true;
                         backoff.reset();
-                        let at = shared.acks.committed_at(position, ACK_WAIT).await;
+                        let at = shared.acks.committed_at(position, &mut ack_window, ACK_WAIT).await;
                         yield to_record(&shared.name, d, at)?;
                     }
                     Step::Failed(e) => match classify(&e) {
@@ -1318,7 +1345,9 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
             acker.acked(11, 12, 4242);
         });
-        let at = ring.committed_at(11, Duration::from_secs(5)).await;
+        let at = ring
+            .committed_at(11, &mut None, Duration::from_secs(5))
+            .await;
         ack.await.unwrap();
         assert_eq!(
             at,
@@ -1369,21 +1398,47 @@ mod tests {
         let ring = Arc::new(AckRing::new(8, 0));
         let (first, last) = ring.allocate(2);
         let r = ring.clone();
-        let waiter = tokio::spawn(async move { r.committed_at(2, Duration::from_secs(5)).await });
+        let waiter =
+            tokio::spawn(async move { r.committed_at(2, &mut None, Duration::from_secs(5)).await });
         tokio::task::yield_now().await;
         ring.acked(first, last, 42);
         assert_eq!(waiter.await.unwrap(), Some(42));
         // Not in flight (beyond what was handed out): no wait, no time.
         let start = std::time::Instant::now();
-        assert_eq!(ring.committed_at(99, Duration::from_secs(5)).await, None);
+        assert_eq!(
+            ring.committed_at(99, &mut None, Duration::from_secs(5))
+                .await,
+            None
+        );
         assert!(start.elapsed() < Duration::from_secs(1));
         // In flight but failed: resolves to None without waiting out the timeout.
         let (_, last) = ring.allocate(1);
         let r = ring.clone();
-        let waiter = tokio::spawn(async move { r.committed_at(3, Duration::from_secs(5)).await });
+        let waiter =
+            tokio::spawn(async move { r.committed_at(3, &mut None, Duration::from_secs(5)).await });
         tokio::task::yield_now().await;
         ring.resolve(last);
         assert_eq!(waiter.await.unwrap(), None);
+    }
+
+    /// A large insert whose reply is slow: the server shows its documents, the writer has
+    /// not heard back. A tail reading them waits once for all of them, not once each (at 2 s
+    /// a document, a few hundred documents held a tail for minutes).
+    #[tokio::test(start_paused = true)]
+    async fn a_tail_waits_once_for_the_acks_of_one_slow_insert() {
+        let ring = AckRing::new(8, 0);
+        ring.allocate(500);
+        let wait = Duration::from_secs(2);
+        let start = tokio::time::Instant::now();
+        let mut window = None;
+        for p in 1..=500 {
+            assert_eq!(ring.committed_at(p, &mut window, wait).await, None);
+        }
+        assert_eq!(start.elapsed(), wait, "one wait for the whole insert");
+        // The next insert in flight gets a wait of its own.
+        ring.allocate(10);
+        assert_eq!(ring.committed_at(501, &mut window, wait).await, None);
+        assert_eq!(start.elapsed(), wait * 2);
     }
 
     fn info(options: BsonDoc) -> BsonDoc {
