@@ -346,7 +346,7 @@ impl StoreCapabilities<'_> {
                     "filters of /api/changes are evaluated by tailrace on every document read"
                 }
                 C::AwaitingTails => {
-                    "tails poll the server, re-opening their cursor after each batch (up to a second apart on a quiet collection)"
+                    "tails poll the server: at once when this process writes, otherwise up to a second apart"
                 }
                 C::Other => continue,
             };

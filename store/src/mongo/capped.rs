@@ -37,6 +37,9 @@ const MAX_GROUP_DOCS: usize = 10_000;
 /// How long a tail waits for this process's writer to learn a document's acknowledgment time
 /// before yielding it with `committed_at_us: None`.
 const ACK_WAIT: Duration = Duration::from_secs(2);
+/// How often a tail on a server whose tailable cursors close after their first batch queries
+/// it at most, once caught up (see `tail_stream`).
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
 /// The server's error code for "namespace already exists" (a concurrent creator won).
 const NAMESPACE_EXISTS: i32 = 48;
 
@@ -1153,6 +1156,8 @@ enum Step {
 /// each `getMore` for up to `max_await_time`. The one exception is an **empty** collection:
 /// the server does not keep a tailable cursor on an empty capped collection, so the tail
 /// re-opens with backoff (up to [`BACKOFF_MAX`]) — and at once when this process appends.
+/// On a server whose tailable cursors close after their first batch
+/// ([`crate::Capability::AwaitingTails`] lacking) the tail polls that way all the time.
 ///
 /// With a `query` (a filtered tail) the first document after a re-open may rightly lie far
 /// beyond the last position, so eviction is detected the other way: once the cursor is open,
@@ -1190,6 +1195,7 @@ fn tail_stream(
                 None => after,
             };
             let (batch, await_time) = inner.tail_cursor();
+            let opened_at = tokio::time::Instant::now();
             let opened = shared
                 .coll
                 .find(filter)
@@ -1228,6 +1234,7 @@ fn tail_stream(
             }
             let mut first = query.is_none();
             let mut yielded = false;
+            let mut received = 0u32;
             loop {
                 let step = tokio::select! {
                     biased;
@@ -1241,6 +1248,7 @@ fn tail_stream(
                 match step {
                     Step::Closed => Err(StoreError::Closed)?,
                     Step::Doc(d) => {
+                        received += 1;
                         let position = position_of(&shared.name, &d)?;
                         if first {
                             // Unfiltered: the first document must be the next position.
@@ -1264,7 +1272,9 @@ fn tail_stream(
                         }
                         last = Some(position);
                         yielded = true;
-                        backoff.reset();
+                        if batch.is_none() {
+                            backoff.reset();
+                        }
                         let at = shared.acks.committed_at(position, &mut ack_window, ACK_WAIT).await;
                         yield to_record(&shared.name, d, at)?;
                     }
@@ -1292,16 +1302,34 @@ fn tail_stream(
                         }
                     },
                     Step::Dead => {
-                        if !yielded {
-                            // Dead at once: the collection is empty. Wait, but wake as soon as
-                            // this process writes.
+                        // Dead at once: the collection is empty. Polling (the server closes
+                        // a tailable cursor after its first batch), a batch short of full
+                        // reached the end too. Re-opening at once would
+                        // cost the server a query for nothing, and FerretDB (1.24, on SQLite)
+                        // answers each by reading the whole collection: `_id > last` is not
+                        // pushed down. So the tail waits for this process's next write, or for
+                        // the backoff (not reset by documents while polling: up to
+                        // BACKOFF_MAX) for other processes' writes.
+                        let at_end = !yielded || batch.is_some_and(|b| received < b);
+                        if at_end {
                             let woke = tokio::select! {
                                 biased;
                                 _ = closed.wait_for(|c| *c) => false,
                                 _ = written.changed() => true,
                                 _ = tokio::time::sleep(backoff.next_wait()) => true,
                             };
-                            if !woke {
+                            // Polling, at most one query per POLL_INTERVAL: a process writing
+                            // small batches would otherwise have its tail query the server
+                            // after each of them.
+                            if !woke
+                                || (batch.is_some()
+                                    && !sleep_unless_closed(
+                                        &mut closed,
+                                        (opened_at + POLL_INTERVAL)
+                                            .saturating_duration_since(tokio::time::Instant::now()),
+                                    )
+                                    .await)
+                            {
                                 Err(StoreError::Closed)?;
                             }
                         }
