@@ -25,10 +25,15 @@ fn open(dir: &tempfile::TempDir) -> EmbeddedStore {
             memtable_bytes: 64 * 1024,
             // Small, so the filter of stored keys is built again and again under the suite.
             known_keys_min: 16,
+            // Small, so the suite's readers that lag meet commits sent without their
+            // documents, and read them from the journal.
+            live_bytes: LIVE_BYTES,
         },
     )
     .expect("open embedded store")
 }
+
+const LIVE_BYTES: u64 = 256 << 10;
 
 macro_rules! contract {
     ($($name:ident: [$($need:ident),*]),* $(,)?) => {$(
@@ -154,6 +159,92 @@ async fn catch_up_while_appending(doc: fn(u64) -> store::Document, per: u64, bat
         Position(total + 1),
         "then it follows live appends"
     );
+}
+
+/// A tail and a change stream that stop reading (an HTTP client that stopped reading holds
+/// its stream unpolled) hold at most the live broadcast's budget of commits, not the last
+/// 1,024 commits whatever their size; when they read again they get every position and change
+/// once, in order, from the journal. A reader keeping up meanwhile misses nothing.
+#[tokio::test]
+async fn readers_that_stop_reading_hold_at_most_the_live_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let c = store.capped("events", &spec(1_000_000, &[])).await.unwrap();
+    let k = store.keyed("rollups").await.unwrap();
+    // Subscribed at once, never polled until the end.
+    let mut stuck_tail = c.tail(Start::Now);
+    let mut stuck_changes = k.changes(ChangeFilter::default(), ChangeStart::Now);
+    let follower = {
+        let mut tail = c.tail(Start::Now);
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while let Some(r) = tail.next().await {
+                let r = r.unwrap();
+                seen.push(r.position.0);
+                if r.position.0 == 600 {
+                    break;
+                }
+            }
+            seen
+        })
+    };
+    // Each round commits ~200 KB of events and ~40 KB of images.
+    let mut held_most = 0;
+    for b in 0..60u64 {
+        let docs = (b * 10..b * 10 + 10).map(large_event).collect();
+        c.append(docs, Durability::Acknowledged).await.unwrap();
+        k.update(
+            vec![KeyUpdate::new(
+                format!("k{}", b % 4),
+                Update::default()
+                    .and_set("body", large_event(b)["body"].clone())
+                    .and_set("b", b),
+            )],
+            Durability::Acknowledged,
+        )
+        .await
+        .unwrap();
+        let held = store.live_bytes_held();
+        held_most = held_most.max(held);
+        assert!(
+            held <= LIVE_BYTES + (300 << 10),
+            "round {b}: the broadcast holds {held} bytes for readers behind"
+        );
+    }
+    assert!(
+        held_most > LIVE_BYTES / 2,
+        "the stuck readers held commits ({held_most} bytes at most)"
+    );
+    assert_eq!(
+        follower.await.unwrap(),
+        (1..=600).collect::<Vec<_>>(),
+        "a reader keeping up gets every position once"
+    );
+    for want in 0..600 {
+        let r = tokio::time::timeout(contract::WAIT, stuck_tail.next())
+            .await
+            .expect("the stuck tail goes on")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            r.position,
+            Position(want + 1),
+            "every position once, in order"
+        );
+        assert_eq!(*r.doc, large_event(want));
+    }
+    for b in 0..60u64 {
+        let ch = tokio::time::timeout(contract::WAIT, stuck_changes.next())
+            .await
+            .expect("the stuck change stream goes on")
+            .unwrap()
+            .unwrap();
+        assert_eq!(ch.key, format!("k{}", b % 4), "every change once, in order");
+        assert_eq!(ch.after.unwrap()["b"], json!(b));
+    }
+    drop((stuck_tail, stuck_changes));
+    assert_eq!(store.live_bytes_held(), 0, "nothing held once nobody lags");
+    store.close().await.unwrap();
 }
 
 /// A live tail yields the documents an append handed over, shared: the very allocation the
@@ -441,6 +532,7 @@ async fn keyed_state_is_replayed_from_the_journal_after_a_drop() {
                 segment_bytes: 64 * 1024,
                 memtable_bytes: 64 * 1024,
                 known_keys_min: 16,
+                live_bytes: LIVE_BYTES,
             },
         ) {
             Ok(s) => break s,

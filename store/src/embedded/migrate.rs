@@ -16,14 +16,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, params};
-use tokio::sync::broadcast;
 
 use super::catalog;
 use super::journal::{self, IoStats};
 use super::maint::{self, Maint, Task};
 use super::recover;
 use super::schema::DB_FILE;
-use super::writer::{Kv, Writer};
+use super::writer::{Hub, Kv, Writer};
 use super::{EmbeddedOptions, Tuning};
 use crate::{CappedSpec, ChangeOp, Document, Result, StoreError};
 
@@ -182,7 +181,7 @@ fn convert(dir: &Path, work: &Path, options: &EmbeddedOptions, tuning: &Tuning) 
     let tree = recovered.tree.clone();
     let shared = recovered.shared.clone();
     let catalog = recovered.catalog.clone();
-    let (hub, _) = broadcast::channel(1);
+    let hub = Hub::new(1, 0);
     let (maint_tx, maint_rx) = std::sync::mpsc::channel();
     let mut writer = Writer::new(
         recovered,

@@ -51,7 +51,8 @@ use crate::{
 use writer::{Commit, Job, Op, Reply, WriterCell};
 
 /// How many commits a live reader may fall behind before it switches to reading the journal.
-/// A commit is released once every live reader has it, so this bounds only a lagging reader.
+/// A commit is released once every live reader has it, so this bounds only a lagging reader;
+/// [`Tuning::live_bytes`] bounds what such a reader holds in bytes.
 const HUB_CAPACITY: usize = 1024;
 
 /// Settings of the embedded engine.
@@ -85,6 +86,11 @@ pub struct Tuning {
     /// The filter of stored keyed documents (reads of keys it does not hold are skipped) is
     /// sized for twice the keys the tree holds, and at least this many; 0: no filter.
     pub known_keys_min: usize,
+    /// Stored bytes of the commits the live broadcast may hold for readers that have not
+    /// taken them yet (a reader that stopped reading holds every commit since). Past it,
+    /// commits go out without their documents and changes, and readers behind read them
+    /// from the journal.
+    pub live_bytes: u64,
 }
 
 impl Default for Tuning {
@@ -98,6 +104,9 @@ impl Default for Tuning {
             memtable_bytes: 2 << 20,
             // ~80 KB of filter at 1 % false positives.
             known_keys_min: 1 << 16,
+            // Parsed, documents take up to a few times their stored bytes. At 70 events/s
+            // 1,024 commits are ~1 MB, well inside it.
+            live_bytes: 8 << 20,
         }
     }
 }
@@ -116,6 +125,8 @@ pub(crate) struct Inner {
     cell: Arc<WriterCell>,
     /// `None` once closed: live readers then end with `Closed`.
     hub: Mutex<Option<broadcast::Sender<Arc<Commit>>>>,
+    /// Stored bytes of the commits the broadcast holds (see [`writer::Hub`]).
+    hub_held: Arc<AtomicU64>,
     newest_op: Arc<AtomicU64>,
     shared: Arc<RwLock<state::Shared>>,
     tree: Arc<tree::Tree>,
@@ -189,7 +200,7 @@ impl EmbeddedStore {
             let mut s = shared.write().map_err(lock_err)?;
             s.point = (tree.visible(), recovered.change_next.saturating_sub(1));
         }
-        let (hub, _) = broadcast::channel(HUB_CAPACITY);
+        let hub = writer::Hub::new(HUB_CAPACITY, tuning.live_bytes);
         let (tx, rx) = mpsc::channel(options.queue_capacity.max(1));
         let (maint_tx, maint_rx) = std::sync::mpsc::channel();
         let rotate_asked = Arc::new(AtomicBool::new(false));
@@ -244,7 +255,8 @@ impl EmbeddedStore {
                 dir: dir.to_path_buf(),
                 jobs: Mutex::new(Some(tx)),
                 cell,
-                hub: Mutex::new(Some(hub)),
+                hub: Mutex::new(Some(hub.tx)),
+                hub_held: hub.held,
                 newest_op,
                 shared,
                 tree,
@@ -262,6 +274,12 @@ impl EmbeddedStore {
     /// The data directory.
     pub fn data_dir(&self) -> &Path {
         &self.inner.dir
+    }
+
+    /// Stored bytes of the commits the live broadcast holds for readers that have not taken
+    /// them yet (at most about [`Tuning::live_bytes`] and one commit).
+    pub fn live_bytes_held(&self) -> u64 {
+        self.inner.hub_held.load(Ordering::Acquire)
     }
 
     /// What the journal has written so far (records, bytes, syncs).
@@ -560,7 +578,8 @@ impl Store for EmbeddedStore {
     async fn oldest_change_at(&self) -> Result<Option<i64>> {
         self.inner
             .read(|i| {
-                let (changes, _) = read::changes_after(i, None, &ChangeFilter::default(), 1)?;
+                let (changes, _) =
+                    read::changes_after(i, None, &ChangeFilter::default(), 1, u64::MAX)?;
                 Ok(changes.first().map(|c| c.committed_at_us))
             })
             .await

@@ -19,10 +19,11 @@ use crate::{
 
 /// Documents or changes read per catch-up step: bounds memory while a reader is far behind.
 pub(super) const CATCH_UP_BATCH: usize = 512;
-/// Stored bytes a tail's catch-up step reads at most, as the collection's average document
-/// size says: a tail catching up holds three steps (the one its consumer takes and two read
-/// ahead), so documents of tens of kilobytes would otherwise make that tens of megabytes per
-/// reader. Events of a few hundred bytes still go [`CATCH_UP_BATCH`] at a time.
+/// Stored bytes a catch-up step reads at most. A tail's step is sized by the collection's
+/// average document size: a tail catching up holds three steps (the one its consumer takes
+/// and two read ahead), so documents of tens of kilobytes would otherwise make that tens of
+/// megabytes per reader; events of a few hundred bytes still go [`CATCH_UP_BATCH`] at a
+/// time. A change stream's step ends at the journal record where the images read reach it.
 const CATCH_UP_BYTES: u64 = 1 << 20;
 /// Documents a catch-up step reads at least, however large they are.
 const CATCH_UP_MIN: usize = 16;
@@ -430,12 +431,15 @@ fn change_bounds(inner: &Inner) -> Result<(u64, u64)> {
 
 /// The next changes after `after` that `filter` admits, and the sequence number of the last
 /// one read, admitted or not; or `HistoryLost` when the one right after `after` is gone.
-/// The images of an entry the filter does not admit are never parsed.
+/// The images of an entry the filter does not admit are never parsed. Reads whole journal
+/// records until `max` changes are read or the images parsed reach `max_bytes` (stored
+/// bytes), so at least one record's.
 pub(super) fn changes_after(
     inner: &Inner,
     after: Option<u64>,
     filter: &ChangeFilter,
     max: usize,
+    max_bytes: u64,
 ) -> Result<(Vec<Change>, Option<u64>)> {
     let (oldest, next) = change_bounds(inner)?;
     if let Some(after) = after
@@ -461,6 +465,7 @@ pub(super) fn changes_after(
         return Ok((changes, last));
     };
     let mut read = 0usize;
+    let mut image_bytes = 0u64;
     let mut first = true;
     'segments: for (seg, end) in segments_from(inner, seek.seq)? {
         let start = if first { seek.off } else { 0 };
@@ -492,9 +497,13 @@ pub(super) fn changes_after(
                     read += 1;
                     if filter.admits(c.coll, c.op, c.key) {
                         let before = match c.before {
-                            Some(b) if filter.wants_before(c.op) => Some(Arc::new(parse_doc(b)?)),
+                            Some(b) if filter.wants_before(c.op) => {
+                                image_bytes += b.len() as u64;
+                                Some(Arc::new(parse_doc(b)?))
+                            }
                             _ => None,
                         };
+                        image_bytes += c.after.map_or(0, |a| a.len() as u64);
                         let change = Change {
                             op: c.op,
                             collection: c.coll.to_owned(),
@@ -508,7 +517,7 @@ pub(super) fn changes_after(
                     }
                 }
             }
-            if read >= max {
+            if read >= max || image_bytes >= max_bytes {
                 break 'segments;
             }
         }
@@ -587,6 +596,10 @@ pub(super) fn tail_stream(
             'live: loop {
                 match live.recv().await {
                     Ok(commit) => {
+                        if commit.elided.as_ref().is_some_and(|e| e.collections.contains(&coll)) {
+                            // Sent without its documents: read them from the journal.
+                            break 'live;
+                        }
                         for (name, append) in &commit.appended {
                             if *name != coll {
                                 continue;
@@ -658,7 +671,7 @@ pub(super) fn change_stream(
             loop {
                 let admitted = filter.clone();
                 let (batch, read_to) = inner
-                    .read(move |i| changes_after(i, last, &admitted, CATCH_UP_BATCH))
+                    .read(move |i| changes_after(i, last, &admitted, CATCH_UP_BATCH, CATCH_UP_BYTES))
                     .await?;
                 let Some(read_to) = read_to else {
                     break;
@@ -677,6 +690,10 @@ pub(super) fn change_stream(
             'live: loop {
                 match live.recv().await {
                     Ok(commit) => {
+                        if commit.elided.as_ref().is_some_and(|e| e.changes) {
+                            // Sent without its changes: read them from the journal.
+                            break 'live;
+                        }
                         for change in &commit.changes {
                             let seq = change.seq;
                             match last {
@@ -771,6 +788,7 @@ pub(super) async fn snapshot(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -784,5 +802,54 @@ mod tests {
         assert_eq!(step, 43);
         assert!(step as u64 * 24_000 <= CATCH_UP_BYTES);
         assert_eq!(batch_for(10, 10 << 24), CATCH_UP_MIN);
+    }
+
+    /// A change stream catching up over large images reads about [`CATCH_UP_BYTES`] of them a
+    /// step, not [`CATCH_UP_BATCH`] changes, and its steps still cover every change once.
+    #[tokio::test]
+    async fn a_change_catch_up_step_is_bounded_by_bytes() {
+        use crate::{Durability, KeyUpdate, Store, Update};
+        let dir = tempfile::tempdir().unwrap();
+        let store = super::super::EmbeddedStore::open(dir.path(), Default::default()).unwrap();
+        let k = store.keyed("rollups").await.unwrap();
+        let body = "東京の雨 🦀 مرحبا ".repeat(1_000);
+        for i in 0..200u64 {
+            let update = Update::default()
+                .and_set("body", body.clone())
+                .and_set("i", i);
+            k.update(
+                vec![KeyUpdate::new(format!("k{}", i % 8), update)],
+                Durability::Acknowledged,
+            )
+            .await
+            .unwrap();
+        }
+        let all = ChangeFilter::default();
+        let mut after = None;
+        let mut seen = 0u64;
+        let mut steps = 0;
+        while let (batch, Some(read_to)) =
+            changes_after(&store.inner, after, &all, CATCH_UP_BATCH, CATCH_UP_BYTES).unwrap()
+        {
+            let bytes: usize = batch
+                .iter()
+                .filter_map(|c| c.after.as_ref())
+                .map(|d| serde_json::to_string(&**d).unwrap().len())
+                .sum();
+            // One commit's changes past the bound at most.
+            assert!(
+                bytes as u64 <= CATCH_UP_BYTES + 2 * body.len() as u64,
+                "{bytes} bytes"
+            );
+            for c in &batch {
+                assert_eq!(c.after.as_ref().unwrap()["i"], serde_json::json!(seen));
+                seen += 1;
+            }
+            after = Some(read_to);
+            steps += 1;
+        }
+        assert_eq!(seen, 200, "every change once");
+        assert!(steps >= 4, "{steps} steps of ~{} KB", CATCH_UP_BYTES >> 10);
+        store.close().await.unwrap();
     }
 }

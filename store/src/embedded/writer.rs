@@ -199,12 +199,91 @@ pub(crate) struct Commit {
     pub appended: Vec<(String, LiveAppend)>,
     /// Published changes in sequence order.
     pub changes: Vec<LiveChange>,
+    /// Set when the commit went out without its documents and changes, because live readers
+    /// that had not taken earlier commits held [`Hub`]'s budget: a reader that wants any of
+    /// them reads the journal.
+    pub elided: Option<Elided>,
+    /// Its share of [`Hub::held`], given back when the last holder drops it.
+    held: Option<Held>,
     /// When it was published: written (and synced, if asked), applied, visible. Feeds
     /// measure notification latency from it, which the store contract calls the
     /// acknowledgment (the MongoDB engine stamps its writes when the server acknowledged
     /// them). The record keeps the commit's start, written before the sync; a document read
     /// back from the journal carries that one.
     pub committed_at_us: i64,
+}
+
+/// What an elided [`Commit`] left out.
+pub(crate) struct Elided {
+    /// The capped collections it appended to.
+    pub collections: Vec<String>,
+    /// Whether it published changes.
+    pub changes: bool,
+}
+
+/// The broadcast of commits to live readers, bounded by bytes as well as by count.
+///
+/// The broadcast keeps a commit until every receiver has taken it or [`HUB_CAPACITY`] later
+/// commits have overwritten it, so one reader that stops taking them (an HTTP client that
+/// stopped reading) holds the last `HUB_CAPACITY` commits, and a commit may carry up to
+/// [`MAX_GROUP_BYTES`] of documents. So the hub counts the stored bytes of the commits it
+/// holds, and once they reach its budget, sends the next ones elided. Readers behind then
+/// read those from the journal, as they do when they fall [`HUB_CAPACITY`] behind.
+///
+/// [`HUB_CAPACITY`]: super::HUB_CAPACITY
+#[derive(Clone)]
+pub(crate) struct Hub {
+    pub tx: broadcast::Sender<Arc<Commit>>,
+    /// Stored bytes (JSON) of the documents and images of the commits not yet released.
+    pub held: Arc<AtomicU64>,
+    budget: u64,
+}
+
+impl Hub {
+    pub fn new(capacity: usize, budget: u64) -> Hub {
+        Hub {
+            tx: broadcast::channel(capacity).0,
+            held: Arc::default(),
+            budget,
+        }
+    }
+
+    /// Sends `commit`, of `bytes` stored bytes, or its elided form when the commits held
+    /// would pass the budget. A commit goes whole when nothing else is held, however large:
+    /// readers keeping up then never read the journal for it.
+    fn send(&self, mut commit: Commit, bytes: u64) {
+        let held = self.held.load(Ordering::Acquire);
+        if held > 0 && held.saturating_add(bytes) > self.budget {
+            commit = Commit {
+                elided: Some(Elided {
+                    collections: commit.appended.into_iter().map(|(c, _)| c).collect(),
+                    changes: !commit.changes.is_empty(),
+                }),
+                committed_at_us: commit.committed_at_us,
+                ..Commit::default()
+            };
+        } else {
+            self.held.fetch_add(bytes, Ordering::AcqRel);
+            commit.held = Some(Held {
+                bytes,
+                held: self.held.clone(),
+            });
+        }
+        // No receiver: the commit is dropped here, and its bytes given back.
+        let _ = self.tx.send(Arc::new(commit));
+    }
+}
+
+/// A commit's bytes in [`Hub::held`].
+struct Held {
+    bytes: u64,
+    held: Arc<AtomicU64>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
 }
 
 /// A change as the writer publishes it, its images shared with every reader.
@@ -436,7 +515,7 @@ pub(crate) struct Writer {
     capped: HashMap<String, WCapped>,
     keyed_validators: HashMap<String, Filter>,
     cache: KvCache,
-    hub: broadcast::Sender<Arc<Commit>>,
+    hub: Hub,
     newest_op: Arc<AtomicU64>,
     /// The record being built and its bytes, kept from commit to commit for their buffers.
     builder: Builder,
@@ -500,7 +579,7 @@ fn refused(coll: &str, rule: &Filter) -> StoreError {
 impl Writer {
     pub(crate) fn new(
         r: Recovered,
-        hub: broadcast::Sender<Arc<Commit>>,
+        hub: Hub,
         newest_op: Arc<AtomicU64>,
         maint: std::sync::mpsc::Sender<Task>,
         memtable_bytes: u64,
@@ -1216,6 +1295,7 @@ impl Writer {
         }
         // Applied from here on: nothing below may fail the group.
         let mut commit = Commit::default();
+        let commit_bytes = group.bytes as u64;
         if let Some(w) = written {
             self.lsn += 1;
             self.apply_journal_meta(&group, w, lsn, &oldest_after);
@@ -1331,7 +1411,7 @@ impl Writer {
         }
         if !commit.appended.is_empty() || !commit.changes.is_empty() {
             commit.committed_at_us = now_us();
-            let _ = self.hub.send(Arc::new(commit));
+            self.hub.send(commit, commit_bytes);
         }
         Ok(())
     }
