@@ -1304,12 +1304,12 @@ fn tail_stream(
                     Step::Dead => {
                         // Dead at once: the collection is empty. Polling (the server closes
                         // a tailable cursor after its first batch), a batch short of full
-                        // reached the end too. Re-opening at once would
-                        // cost the server a query for nothing, and FerretDB (1.24, on SQLite)
-                        // answers each by reading the whole collection: `_id > last` is not
-                        // pushed down. So the tail waits for this process's next write, or for
-                        // the backoff (not reset by documents while polling: up to
-                        // BACKOFF_MAX) for other processes' writes.
+                        // reached the end too. Re-opening at once would cost the server a
+                        // query for nothing, and FerretDB (1.24, on SQLite) answers each by
+                        // reading the whole collection: `_id > last` is not pushed down. So
+                        // the tail waits for this process's next write, or for the backoff
+                        // (not reset by documents while polling: up to BACKOFF_MAX) for
+                        // other processes' writes.
                         let at_end = !yielded || batch.is_some_and(|b| received < b);
                         if at_end {
                             let woke = tokio::select! {
