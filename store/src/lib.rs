@@ -48,6 +48,7 @@ mod error;
 pub mod filter;
 #[cfg(feature = "mongodb")]
 pub mod mongo;
+pub mod names;
 mod stamp;
 mod telemetry;
 mod types;
@@ -57,6 +58,7 @@ pub use capabilities::{Capabilities, Capability, Support};
 pub use contract::{Capped, ChangeStream, Keyed, RecordStream, Store};
 pub use error::{Result, StoreError};
 pub use filter::Filter;
+pub use names::MAX_KEY_BYTES;
 pub use stamp::{STAMP_FIELD, STAMP_SOURCE_PATH, Stamp};
 pub use types::{
     Bounds, CappedSpec, Change, ChangeFilter, ChangeOp, ChangeStart, Document, Durability,

@@ -363,3 +363,71 @@ async fn a_missing_program_or_unset_header_variable_is_reported_clearly() {
         "{err}"
     );
 }
+
+/// One ordinary event of a public stream whose hashtag is 22,000 × `İ` (44,000 bytes; 66,000
+/// lowercased, as rollup keys are): under `max_event_bytes`, so it is an event like any other.
+/// Its counter key is shortened (the store's keyed state asserts keys under 64 KiB), the run
+/// ends cleanly with every line stored, and the data directory opens again.
+#[tokio::test]
+async fn an_event_with_a_huge_hashtag_is_stored_and_counted_and_the_store_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let file = dir.path().join("events.ndjson");
+    let huge = "İ".repeat(22_000);
+    let mut lines = String::new();
+    for n in 1..=200u64 {
+        let tag = if n == 101 {
+            huge.clone()
+        } else {
+            format!("tag{}", n % 7)
+        };
+        lines.push_str(&json!({"good": n, "lang": "tr", "hashtags": [tag]}).to_string());
+        lines.push('\n');
+    }
+    std::fs::write(&file, lines).unwrap();
+    let sources = format!(
+        "[{{ name = \"f\", kind = \"file\", path = \"{}\" }}]",
+        file.display()
+    );
+    let env = [
+        ("TAILRACE_SOURCES", sources.as_str()),
+        ("TAILRACE_INGEST__ROLLUP_FIELDS", "[\"lang\", \"hashtags\"]"),
+    ];
+    for run in 0..2 {
+        let (data, env) = (data.clone(), env.map(|(k, v)| (k, v.to_string())));
+        let (ok, _, stderr) = tokio::time::timeout(
+            EXIT,
+            tokio::task::spawn_blocking(move || {
+                let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                run_cli(&data, &env, &["run"])
+            }),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert!(ok, "run {run} exits 0:\n{stderr}");
+        assert!(stderr.contains("stopped cleanly"), "run {run}:\n{stderr}");
+    }
+    assert_eq!(
+        good_numbers(&read_capped(&data, "events").await),
+        (1..=200).collect::<Vec<_>>(),
+        "every line is an event, the long one included"
+    );
+    let store = EmbeddedStore::open(&data, EmbeddedOptions::default()).unwrap();
+    let rollups = store.keyed("rollups").await.unwrap();
+    let counters = rollups.scan("hashtags:").await.unwrap();
+    let long: Vec<_> = counters
+        .iter()
+        .filter(|c| c.key.starts_with("hashtags:i̇i̇"))
+        .collect();
+    assert_eq!(long.len(), 1, "the long hashtag has one counter");
+    assert!(long[0].key.len() <= 512, "{} bytes", long[0].key.len());
+    assert_eq!(long[0].doc["count"], json!(1));
+    let lang = rollups.get("lang:tr").await.unwrap().unwrap();
+    assert_eq!(
+        lang["count"],
+        json!(200),
+        "the second run read nothing again"
+    );
+    store.close().await.unwrap();
+}

@@ -58,9 +58,16 @@ pub fn rollups(doc: &Document, source: &str, o: &IngestOptions, out: &mut Vec<Ke
     }
 }
 
+/// The longest counter key built from an event, in bytes. A longer value (a hashtag of
+/// thousands of characters, which a public stream will send one day) keeps its first bytes
+/// and a hash of the whole ([`store::names::bounded_key`]): it is still counted on its own,
+/// and no key built from event data reaches the store's bound ([`store::MAX_KEY_BYTES`]).
+pub const COUNTER_KEY_MAX_BYTES: usize = 512;
+
 /// The key of `field`'s counter for `value` (`hashtags:rust`): a text lowercased, a number or
-/// a boolean as JSON writes it; `None` for other values. Built in one string: a long-tail
-/// field such as hashtags makes several keys per event.
+/// a boolean as JSON writes it; `None` for other values; at most [`COUNTER_KEY_MAX_BYTES`]
+/// (lowercasing may lengthen a text: `İ` by half). Built in one string: a long-tail field
+/// such as hashtags makes several keys per event.
 fn counter_key(field: &str, value: &Value) -> Option<String> {
     use std::fmt::Write as _;
     let mut key = String::with_capacity(field.len() + 24);
@@ -76,7 +83,7 @@ fn counter_key(field: &str, value: &Value) -> Option<String> {
         Value::Bool(b) => key.push_str(if *b { "true" } else { "false" }),
         _ => return None,
     }
-    Some(key)
+    Some(store::names::bounded_key(key, COUNTER_KEY_MAX_BYTES))
 }
 
 /// `inner` is a path strictly inside `outer` (`a.b` inside `a`).
@@ -209,6 +216,28 @@ mod tests {
     use store::Durability;
 
     use super::*;
+
+    /// A hashtag of 22,000 × `İ` (44,000 bytes, 66,000 once lowercased) gets a counter key of
+    /// at most [`COUNTER_KEY_MAX_BYTES`], counted on its own; short values are unchanged.
+    #[test]
+    fn counter_keys_built_from_event_data_are_bounded() {
+        let huge = "İ".repeat(22_000);
+        let key = counter_key("hashtags", &json!(huge)).unwrap();
+        assert!(key.len() <= COUNTER_KEY_MAX_BYTES, "{} bytes", key.len());
+        assert!(key.starts_with("hashtags:i̇"), "lowercased: {}", &key[..20]);
+        let other = counter_key("hashtags", &json!(format!("{huge}x"))).unwrap();
+        assert_ne!(key, other, "two long values stay two counters");
+        assert_eq!(
+            counter_key("hashtags", &json!(huge)).unwrap(),
+            key,
+            "the same key every time"
+        );
+        assert_eq!(
+            counter_key("hashtags", &json!("Rust")).as_deref(),
+            Some("hashtags:rust")
+        );
+        assert_eq!(counter_key("n", &json!(42)).as_deref(), Some("n:42"));
+    }
 
     #[test]
     fn updates_are_named_in_order_across_batches() {

@@ -505,7 +505,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn capped(&self, name: &str, spec: &CappedSpec) -> Result<Arc<dyn Capped>> {
-        schema::check_name(name)?;
+        crate::names::check_name(name)?;
         if spec.max_docs == 0 || spec.max_bytes == 0 {
             return Err(StoreError::Invalid(format!(
                 "capped collection {name}: max_docs and max_bytes must be at least 1"
@@ -545,7 +545,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn keyed(&self, name: &str) -> Result<Arc<dyn Keyed>> {
-        schema::check_name(name)?;
+        crate::names::check_name(name)?;
         self.inner
             .submit(
                 Op::CreateKeyed {
@@ -883,6 +883,7 @@ impl Keyed for EmbeddedKeyed {
         limit: usize,
         durability: Durability,
     ) -> Result<u64> {
+        crate::names::check_key(&self.name, prefix)?;
         match self
             .inner
             .submit(
@@ -902,6 +903,10 @@ impl Keyed for EmbeddedKeyed {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Document>> {
+        if key.len() > crate::MAX_KEY_BYTES {
+            // No such key is ever stored (and the tree asserts on one past its bound).
+            return Ok(None);
+        }
         let k = tree::doc_key(&self.name, key);
         self.inner
             .read(move |i| {
@@ -915,6 +920,7 @@ impl Keyed for EmbeddedKeyed {
     }
 
     async fn scan(&self, prefix: &str) -> Result<Vec<KeyedDoc>> {
+        crate::names::check_key(&self.name, prefix)?;
         let (coll, prefix) = (self.name.clone(), prefix.to_string());
         self.inner
             .read(move |i| read::scan_page(i, &coll, &prefix, None, usize::MAX, i.tree.visible()))
@@ -927,6 +933,10 @@ impl Keyed for EmbeddedKeyed {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<KeyedDoc>> {
+        crate::names::check_key(&self.name, prefix)?;
+        if let Some(after) = after {
+            crate::names::check_key(&self.name, after)?;
+        }
         let (coll, prefix, after) = (
             self.name.clone(),
             prefix.to_string(),

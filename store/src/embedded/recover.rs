@@ -521,6 +521,22 @@ fn replay(shared: &Shared, tree: &Tree, applied: u64) -> Result<()> {
 }
 
 fn apply_change(tree: &Tree, lsn: u64, ts: i64, c: &format::ChangeEntry<'_>) -> Result<()> {
+    if !tree::fits(c.coll, c.key) {
+        // Written by a release that did not bound keys (its writer then panicked on it): the
+        // tree cannot hold it, and every start would panic on it too. The change stays in the
+        // change log; the keyed state goes without it.
+        Problem {
+            error_type: "key_too_long",
+            detail: &format!(
+                "record {lsn}: a change of {}/{:?}… has a key of {} bytes, more than the keyed state holds; the document is left out",
+                c.coll,
+                c.key.chars().take(24).collect::<String>(),
+                c.key.len()
+            ),
+        }
+        .warn();
+        return Ok(());
+    }
     let dk = tree::doc_key(c.coll, c.key);
     let old_ts = match tree.get(&dk)? {
         Some(v) => Some(tree::split_value(&v)?.0),
@@ -671,4 +687,76 @@ fn read_all_entries(path: &Path, entries: u64) -> Result<Vec<(u64, u64)>> {
         out.push((r.u64()?, r.u64()?));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use crate::embedded::EmbeddedStore;
+    use crate::embedded::writer::Kv;
+    use crate::{ChangeOp, Durability, KeyUpdate, Store, Update};
+    use std::sync::Arc;
+
+    /// A journal written by a release that did not bound keys holds a change whose key the
+    /// tree cannot hold (its writer panicked on it right after writing the record). Such a
+    /// directory opens: the change is left out of the keyed state, everything else is there.
+    #[tokio::test]
+    async fn a_journal_holding_a_key_the_tree_cannot_hold_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), Default::default()).unwrap();
+        let k = store.keyed("rollups").await.unwrap();
+        k.update(
+            vec![KeyUpdate::new("lang:tr", Update::inc("count", 1))],
+            Durability::Journaled,
+        )
+        .await
+        .unwrap();
+        let long = format!("hashtags:{}", "i̇".repeat(22_000));
+        assert!(long.len() > super::tree::TREE_KEY_MAX);
+        let next = store
+            .newest_change()
+            .await
+            .unwrap()
+            .unwrap()
+            .0
+            .parse::<u64>()
+            .unwrap()
+            + 1;
+        let doc: crate::Document = serde_json::from_str(r#"{"count":1}"#).unwrap();
+        let after = Kv {
+            json: Arc::from(r#"{"count":1}"#),
+            doc: Arc::new(doc),
+            ts: 1,
+        };
+        let change = (
+            ChangeOp::Insert,
+            "rollups".to_owned(),
+            long,
+            None,
+            Some(after),
+        );
+        store
+            .inner
+            .cell
+            .with(|w| w.import_changes(next, 1, vec![change]))
+            .unwrap()
+            .unwrap();
+        k.update(
+            vec![KeyUpdate::new("lang:tr", Update::inc("count", 1))],
+            Durability::Journaled,
+        )
+        .await
+        .unwrap();
+        store.close().await.unwrap();
+        for _ in 0..2 {
+            let store = EmbeddedStore::open(dir.path(), Default::default()).unwrap();
+            let k = store.keyed("rollups").await.unwrap();
+            assert_eq!(
+                k.get("lang:tr").await.unwrap().unwrap()["count"],
+                serde_json::json!(2)
+            );
+            assert!(k.scan("hashtags:").await.unwrap().is_empty());
+            store.close().await.unwrap();
+        }
+    }
 }

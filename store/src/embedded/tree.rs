@@ -54,6 +54,18 @@ pub(crate) fn tree_err(e: lsm_tree::Error) -> StoreError {
     }
 }
 
+/// The longest key the tree takes: `lsm-tree` asserts (panics) past it, on an insert and on a
+/// range bound alike. Keys of keyed documents are bounded before they get here
+/// ([`crate::MAX_KEY_BYTES`]); [`fits`] is for what was written before that bound (a journal
+/// replayed at open, an earlier layout converted).
+pub(crate) const TREE_KEY_MAX: usize = u16::MAX as usize;
+
+/// Whether the tree keys of document `key` of `coll` (the document's and its write-time
+/// index entry's, the longer) fit in the tree.
+pub(crate) fn fits(coll: &str, key: &str) -> bool {
+    time_prefix(coll).len() + 8 + key.len() <= TREE_KEY_MAX
+}
+
 /// The prefix of every keyed document's key.
 pub(crate) const DOC_PREFIX: &[u8] = b"d";
 

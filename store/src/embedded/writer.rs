@@ -810,6 +810,9 @@ impl Writer {
             }
             Op::Update { coll, updates } => {
                 self.check_keyed(&coll)?;
+                for u in &updates {
+                    crate::names::check_key(&coll, &u.key)?;
+                }
                 for u in updates {
                     let current = self.read_kv(&coll, &u.key, group, out)?;
                     let doc = match &current {
@@ -832,6 +835,7 @@ impl Writer {
             }
             Op::Set { coll, key, mut doc } => {
                 self.check_keyed(&coll)?;
+                crate::names::check_key(&coll, &key)?;
                 let current = self.read_kv(&coll, &key, group, out)?;
                 doc.insert("_id".into(), key.clone().into());
                 let op = if current.is_some() {
@@ -844,6 +848,7 @@ impl Writer {
             }
             Op::Delete { coll, key } => {
                 self.check_keyed(&coll)?;
+                crate::names::check_key(&coll, &key)?;
                 let Some(before) = self.read_kv(&coll, &key, group, out)? else {
                     return Ok(Reply::Deleted(false));
                 };
@@ -861,6 +866,7 @@ impl Writer {
                 Ok(Reply::Expired(n))
             }
             Op::Checkpoint { feed, body } => {
+                crate::names::check_key("checkpoints", &feed)?;
                 out.checkpoints.push((feed, body));
                 Ok(Reply::Done)
             }
@@ -1105,7 +1111,7 @@ impl Writer {
                 });
             }
             for field in &spec.indexes {
-                crate::embedded::schema::check_field(field)?;
+                crate::names::check_field(field)?;
                 if !entry.indexes.contains(field) {
                     entry.indexes.push(field.clone());
                     new_fields.push(field.clone());
@@ -1680,6 +1686,18 @@ impl Writer {
     /// Imports a keyed document as it is now, written at `ts` (the conversion of an earlier
     /// layout): into the keyed state, without a change.
     pub(crate) fn import_kv(&mut self, coll: &str, key: &str, json: &str, ts: i64) {
+        if !tree::fits(coll, key) {
+            crate::telemetry::Problem {
+                error_type: "key_too_long",
+                detail: &format!(
+                    "converting: {coll}/{:?}… has a key of {} bytes, more than the keyed state holds; the document is left out",
+                    key.chars().take(24).collect::<String>(),
+                    key.len()
+                ),
+            }
+            .warn();
+            return;
+        }
         let seqno = self.lsn.saturating_sub(1);
         self.tree.tree.insert(
             tree::time_key(coll, tree::bucket(ts), key),

@@ -25,7 +25,7 @@ use super::convert::{
 use super::{BACKOFF_MAX, BACKOFF_MIN, Inner, lock_err, sleep_unless_closed};
 use crate::backoff::Backoff;
 use crate::clock::now_us;
-use crate::embedded::schema::check_field;
+use crate::names::check_field;
 use crate::{
     Bounds, Capped, CappedSpec, Document, Durability, Filter, NewestMatching, Position, Record,
     RecordStream, Result, Start, StoreError, Usage,

@@ -596,6 +596,9 @@ impl Keyed for MongoKeyed {
         if updates.is_empty() {
             return Ok(());
         }
+        for u in &updates {
+            crate::names::check_key(&self.name, &u.key)?;
+        }
         let now = now_us();
         let unsettled = self.inner.unsettled.lock().map_err(lock_err)?.clone();
         let ops = updates
@@ -647,6 +650,7 @@ impl Keyed for MongoKeyed {
     }
 
     async fn set(&self, key: &str, doc: Document, durability: Durability) -> Result<()> {
+        crate::names::check_key(&self.name, key)?;
         let replacement = replacement(key, &doc, now_us());
         self.inner.wait_for_opening_streams().await;
         let (coll, wc, owned_key) = (self.coll.clone(), self.wc(durability), key.to_string());
@@ -681,6 +685,7 @@ impl Keyed for MongoKeyed {
     }
 
     async fn delete(&self, key: &str, durability: Durability) -> Result<bool> {
+        crate::names::check_key(&self.name, key)?;
         self.inner.wait_for_opening_streams().await;
         let (coll, wc, owned_key) = (self.coll.clone(), self.wc(durability), key.to_string());
         let inner = self.inner.clone();

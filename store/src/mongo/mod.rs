@@ -105,7 +105,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::embedded::schema::check_name;
+use crate::names::check_name;
 use crate::{
     Capabilities, Capability, Capped, CappedSpec, ChangeFilter, ChangeStart, ChangeStream,
     Durability, Keyed, Result, ResumeToken, Store, StoreError,
@@ -508,6 +508,7 @@ impl Store for MongoStore {
         checkpoint: Value,
         durability: Durability,
     ) -> Result<()> {
+        crate::names::check_key("checkpoints", feed)?;
         // One document per feed, replaced whole: position and state change atomically.
         let doc = doc! {
             "_id": feed,

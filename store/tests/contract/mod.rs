@@ -55,6 +55,7 @@ macro_rules! every_check {
             capped_initial_then_tail_exactly_once: [],
             keyed_snapshot_then_changes_exactly_once: [ChangeStreams, SnapshotReads],
             scan_pages_by_key: [],
+            keys_past_the_bound_are_refused: [],
             filter_cases_on_capped: [],
             filter_cases_on_keyed: [ChangeStreams, SnapshotReads],
         );
@@ -1301,4 +1302,56 @@ pub async fn scan_pages_by_key(store: &dyn Store) {
         k.scan_page("", None, 0).await.unwrap().is_empty(),
         "limit 0"
     );
+}
+
+/// A key longer than [`store::MAX_KEY_BYTES`] is refused with an error that says so, by every
+/// write, alone: the other updates of its batch, and the store, go on (a key built from event
+/// data must never reach an engine's structure that asserts on it).
+pub async fn keys_past_the_bound_are_refused(store: &dyn Store) {
+    let k = store.keyed("k_long").await.unwrap();
+    let long = format!("hashtags:{}", "i̇".repeat(22_000));
+    let at_bound = "k".repeat(store::MAX_KEY_BYTES);
+    let refused = |e: StoreError| {
+        assert!(
+            e.to_string().contains("keys hold at most"),
+            "the error names the bound: {e}"
+        );
+    };
+    refused(
+        k.update(
+            vec![
+                KeyUpdate::new("short", Update::inc("n", 1)),
+                KeyUpdate::new(long.clone(), Update::inc("n", 1)),
+            ],
+            Durability::Acknowledged,
+        )
+        .await
+        .expect_err("a batch with a key past the bound"),
+    );
+    refused(
+        k.set(&long, doc(json!({"a": 1})), Durability::Acknowledged)
+            .await
+            .expect_err("set"),
+    );
+    refused(
+        k.delete(&long, Durability::Acknowledged)
+            .await
+            .expect_err("delete"),
+    );
+    refused(
+        store
+            .save_checkpoint(&long, json!({"p": 1}), Durability::Acknowledged)
+            .await
+            .expect_err("a checkpoint's name"),
+    );
+    // Nothing of the refused batch was written; a key at the bound is a key like any other.
+    assert!(k.get("short").await.unwrap().is_none(), "all or nothing");
+    k.update(
+        vec![KeyUpdate::new(at_bound.clone(), Update::inc("n", 1))],
+        Durability::Acknowledged,
+    )
+    .await
+    .unwrap();
+    assert_eq!(k.get(&at_bound).await.unwrap().unwrap()["n"], json!(1));
+    assert!(k.get(&long).await.unwrap().is_none());
 }
