@@ -9,7 +9,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::journal::{fsync_dir, io_error};
+use super::fs::Fs;
+use super::journal::io_error;
 use crate::{Result, StoreError};
 
 pub(crate) const FILE: &str = "catalog.json";
@@ -89,9 +90,9 @@ impl Default for Catalog {
 
 impl Catalog {
     /// Reads the catalog of `dir`; `None` when there is none (a new directory).
-    pub fn load(dir: &Path) -> Result<Option<Catalog>> {
+    pub fn load(fs: &dyn Fs, dir: &Path) -> Result<Option<Catalog>> {
         let path = dir.join(FILE);
-        let text = match std::fs::read(&path) {
+        let text = match fs.read(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(io_error(format!("reading {}", path.display()), e)),
@@ -114,17 +115,10 @@ impl Catalog {
     }
 
     /// Writes the catalog into `dir`, atomically.
-    pub fn save(&self, dir: &Path) -> Result<()> {
+    pub fn save(&self, fs: &dyn Fs, dir: &Path) -> Result<()> {
         let path = dir.join(FILE);
-        let tmp = dir.join(format!("{FILE}.tmp"));
         let text = serde_json::to_vec_pretty(self)?;
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            std::io::Write::write_all(&mut f, &text)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)
-        };
-        write().map_err(|e| io_error(format!("writing {}", path.display()), e))?;
-        fsync_dir(dir)
+        super::fs::write_atomic(fs, &path, &text)
+            .map_err(|e| io_error(format!("writing {}", path.display()), e))
     }
 }

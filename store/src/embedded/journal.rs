@@ -15,14 +15,13 @@
 //! yet written) or a record cut short by a crash. Nothing after it was acknowledged: a commit
 //! is acknowledged only once its write returned (and, for `journaled`, its sync).
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, ErrorKind};
-use std::os::unix::fs::FileExt;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::format::{self, ALIGN, FIXED, Header};
+use super::fs::{Fs, FsFile, Open};
 use crate::{Result, StoreError};
 
 /// The journal's directory inside the data directory.
@@ -83,19 +82,13 @@ pub(crate) fn index_path(dir: &Path, seq: u64) -> PathBuf {
 }
 
 /// The segment numbers in `dir`, in order.
-pub(crate) fn list_segments(dir: &Path) -> Result<Vec<u64>> {
+pub(crate) fn list_segments(fs: &dyn Fs, dir: &Path) -> Result<Vec<u64>> {
     let mut out = Vec::new();
-    let entries = std::fs::read_dir(dir).map_err(|source| StoreError::Io {
+    let entries = fs.list(dir).map_err(|source| StoreError::Io {
         context: format!("listing {}", dir.display()),
         source,
     })?;
-    for entry in entries {
-        let entry = entry.map_err(|source| StoreError::Io {
-            context: format!("listing {}", dir.display()),
-            source,
-        })?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
+    for name in entries {
         if let Some(hex) = name.strip_suffix(".log")
             && let Ok(seq) = u64::from_str_radix(hex, 16)
         {
@@ -119,47 +112,21 @@ pub(crate) fn io_error(context: impl Into<String>, source: io::Error) -> StoreEr
     StoreError::Io { context, source }
 }
 
-pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
+pub(crate) fn fsync_dir(fs: &dyn Fs, dir: &Path) -> Result<()> {
+    fs.sync_dir(dir)
         .map_err(|e| io_error(format!("syncing directory {}", dir.display()), e))
 }
 
-/// Allocates `[from, to)` for `file` without writing it (the file grows to `to`).
-fn allocate(file: &File, from: u64, to: u64) -> io::Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), from, to - from) {
-            Ok(()) => Ok(()),
-            Err(e) if e == rustix::io::Errno::OPNOTSUPP => file.set_len(to),
-            Err(e) => Err(e.into()),
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = from;
-        file.set_len(to)
-    }
-}
-
 /// Opens a segment for writing: with `O_DIRECT` when `direct` and the filesystem takes it.
-fn open_for_writing(path: &Path, direct: bool) -> io::Result<(File, bool)> {
-    #[cfg(target_os = "linux")]
-    if direct {
-        use std::os::unix::fs::OpenOptionsExt;
-        let flags = rustix::fs::OFlags::DIRECT.bits() as i32;
-        match OpenOptions::new()
-            .write(true)
-            .custom_flags(flags)
-            .open(path)
-        {
-            Ok(f) => return Ok((f, true)),
-            Err(e) if e.kind() == ErrorKind::InvalidInput => {}
-            Err(e) => return Err(e),
-        }
-    }
-    let _ = direct;
-    Ok((OpenOptions::new().write(true).open(path)?, false))
+fn open_for_writing(fs: &dyn Fs, path: &Path, direct: bool) -> io::Result<Arc<dyn FsFile>> {
+    fs.open(
+        path,
+        Open::Write {
+            create: false,
+            truncate: false,
+            direct,
+        },
+    )
 }
 
 /// A buffer whose data starts on a 4 KiB boundary, as `O_DIRECT` requires.
@@ -188,15 +155,23 @@ impl Aligned {
 #[derive(Debug)]
 pub(crate) struct Segment {
     pub seq: u64,
-    pub file: File,
+    pub file: Arc<dyn FsFile>,
 }
 
 impl Segment {
-    pub fn open(dir: &Path, seq: u64) -> Result<Arc<Segment>> {
+    pub fn open(fs: &dyn Fs, dir: &Path, seq: u64) -> Result<Arc<Segment>> {
         let path = segment_path(dir, seq);
-        let file =
-            File::open(&path).map_err(|e| io_error(format!("opening {}", path.display()), e))?;
+        let file = fs
+            .open(&path, Open::Read)
+            .map_err(|e| io_error(format!("opening {}", path.display()), e))?;
         Ok(Arc::new(Segment { seq, file }))
+    }
+
+    /// The file's length.
+    pub fn len(&self) -> Result<u64> {
+        self.file
+            .size()
+            .map_err(|e| io_error(format!("reading journal segment {:x}", self.seq), e))
     }
 
     /// Reads the record at `offset` whole.
@@ -217,7 +192,7 @@ impl Segment {
     }
 
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.file.read_exact_at(buf, offset).map_err(|e| {
+        self.file.read_at(buf, offset).map_err(|e| {
             io_error(
                 format!("reading journal segment {:x} at {offset}", self.seq),
                 e,
@@ -307,9 +282,10 @@ pub(crate) fn all_zero(bytes: &[u8]) -> bool {
 
 /// The journal's writer: the tail of the last segment.
 pub(crate) struct Writer {
+    fs: Arc<dyn Fs>,
     dir: PathBuf,
     seq: u64,
-    file: File,
+    file: Arc<dyn FsFile>,
     direct: bool,
     /// The most this segment grows to (a record larger than that gets a segment of its own).
     capacity: u64,
@@ -335,6 +311,7 @@ pub(crate) struct Written {
 impl Writer {
     /// Continues segment `seq` at `tail`, or starts segment `seq` when it does not exist.
     pub fn open(
+        fs: Arc<dyn Fs>,
         dir: &Path,
         seq: u64,
         tail: u64,
@@ -342,18 +319,18 @@ impl Writer {
         stats: Arc<IoStats>,
     ) -> Result<Writer> {
         let path = segment_path(dir, seq);
-        let allocated = match std::fs::metadata(&path) {
-            Ok(m) => m.len(),
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                create_segment(dir, seq, ALLOC_STEP.min(segment_bytes))?;
-                ALLOC_STEP.min(segment_bytes)
-            }
-            Err(e) => return Err(io_error(format!("reading {}", path.display()), e)),
-        };
-        let (file, direct) = open_for_writing(&path, true)
+        if !fs.exists(&path) {
+            create_segment(&*fs, dir, seq, ALLOC_STEP.min(segment_bytes))?;
+        }
+        let file = open_for_writing(&*fs, &path, true)
             .map_err(|e| io_error(format!("opening {}", path.display()), e))?;
+        let allocated = file
+            .size()
+            .map_err(|e| io_error(format!("reading {}", path.display()), e))?;
+        let direct = file.direct();
         stats.direct.store(direct, Ordering::Relaxed);
         Ok(Writer {
+            fs,
             dir: dir.to_path_buf(),
             seq,
             file,
@@ -385,13 +362,14 @@ impl Writer {
             let to = (self.tail + len as u64)
                 .max(self.allocated + ALLOC_STEP)
                 .min(self.capacity.max(self.tail + len as u64));
-            allocate(&self.file, self.allocated, to)
+            self.file
+                .allocate(self.allocated, to)
                 .map_err(|e| io_error(format!("allocating journal segment {:x}", self.seq), e))?;
             self.allocated = to;
         }
         let staged = self.buf.stage(record, len);
         let offset = self.tail;
-        self.file.write_all_at(staged, offset).map_err(|e| {
+        self.file.write_at(staged, offset).map_err(|e| {
             io_error(
                 format!("writing journal segment {:x} at {offset}", self.seq),
                 e,
@@ -428,12 +406,12 @@ impl Writer {
         let next = self.seq + 1;
         let need = need.next_multiple_of(ALIGN as u64);
         let size = ALLOC_STEP.min(self.segment_bytes).max(need);
-        create_segment(&self.dir, next, size)?;
+        create_segment(&*self.fs, &self.dir, next, size)?;
         let path = segment_path(&self.dir, next);
-        let (file, direct) = open_for_writing(&path, self.direct)
+        let file = open_for_writing(&*self.fs, &path, self.direct)
             .map_err(|e| io_error(format!("opening {}", path.display()), e))?;
+        self.direct = file.direct();
         self.file = file;
-        self.direct = direct;
         self.seq = next;
         self.capacity = self.segment_bytes.max(need);
         self.allocated = size;
@@ -444,25 +422,28 @@ impl Writer {
 
 /// Creates segment `seq` with its first `size` bytes allocated, and makes its name durable. A
 /// segment left half-made by a crash (or a full disk) is made again.
-fn create_segment(dir: &Path, seq: u64, size: u64) -> Result<()> {
+fn create_segment(fs: &dyn Fs, dir: &Path, seq: u64, size: u64) -> Result<()> {
     let path = segment_path(dir, seq);
     let made = (|| {
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)?;
-        allocate(&file, 0, size)?;
+        let file = fs.open(
+            &path,
+            Open::Write {
+                create: true,
+                truncate: true,
+                direct: false,
+            },
+        )?;
+        file.allocate(0, size)?;
         file.sync_all()
     })();
     if let Err(e) = made {
-        let _ = std::fs::remove_file(&path);
+        let _ = fs.remove(&path);
         return Err(io_error(
             format!("creating journal segment {}", path.display()),
             e,
         ));
     }
-    fsync_dir(dir)
+    fsync_dir(fs, dir)
 }
 
 #[cfg(test)]
@@ -484,7 +465,8 @@ mod tests {
     fn records_roll_into_new_segments_and_scan_back_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let stats = Arc::new(IoStats::default());
-        let mut w = Writer::open(dir.path(), 1, 0, 8192, stats.clone()).unwrap();
+        let fs = crate::embedded::fs::RealFs::shared();
+        let mut w = Writer::open(fs.clone(), dir.path(), 1, 0, 8192, stats.clone()).unwrap();
         let mut at = Vec::new();
         for lsn in 1..=40 {
             let text = format!(
@@ -498,7 +480,7 @@ mod tests {
         w.sync().unwrap();
         assert!(at.last().unwrap().seq > 1, "several segments");
         assert_eq!(
-            list_segments(dir.path()).unwrap().len() as u64,
+            list_segments(&*fs, dir.path()).unwrap().len() as u64,
             at.last().unwrap().seq
         );
         let c = stats.counts();
@@ -508,9 +490,9 @@ mod tests {
             "every finished segment is synced"
         );
         let mut lsn = 1;
-        for seq in list_segments(dir.path()).unwrap() {
-            let seg = Segment::open(dir.path(), seq).unwrap();
-            let len = seg.file.metadata().unwrap().len();
+        for seq in list_segments(&*fs, dir.path()).unwrap() {
+            let seg = Segment::open(&*fs, dir.path(), seq).unwrap();
+            let len = seg.len().unwrap();
             let mut scan = SegmentScan::new(&seg, 0, len);
             while let Some((offset, bytes)) = scan.next_raw().unwrap() {
                 assert!(format::check(bytes));

@@ -22,6 +22,7 @@ use lsm_tree::AbstractTree;
 
 use super::catalog::Catalog;
 use super::format::{Entry, Header};
+use super::fs::Fs;
 use super::journal::{self, SegmentScan};
 use super::state::{SegIndex, SegSummary, Shared};
 use super::tree::{Tree, tree_err};
@@ -93,6 +94,7 @@ impl Drop for Hold {
 
 /// What the thread works on.
 pub(crate) struct Maint {
+    pub fs: Arc<dyn Fs>,
     pub dir: PathBuf,
     pub tree: Arc<Tree>,
     pub shared: Arc<RwLock<Shared>>,
@@ -114,16 +116,7 @@ pub(crate) fn run(mut m: Maint, rx: Receiver<Task>) {
             Err(RecvTimeoutError::Timeout) => Task::Check,
             Err(RecvTimeoutError::Disconnected) => return,
         };
-        let result = match task {
-            Task::Flush => m.flush(),
-            Task::WriteIndex {
-                path,
-                summary,
-                entries,
-            } => m.write_index(path, &summary, &entries),
-            Task::Check => Ok(()),
-        };
-        if let Err(e) = result {
+        if let Err(e) = m.run_task(task) {
             Problem {
                 error_type: "maintenance",
                 detail: &format!("storage maintenance failed ({e}); it is tried again later"),
@@ -144,6 +137,19 @@ pub(crate) fn run(mut m: Maint, rx: Receiver<Task>) {
 }
 
 impl Maint {
+    /// Does one task (a release is separate: [`Maint::release`]).
+    pub(crate) fn run_task(&mut self, task: Task) -> Result<()> {
+        match task {
+            Task::Flush => self.flush(),
+            Task::WriteIndex {
+                path,
+                summary,
+                entries,
+            } => self.write_index(path, &summary, &entries),
+            Task::Check => Ok(()),
+        }
+    }
+
     pub(crate) fn flush(&self) -> Result<()> {
         let gc = self.snapshots.gc_below(self.tree.visible());
         {
@@ -162,7 +168,7 @@ impl Maint {
         summary: &SegSummary,
         entries: &[(u64, u64)],
     ) -> Result<()> {
-        super::state::write_index_file(&path, summary, entries)?;
+        super::state::write_index_file(&*self.fs, &path, summary, entries)?;
         let mut shared = self.shared.write().map_err(super::lock_err)?;
         if let Some(info) = shared.segments.get_mut(&summary.seq)
             && matches!(info.index, SegIndex::Sealed(_))
@@ -176,7 +182,7 @@ impl Maint {
     }
 
     /// Releases the oldest segments nothing needs any more (see the module's doc).
-    fn release(&mut self) -> Result<()> {
+    pub(crate) fn release(&mut self) -> Result<()> {
         loop {
             let (seq, last_lsn, end, colls, changes_end) = {
                 let shared = self.shared.read().map_err(super::lock_err)?;
@@ -353,7 +359,7 @@ impl Maint {
                     c.journal_from = from;
                 }
             }
-            updated.save(&self.dir)?;
+            updated.save(&*self.fs, &self.dir)?;
             *catalog = updated;
             for (name, sc) in colls {
                 if let Some(v) = shared.capped.get_mut(name) {
@@ -373,8 +379,8 @@ impl Maint {
                 .map_or(shared.change_next, |i| i.changes.0);
             shared.change_first = first_change;
         }
-        let _ = std::fs::remove_file(journal::segment_path(&jdir, seq));
-        let _ = std::fs::remove_file(journal::index_path(&jdir, seq));
+        let _ = self.fs.remove(&journal::segment_path(&jdir, seq));
+        let _ = self.fs.remove(&journal::index_path(&jdir, seq));
         tracing::debug!(segment = seq, "journal segment released");
         Ok(())
     }

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, params};
 
 use super::catalog;
+use super::fs::RealFs;
 use super::journal::{self, IoStats};
 use super::maint::{self, Maint, Task};
 use super::recover;
@@ -136,10 +137,10 @@ pub(crate) fn from_sqlite(dir: &Path, options: &EmbeddedOptions, tuning: &Tuning
         std::fs::rename(&from, &to)
             .map_err(|e| journal::io_error(format!("moving {}", from.display()), e))?;
     }
-    journal::fsync_dir(dir)?;
+    journal::fsync_dir(&RealFs, dir)?;
     std::fs::rename(work.join(catalog::FILE), dir.join(catalog::FILE))
         .map_err(|e| journal::io_error("moving the converted catalog into place", e))?;
-    journal::fsync_dir(dir)?;
+    journal::fsync_dir(&RealFs, dir)?;
     let _ = std::fs::remove_dir_all(&work);
     let backup = backup(dir)?;
     tracing::info!(
@@ -169,7 +170,7 @@ fn backup(dir: &Path) -> Result<PathBuf> {
                 .map_err(|e| journal::io_error(format!("moving {}", from.display()), e))?;
         }
     }
-    journal::fsync_dir(dir)?;
+    journal::fsync_dir(&RealFs, dir)?;
     Ok(to)
 }
 
@@ -177,7 +178,7 @@ fn convert(dir: &Path, work: &Path, options: &EmbeddedOptions, tuning: &Tuning) 
     let db = Connection::open(dir.join(DB_FILE))?;
     db.busy_timeout(Duration::from_secs(5))?;
     let stats = Arc::new(IoStats::default());
-    let recovered = recover::open(work, tuning.segment_bytes, stats)?;
+    let recovered = recover::open(RealFs::shared(), work, tuning.segment_bytes, stats)?;
     let tree = recovered.tree.clone();
     let shared = recovered.shared.clone();
     let catalog = recovered.catalog.clone();
@@ -194,6 +195,7 @@ fn convert(dir: &Path, work: &Path, options: &EmbeddedOptions, tuning: &Tuning) 
         Arc::new(AtomicBool::new(false)),
     )?;
     let maint = Maint {
+        fs: RealFs::shared(),
         dir: work.to_path_buf(),
         tree,
         shared,

@@ -19,6 +19,7 @@
 
 mod catalog;
 mod format;
+pub mod fs;
 mod journal;
 mod known;
 mod maint;
@@ -111,6 +112,27 @@ impl Default for Tuning {
     }
 }
 
+/// Where the engine's files live and who runs its maintenance. The defaults are the real file
+/// system and a maintenance thread; the crash tests use a simulated disk ([`fs::sim`]) and run
+/// maintenance themselves ([`EmbeddedStore::maintain`]), so that every run of a workload
+/// makes the same file operations in the same order.
+#[derive(Clone, Debug)]
+pub struct Io {
+    pub fs: Arc<dyn fs::Fs>,
+    /// Maintenance (memtable flushes, index files, releases) runs only when
+    /// [`EmbeddedStore::maintain`] is called, on the caller's thread.
+    pub manual_maintenance: bool,
+}
+
+impl Default for Io {
+    fn default() -> Self {
+        Io {
+            fs: fs::RealFs::shared(),
+            manual_maintenance: false,
+        }
+    }
+}
+
 /// The embedded store. Cheap to clone; all clones share one writer.
 #[derive(Clone)]
 pub struct EmbeddedStore {
@@ -118,6 +140,7 @@ pub struct EmbeddedStore {
 }
 
 pub(crate) struct Inner {
+    fs: Arc<dyn fs::Fs>,
     dir: PathBuf,
     /// `None` once closed: sends then fail with `Closed`.
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
@@ -136,6 +159,9 @@ pub(crate) struct Inner {
     capped: Mutex<HashMap<String, Arc<CappedShared>>>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     maint: Mutex<Option<std::sync::mpsc::Sender<maint::Task>>>,
+    /// With manual maintenance: the maintenance work and its queue, run by
+    /// [`EmbeddedStore::maintain`].
+    manual: Mutex<Option<(maint::Maint, std::sync::mpsc::Receiver<maint::Task>)>>,
     /// Held while the store is open (and its threads run): one process per data directory.
     /// Let go of at `close`.
     lock: Mutex<Option<Arc<File>>>,
@@ -168,7 +194,27 @@ impl EmbeddedStore {
         options: EmbeddedOptions,
         tuning: Tuning,
     ) -> Result<Self> {
+        Self::open_with(dir, options, tuning, Io::default())
+    }
+
+    /// [`EmbeddedStore::open_tuned`] on another file system, or with manual maintenance (see
+    /// [`Io`]). The data directory's lock and the keyed state's tree are real files in `dir`
+    /// whatever `io.fs` is.
+    pub fn open_with(
+        dir: impl AsRef<Path>,
+        options: EmbeddedOptions,
+        tuning: Tuning,
+        io: Io,
+    ) -> Result<Self> {
         let dir = dir.as_ref();
+        let fs = io.fs.clone();
+        if !fs.exists(dir) {
+            fs.create_dir_all(dir).map_err(|source| StoreError::Io {
+                context: format!("creating data directory {}", dir.display()),
+                source,
+            })?;
+        }
+        // The lock and the tree are real files, whatever the journal's file system.
         std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
             context: format!("creating data directory {}", dir.display()),
             source,
@@ -191,7 +237,7 @@ impl EmbeddedStore {
             migrate::tidy(dir);
         }
         let stats = Arc::new(journal::IoStats::default());
-        let recovered = recover::open(dir, tuning.segment_bytes, stats.clone())?;
+        let recovered = recover::open(fs.clone(), dir, tuning.segment_bytes, stats.clone())?;
         let tree = recovered.tree.clone();
         let shared = recovered.shared.clone();
         let catalog = recovered.catalog.clone();
@@ -233,6 +279,7 @@ impl EmbeddedStore {
         })?;
         let snapshots = Arc::new(maint::Snapshots::default());
         let m = maint::Maint {
+            fs: fs.clone(),
             dir: dir.to_path_buf(),
             tree: tree.clone(),
             shared: shared.clone(),
@@ -243,15 +290,22 @@ impl EmbeddedStore {
             submit: submitter(tx.downgrade(), Arc::downgrade(&cell)),
             spilled: None,
         };
-        let maint_thread = spawn("tailrace-maint", {
-            let lock = lock.clone();
-            Box::new(move || {
-                maint::run(m, maint_rx);
-                drop(lock);
-            })
-        })?;
+        let mut threads = vec![writer_thread];
+        let mut manual = None;
+        if io.manual_maintenance {
+            manual = Some((m, maint_rx));
+        } else {
+            threads.push(spawn("tailrace-maint", {
+                let lock = lock.clone();
+                Box::new(move || {
+                    maint::run(m, maint_rx);
+                    drop(lock);
+                })
+            })?);
+        }
         Ok(EmbeddedStore {
             inner: Arc::new(Inner {
+                fs,
                 dir: dir.to_path_buf(),
                 jobs: Mutex::new(Some(tx)),
                 cell,
@@ -264,8 +318,9 @@ impl EmbeddedStore {
                 oplog_max: options.oplog_max_entries,
                 stats,
                 capped: Mutex::new(HashMap::new()),
-                threads: Mutex::new(vec![writer_thread, maint_thread]),
+                threads: Mutex::new(threads),
                 maint: Mutex::new(Some(maint_tx)),
+                manual: Mutex::new(manual),
                 lock: Mutex::new(Some(lock)),
             }),
         })
@@ -316,6 +371,30 @@ impl EmbeddedStore {
             && let Some(m) = m.as_ref()
         {
             let _ = m.send(maint::Task::Check);
+        }
+        Ok(())
+    }
+
+    /// With manual maintenance ([`Io::manual_maintenance`]): does the maintenance work that is
+    /// due (flushes, index files, releases) on this thread, until none is left. Blocks on the
+    /// writer: never call it from an async task.
+    #[doc(hidden)]
+    pub fn maintain(&self) -> Result<()> {
+        let mut manual = self.inner.manual.lock().map_err(lock_err)?;
+        let Some((m, rx)) = manual.as_mut() else {
+            return Ok(());
+        };
+        // Each round may queue more (a release asks for a flush); a bound, in case it loops.
+        for _ in 0..64 {
+            let mut did = false;
+            while let Ok(task) = rx.try_recv() {
+                did = true;
+                m.run_task(task)?;
+            }
+            m.release()?;
+            if !did && rx.try_recv().map(|t| m.run_task(t)).is_err() {
+                return Ok(());
+            }
         }
         Ok(())
     }
@@ -376,9 +455,14 @@ pub struct JournalReport {
 /// Reads the journal of the data directory `dir` (see [`JournalReport`]). A finished segment
 /// that does not hold only whole records, or records out of sequence, is an error.
 pub fn inspect(dir: impl AsRef<Path>) -> Result<JournalReport> {
-    let jdir = dir.as_ref().join(journal::DIR);
-    let first = catalog::Catalog::load(dir.as_ref())?.map_or(1, |c| c.first_segment);
-    let segs: Vec<u64> = journal::list_segments(&jdir)?
+    inspect_on(&fs::RealFs, dir.as_ref())
+}
+
+/// [`inspect`] on another file system.
+pub fn inspect_on(fs: &dyn fs::Fs, dir: &Path) -> Result<JournalReport> {
+    let jdir = dir.join(journal::DIR);
+    let first = catalog::Catalog::load(fs, dir)?.map_or(1, |c| c.first_segment);
+    let segs: Vec<u64> = journal::list_segments(fs, &jdir)?
         .into_iter()
         .filter(|s| *s >= first)
         .collect();
@@ -388,8 +472,8 @@ pub fn inspect(dir: impl AsRef<Path>) -> Result<JournalReport> {
     };
     let mut next: Option<u64> = None;
     for (i, seq) in segs.iter().enumerate() {
-        let seg = journal::Segment::open(&jdir, *seq)?;
-        report.bytes += seg.file.metadata().map(|m| m.len()).unwrap_or(0);
+        let seg = journal::Segment::open(fs, &jdir, *seq)?;
+        report.bytes += seg.len().unwrap_or(0);
         let mut records = 0;
         let tail = recover::scan_records(&seg, next, |_, h, _| {
             records += 1;
@@ -627,6 +711,7 @@ impl Store for EmbeddedStore {
         }
         self.inner.cell.close()?;
         self.inner.maint.lock().map_err(lock_err)?.take();
+        self.inner.manual.lock().map_err(lock_err)?.take();
         for t in threads {
             join(t).await?;
         }

@@ -363,9 +363,9 @@ pub(super) fn latest(
                 SegIndex::File { path, entries } => {
                     let (path, entries) = (path.clone(), *entries);
                     drop(shared);
-                    SegIndex::File { path, entries }.lookup(hash, &mut candidates)?;
+                    SegIndex::File { path, entries }.lookup(&*inner.fs, hash, &mut candidates)?;
                 }
-                other => other.lookup(hash, &mut candidates)?,
+                other => other.lookup(&*inner.fs, hash, &mut candidates)?,
             }
         }
         candidates.sort_unstable_by(|a, b| b.cmp(a));

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use super::catalog::{self, Catalog};
 use super::format::{self, Entry, Header};
+use super::fs::Fs;
 use super::journal::{self, IoStats, Segment, SegmentScan, TailState};
 use super::state::{
     self, CappedView, CollSummary, MemIndex, SEEK_EVERY, Seek, SegColl, SegIndex, SegInfo,
@@ -48,11 +49,7 @@ pub(crate) fn scan_records(
     next_lsn: Option<u64>,
     mut each: impl FnMut(u64, &Header, &[u8]) -> Result<()>,
 ) -> Result<TailState> {
-    let len = seg
-        .file
-        .metadata()
-        .map_err(|e| journal::io_error(format!("reading journal segment {:x}", seg.seq), e))?
-        .len();
+    let len = seg.len()?;
     let mut scan = SegmentScan::new(seg, 0, len);
     let mut expect = next_lsn;
     loop {
@@ -232,26 +229,35 @@ impl CappedAcc {
 }
 
 /// Opens (creating when absent) the engine's files in `dir`.
-pub(crate) fn open(dir: &Path, segment_bytes: u64, stats: Arc<IoStats>) -> Result<Recovered> {
+pub(crate) fn open(
+    fs: Arc<dyn Fs>,
+    dir: &Path,
+    segment_bytes: u64,
+    stats: Arc<IoStats>,
+) -> Result<Recovered> {
     let jdir = dir.join(journal::DIR);
-    std::fs::create_dir_all(&jdir)
-        .map_err(|e| journal::io_error(format!("creating {}", jdir.display()), e))?;
-    let catalog = match Catalog::load(dir)? {
+    if !fs.exists(&jdir) {
+        fs.create_dir_all(&jdir)
+            .map_err(|e| journal::io_error(format!("creating {}", jdir.display()), e))?;
+        // Its name durable before anything is written in it.
+        journal::fsync_dir(&*fs, dir)?;
+    }
+    let catalog = match Catalog::load(&*fs, dir)? {
         Some(c) => c,
         None => {
             let c = Catalog::default();
-            c.save(dir)?;
+            c.save(&*fs, dir)?;
             c
         }
     };
     let tree = Arc::new(Tree::open(&dir.join(TREE_DIR))?);
 
-    let mut segs = journal::list_segments(&jdir)?;
+    let mut segs = journal::list_segments(&*fs, &jdir)?;
     // Segments below the catalog's first were released (their deletion may not have
     // finished before a crash).
     for seq in segs.iter().filter(|s| **s < catalog.first_segment) {
-        let _ = std::fs::remove_file(journal::segment_path(&jdir, *seq));
-        let _ = std::fs::remove_file(journal::index_path(&jdir, *seq));
+        let _ = fs.remove(&journal::segment_path(&jdir, *seq));
+        let _ = fs.remove(&journal::index_path(&jdir, *seq));
     }
     segs.retain(|s| *s >= catalog.first_segment);
 
@@ -287,13 +293,13 @@ pub(crate) fn open(dir: &Path, segment_bytes: u64, stats: Arc<IoStats>) -> Resul
     let (mut tail_seq, mut tail_end) = (catalog.first_segment, 0);
     let n = segs.len();
     for (i, seq) in segs.iter().copied().enumerate() {
-        let seg = Segment::open(&jdir, seq)?;
+        let seg = Segment::open(&*fs, &jdir, seq)?;
         let last = i + 1 == n;
         let idx_path = journal::index_path(&jdir, seq);
         let from_file = if last {
             None
         } else {
-            state::read_index_file(&idx_path).filter(|(s, _)| s.seq == seq)
+            state::read_index_file(&*fs, &idx_path).filter(|(s, _)| s.seq == seq)
         };
         let (summary, index) = match from_file {
             Some((summary, entries)) => (
@@ -324,7 +330,9 @@ pub(crate) fn open(dir: &Path, segment_bytes: u64, stats: Arc<IoStats>) -> Resul
                     (scanned.summary, SegIndex::Memory(scanned.index))
                 } else {
                     let entries = scanned.index.into_sorted();
-                    if let Err(e) = state::write_index_file(&idx_path, &scanned.summary, &entries) {
+                    if let Err(e) =
+                        state::write_index_file(&*fs, &idx_path, &scanned.summary, &entries)
+                    {
                         Problem {
                             error_type: "index_file",
                             detail: &format!("could not write a journal segment's index file ({e}); it is kept in memory"),
@@ -454,9 +462,10 @@ pub(crate) fn open(dir: &Path, segment_bytes: u64, stats: Arc<IoStats>) -> Resul
     replay(&shared, &tree, applied)?;
     tree.publish(next_lsn.saturating_sub(1));
 
-    let journal = journal::Writer::open(&jdir, tail_seq, tail_end, segment_bytes, stats)?;
+    let journal =
+        journal::Writer::open(fs.clone(), &jdir, tail_seq, tail_end, segment_bytes, stats)?;
     if !shared.segments.contains_key(&tail_seq) {
-        let seg = Segment::open(&jdir, tail_seq)?;
+        let seg = Segment::open(&*fs, &jdir, tail_seq)?;
         shared.segments.insert(
             tail_seq,
             SegInfo {
@@ -471,6 +480,7 @@ pub(crate) fn open(dir: &Path, segment_bytes: u64, stats: Arc<IoStats>) -> Resul
         );
     }
     Ok(Recovered {
+        fs,
         dir: dir.to_path_buf(),
         journal,
         lsn: next_lsn,
@@ -628,6 +638,7 @@ pub(crate) fn summarize(
 /// Indexes `fields` of `coll`'s retained documents (a field added to an existing
 /// collection's indexes), in every segment that holds some.
 pub(crate) fn backfill_index(
+    fs: &dyn Fs,
     jdir: &Path,
     shared: &RwLock<Shared>,
     _tree: &Tree,
@@ -663,12 +674,12 @@ pub(crate) fn backfill_index(
                 *v = Arc::new(all);
             }
             SegIndex::File { path, entries } => {
-                let (summary, _) = state::read_index_file(path)
+                let (summary, _) = state::read_index_file(fs, path)
                     .ok_or_else(|| damaged(format!("{} is damaged", path.display())))?;
-                let mut all = read_all_entries(path, *entries)?;
+                let mut all = read_all_entries(fs, path, *entries)?;
                 all.extend(added);
                 all.sort_unstable();
-                state::write_index_file(path, &summary, &all)?;
+                state::write_index_file(fs, path, &summary, &all)?;
                 *entries = all.len() as u64;
             }
         }
@@ -677,8 +688,9 @@ pub(crate) fn backfill_index(
     Ok(())
 }
 
-fn read_all_entries(path: &Path, entries: u64) -> Result<Vec<(u64, u64)>> {
-    let b = std::fs::read(path)
+fn read_all_entries(fs: &dyn Fs, path: &Path, entries: u64) -> Result<Vec<(u64, u64)>> {
+    let b = fs
+        .read(path)
         .map_err(|e| journal::io_error(format!("reading {}", path.display()), e))?;
     let mut r = format::Reader::new(&b);
     r.take(48)?;

@@ -10,13 +10,13 @@
 //! (its record numbers, each collection's positions, their sizes and seek points).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
 
 use super::format::Reader;
+use super::fs::{Fs, Open};
 use super::journal::{Segment, io_error};
 use crate::{Result, StoreError};
 
@@ -226,26 +226,33 @@ const IDX_ENTRIES: u64 = 48;
 const IDX_MAGIC: u32 = u32::from_le_bytes(*b"TIX1");
 
 impl SegIndex {
-    pub fn lookup(&self, hash: u64, out: &mut Vec<u64>) -> Result<()> {
+    pub fn lookup(&self, fs: &dyn Fs, hash: u64, out: &mut Vec<u64>) -> Result<()> {
         match self {
             SegIndex::Memory(m) => m.lookup(hash, out),
             SegIndex::Sealed(v) => {
                 let start = v.partition_point(|e| e.0 < hash);
                 out.extend(v[start..].iter().take_while(|e| e.0 == hash).map(|e| e.1));
             }
-            SegIndex::File { path, entries } => lookup_file(path, *entries, hash, out)?,
+            SegIndex::File { path, entries } => lookup_file(fs, path, *entries, hash, out)?,
         }
         Ok(())
     }
 }
 
 /// Binary search of an index file's entries by positioned reads.
-fn lookup_file(path: &Path, entries: u64, hash: u64, out: &mut Vec<u64>) -> Result<()> {
-    let file = std::fs::File::open(path)
+fn lookup_file(
+    fs: &dyn Fs,
+    path: &Path,
+    entries: u64,
+    hash: u64,
+    out: &mut Vec<u64>,
+) -> Result<()> {
+    let file = fs
+        .open(path, Open::Read)
         .map_err(|e| io_error(format!("opening {}", path.display()), e))?;
     let read = |i: u64| -> Result<(u64, u64)> {
         let mut b = [0u8; 16];
-        file.read_exact_at(&mut b, IDX_ENTRIES + i * 16)
+        file.read_at(&mut b, IDX_ENTRIES + i * 16)
             .map_err(|e| io_error(format!("reading {}", path.display()), e))?;
         let mut r = Reader::new(&b);
         Ok((r.u64()?, r.u64()?))
@@ -362,6 +369,7 @@ pub(crate) struct CollSummary {
 
 /// Writes a segment's index file (through a temporary file, synced, renamed).
 pub(crate) fn write_index_file(
+    fs: &dyn Fs,
     path: &Path,
     summary: &SegSummary,
     entries: &[(u64, u64)],
@@ -408,23 +416,14 @@ pub(crate) fn write_index_file(
     }
     let crc = crc32fast::hash(&b);
     b.extend_from_slice(&crc.to_le_bytes());
-    let tmp = path.with_extension("idx.tmp");
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        std::io::Write::write_all(&mut f, &b)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        io_error(format!("writing {}", path.display()), e)
-    })
+    super::fs::write_atomic(fs, path, &b)
+        .map_err(|e| io_error(format!("writing {}", path.display()), e))
 }
 
 /// Reads a segment's index file: its summary and how many entries it has; `None` when it is
 /// missing or damaged (then the segment is read again to rebuild it).
-pub(crate) fn read_index_file(path: &Path) -> Option<(SegSummary, u64)> {
-    let b = std::fs::read(path).ok()?;
+pub(crate) fn read_index_file(fs: &dyn Fs, path: &Path) -> Option<(SegSummary, u64)> {
+    let b = fs.read(path).ok()?;
     if b.len() < IDX_ENTRIES as usize + 4 {
         return None;
     }
@@ -549,18 +548,19 @@ mod tests {
                 sizes: vec![10, u32::MAX],
             }],
         };
-        write_index_file(&path, &summary, &sorted).unwrap();
-        let (back, n) = read_index_file(&path).unwrap();
+        let fs = crate::embedded::fs::RealFs;
+        write_index_file(&fs, &path, &summary, &sorted).unwrap();
+        let (back, n) = read_index_file(&fs, &path).unwrap();
         assert_eq!(back, summary);
         assert_eq!(n, sorted.len() as u64);
         let mut found = Vec::new();
-        lookup_file(&path, n, 3, &mut found).unwrap();
+        lookup_file(&fs, &path, n, 3, &mut found).unwrap();
         found.sort_unstable();
         assert_eq!(found, want);
         let mut none = Vec::new();
-        lookup_file(&path, n, 99, &mut none).unwrap();
+        lookup_file(&fs, &path, n, 99, &mut none).unwrap();
         assert!(none.is_empty());
         std::fs::write(&path, b"garbage").unwrap();
-        assert!(read_index_file(&path).is_none());
+        assert!(read_index_file(&fs, &path).is_none());
     }
 }

@@ -25,6 +25,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::catalog::{self, Catalog};
 use super::format::{self, Builder};
+use super::fs::Fs;
 use super::journal::{self, Segment};
 use super::known::KnownKeys;
 use super::maint::Task;
@@ -503,6 +504,7 @@ impl Group {
 }
 
 pub(crate) struct Writer {
+    fs: Arc<dyn Fs>,
     dir: PathBuf,
     jdir: PathBuf,
     journal: journal::Writer,
@@ -532,6 +534,7 @@ pub(crate) struct Writer {
 
 /// What recovery hands the writer.
 pub(crate) struct Recovered {
+    pub fs: Arc<dyn Fs>,
     pub dir: PathBuf,
     pub journal: journal::Writer,
     pub lsn: u64,
@@ -625,6 +628,7 @@ impl Writer {
             }
         }
         Ok(Writer {
+            fs: r.fs,
             jdir: r.dir.join(journal::DIR),
             dir: r.dir,
             journal: r.journal,
@@ -1127,7 +1131,7 @@ impl Writer {
                 .map(Filter::parse)
                 .transpose()
                 .map_err(|e| StoreError::Invalid(e.to_string()))?;
-            catalog.save(&self.dir)?;
+            catalog.save(&*self.fs, &self.dir)?;
             let c = self
                 .capped
                 .entry(name.to_owned())
@@ -1163,6 +1167,7 @@ impl Writer {
         }
         if !new_fields.is_empty() {
             super::recover::backfill_index(
+                &*self.fs,
                 &self.jdir,
                 &self.shared,
                 &self.tree,
@@ -1186,7 +1191,7 @@ impl Writer {
                     name.to_owned(),
                     catalog::Collection::new(catalog::Kind::Keyed),
                 );
-                catalog.save(&self.dir)
+                catalog.save(&*self.fs, &self.dir)
             }
         }
     }
@@ -1199,7 +1204,7 @@ impl Writer {
             .ok_or_else(|| StoreError::Invalid(format!("collection {coll} does not exist")))?;
         entry.validator = rule.as_ref().map(|r| r.as_json().clone());
         let kind = entry.kind;
-        catalog.save(&self.dir)?;
+        catalog.save(&*self.fs, &self.dir)?;
         match kind {
             catalog::Kind::Capped => {
                 if let Some(c) = self.capped.get_mut(coll) {
@@ -1441,7 +1446,7 @@ impl Writer {
             {
                 self.seal(&mut shared, prev);
             }
-            match Segment::open(&self.jdir, w.seq) {
+            match Segment::open(&*self.fs, &self.jdir, w.seq) {
                 Ok(seg) => {
                     shared.segments.insert(
                         w.seq,
@@ -1742,7 +1747,7 @@ impl Writer {
         if empty {
             catalog.first_change = seq;
         }
-        catalog.save(&self.dir)
+        catalog.save(&*self.fs, &self.dir)
     }
 
     /// Makes a capped collection's next position at least `pos` (as above), durably.
@@ -1778,7 +1783,7 @@ impl Writer {
             }
             entry.journal_from = entry.journal_from.max(entry.oldest_pos.min(next));
         }
-        catalog.save(&self.dir)
+        catalog.save(&*self.fs, &self.dir)
     }
 
     /// Syncs what the journal holds.
