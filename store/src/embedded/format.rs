@@ -10,7 +10,8 @@
 //! fixed header (64 bytes, little-endian)
 //!   0 magic u32 | 4 total_len u32 | 8 crc u32 (CRC-32 of bytes 12..total_len) | 12 header_len u32
 //!  16 lsn u64 | 24 commit time µs i64 | 32 first change u64 | 40 changes u32 | 44 checkpoints u32
-//!  48 sections u16 | 50 blocks u16 | 52 reserved
+//!  48 sections u16 | 50 blocks u16 | 52 prev u32 (the previous record's crc; 0 for a
+//!  segment's first record, and in records written before it was kept) | 56 reserved
 //! sections: name_len u8, name, first position u64, count u32, oldest position after the commit u64
 //! blocks:   first entry u32, stored length u32, raw length u32, codec u8
 //! block data, one block after the other
@@ -169,6 +170,10 @@ pub(crate) struct Header {
     pub change_count: u32,
     pub checkpoints: u32,
     pub blocks: Vec<Block>,
+    /// The checksum of the record before it in its segment (0: the first, or a record written
+    /// before records were chained). A record that names another predecessor than the one
+    /// before it is not part of the journal: a stale record left past a torn tail.
+    pub prev: u32,
 }
 
 impl Header {
@@ -255,6 +260,7 @@ impl Header {
             change_count: u32_at(bytes, 40),
             checkpoints: u32_at(bytes, 44),
             blocks,
+            prev: u32_at(bytes, 52),
         })
     }
 
@@ -597,7 +603,7 @@ impl Builder {
     }
 
     /// The record, into `out` (cleared first), with room for its padding.
-    pub fn finish(&mut self, lsn: u64, ts: i64, out: &mut Vec<u8>) {
+    pub fn finish(&mut self, lsn: u64, ts: i64, prev: u32, out: &mut Vec<u8>) {
         out.clear();
         out.resize(FIXED, 0);
         for s in &self.sections {
@@ -648,6 +654,7 @@ impl Builder {
         out[44..48].copy_from_slice(&self.checkpoints.to_le_bytes());
         out[48..50].copy_from_slice(&(self.sections.len() as u16).to_le_bytes());
         out[50..52].copy_from_slice(&(self.cuts.len() as u16).to_le_bytes());
+        out[52..56].copy_from_slice(&prev.to_le_bytes());
         let crc = crc32fast::hash(&out[12..]);
         out[8..12].copy_from_slice(&crc.to_le_bytes());
     }
@@ -688,7 +695,7 @@ mod tests {
         b.change(42, ChangeOp::Delete, "rollups", "k", Some(b"{}"), None);
         b.checkpoint("tail", b"{\"pos\":1}");
         let mut out = Vec::new();
-        b.finish(9, 123, &mut out);
+        b.finish(9, 123, 0, &mut out);
         assert!(check(&out));
         let h = Header::parse(&out).unwrap();
         assert_eq!(h.lsn, 9);
@@ -784,8 +791,8 @@ mod tests {
                 );
                 b.checkpoint("tail", format!(r#"{{"pos":{lsn}}}"#).as_bytes());
             }
-            kept.finish(lsn as u64, 7, &mut kept_out);
-            fresh.finish(lsn as u64, 7, &mut fresh_out);
+            kept.finish(lsn as u64, 7, 0, &mut kept_out);
+            fresh.finish(lsn as u64, 7, 0, &mut fresh_out);
             let (a, b) = (entries_of(&kept_out), entries_of(&fresh_out));
             assert_eq!(a.len(), docs.len() + 2, "record {lsn}");
             assert_eq!(a, b, "record {lsn}");

@@ -271,8 +271,11 @@ pub struct TailState {
     /// Where the next record goes.
     pub end: u64,
     /// Whether bytes other than zeros lie at the end: a record cut short, or one whose
-    /// checksum fails (a write the crash interrupted).
+    /// checksum fails (a write the crash interrupted), or a stale record left past it.
     pub torn: bool,
+    /// The checksum of the last whole record (0: none), which the next one names as its
+    /// predecessor.
+    pub last_crc: u32,
 }
 
 /// Whether `bytes` (what lies at the journal's end) are all zeros.
@@ -297,6 +300,14 @@ pub(crate) struct Writer {
     segment_bytes: u64,
     buf: Aligned,
     stats: Arc<IoStats>,
+    /// The checksum of the last record written in this segment: the next names it.
+    last_crc: u32,
+    /// Where the last good sync left the journal: (segment, end).
+    synced: (u64, u64),
+    /// Set by a sync that failed: what the disk holds since the last good sync is unknown
+    /// (Linux may have dropped those writes and will not say so again), so nothing more is
+    /// written or synced.
+    failed: Option<String>,
 }
 
 /// Where a record was written.
@@ -314,7 +325,7 @@ impl Writer {
         fs: Arc<dyn Fs>,
         dir: &Path,
         seq: u64,
-        tail: u64,
+        tail: TailState,
         segment_bytes: u64,
         stats: Arc<IoStats>,
     ) -> Result<Writer> {
@@ -329,6 +340,14 @@ impl Writer {
             .map_err(|e| io_error(format!("reading {}", path.display()), e))?;
         let direct = file.direct();
         stats.direct.store(direct, Ordering::Relaxed);
+        // What an earlier run wrote may still be only in the page cache: durable from here
+        // on, so that a sync failing later knows what the disk holds.
+        file.sync_data().map_err(|e| {
+            io_error(
+                format!("syncing {} (the disk may be failing)", path.display()),
+                e,
+            )
+        })?;
         Ok(Writer {
             fs,
             dir: dir.to_path_buf(),
@@ -337,11 +356,14 @@ impl Writer {
             direct,
             capacity: segment_bytes.max(allocated),
             allocated,
-            tail,
+            tail: tail.end,
+            last_crc: tail.last_crc,
+            synced: (seq, tail.end),
             dirty: false,
             segment_bytes,
             buf: Aligned { raw: Vec::new() },
             stats,
+            failed: None,
         })
     }
 
@@ -349,9 +371,20 @@ impl Writer {
         self.tail
     }
 
+    /// The checksum of the last record written (see [`format::Header::prev`]).
+    pub fn last_crc(&self) -> u32 {
+        self.last_crc
+    }
+
+    /// Whether records were written since the last sync.
+    pub fn dirty(&self) -> bool {
+        self.dirty
+    }
+
     /// Writes `record` at the tail, after starting a new segment if it does not fit in this
     /// one. On an error nothing is taken as written: the next record goes to the same place.
     pub fn append(&mut self, record: &[u8]) -> Result<Written> {
+        self.check()?;
         let len = format::padded(record.len());
         let mut rolled = false;
         if self.tail + len as u64 > self.capacity {
@@ -376,6 +409,7 @@ impl Writer {
             )
         })?;
         self.tail += len as u64;
+        self.last_crc = u32::from_le_bytes([record[8], record[9], record[10], record[11]]);
         self.dirty = true;
         self.stats.records.fetch_add(1, Ordering::Relaxed);
         self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
@@ -386,14 +420,51 @@ impl Writer {
         })
     }
 
+    /// An error once a sync failed.
+    fn check(&self) -> Result<()> {
+        match &self.failed {
+            None => Ok(()),
+            Some(why) => Err(StoreError::Engine {
+                engine: "embedded",
+                message: format!("{why}; nothing more is written until tailrace restarts"),
+            }),
+        }
+    }
+
+    /// Stops all writing after a sync failed, and records it for the next open, which must
+    /// not build on what may have been lost (best effort: the disk is failing).
+    fn fail(&mut self, why: String) {
+        self.failed = Some(why);
+        let (segment, end) = self.synced;
+        if let Err(again) = (SyncFailure { segment, end }).save(&*self.fs, &self.dir) {
+            tracing::error!(
+                "could not record the failed sync ({again}); at the next start, check the journal's end"
+            );
+        }
+    }
+
+    /// Whether a sync failed (see [`Writer::failed`]).
+    pub fn sync_failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
     /// Makes everything written so far durable.
     pub fn sync(&mut self) -> Result<()> {
+        self.check()?;
         if !self.dirty {
             return Ok(());
         }
-        self.file
-            .sync_data()
-            .map_err(|e| io_error(format!("syncing journal segment {:x}", self.seq), e))?;
+        if let Err(e) = self.file.sync_data() {
+            self.fail(format!(
+                "syncing journal segment {:x} failed ({e})",
+                self.seq
+            ));
+            return Err(io_error(
+                format!("syncing journal segment {:x}", self.seq),
+                e,
+            ));
+        }
+        self.synced = (self.seq, self.tail);
         self.stats.syncs.fetch_add(1, Ordering::Relaxed);
         self.dirty = false;
         Ok(())
@@ -406,7 +477,14 @@ impl Writer {
         let next = self.seq + 1;
         let need = need.next_multiple_of(ALIGN as u64);
         let size = ALLOC_STEP.min(self.segment_bytes).max(need);
-        create_segment(&*self.fs, &self.dir, next, size)?;
+        if let Err(e) = create_segment(&*self.fs, &self.dir, next, size) {
+            // A full disk is waited out (the segment is made again at the next try); any
+            // other error left a segment, or its name, the disk may not hold.
+            if !matches!(e, StoreError::Unavailable { .. }) {
+                self.fail(format!("making journal segment {next:x} failed ({e})"));
+            }
+            return Err(e);
+        }
         let path = segment_path(&self.dir, next);
         let file = open_for_writing(&*self.fs, &path, self.direct)
             .map_err(|e| io_error(format!("opening {}", path.display()), e))?;
@@ -418,6 +496,70 @@ impl Writer {
         self.tail = 0;
         Ok(())
     }
+}
+
+/// A sync of the journal that failed, recorded for the next open: the last segment and the
+/// end of what was synced in it before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SyncFailure {
+    pub segment: u64,
+    pub end: u64,
+}
+
+impl SyncFailure {
+    const FILE: &'static str = "SYNC_FAILED";
+
+    fn save(&self, fs: &dyn Fs, dir: &Path) -> Result<()> {
+        let text = format!("{:x} {}\n", self.segment, self.end);
+        super::fs::write_atomic(fs, &dir.join(Self::FILE), text.as_bytes())
+            .map_err(|e| io_error("recording a failed sync", e))
+    }
+
+    /// The failure recorded in journal directory `dir`, if any.
+    pub fn load(fs: &dyn Fs, dir: &Path) -> Option<SyncFailure> {
+        let text = fs.read(&dir.join(Self::FILE)).ok()?;
+        let text = String::from_utf8(text).ok()?;
+        let mut parts = text.split_whitespace();
+        Some(SyncFailure {
+            segment: u64::from_str_radix(parts.next()?, 16).ok()?,
+            end: parts.next()?.parse().ok()?,
+        })
+    }
+
+    /// Forgets it (the journal was cut where it says, and synced).
+    pub fn clear(fs: &dyn Fs, dir: &Path) -> Result<()> {
+        fs.remove(&dir.join(Self::FILE))
+            .map_err(|e| io_error("removing the record of a failed sync", e))?;
+        fsync_dir(fs, dir)
+    }
+}
+
+/// Writes zeros over segment `seq` from `from` to its end, and syncs them: what lies past
+/// the journal's end (a record a crash cut, records written after one a crash dropped, what a
+/// failed sync lost) is then never read as part of it.
+pub(crate) fn zero_from(fs: &dyn Fs, dir: &Path, seq: u64, from: u64) -> Result<()> {
+    let path = segment_path(dir, seq);
+    let context = || format!("clearing the end of {}", path.display());
+    let file = fs
+        .open(
+            &path,
+            Open::Write {
+                create: false,
+                truncate: false,
+                direct: false,
+            },
+        )
+        .map_err(|e| io_error(context(), e))?;
+    let len = file.size().map_err(|e| io_error(context(), e))?;
+    let zeros = vec![0u8; 1 << 20];
+    let mut at = from;
+    while at < len {
+        let n = ((len - at) as usize).min(zeros.len());
+        file.write_at(&zeros[..n], at)
+            .map_err(|e| io_error(context(), e))?;
+        at += n as u64;
+    }
+    file.sync_data().map_err(|e| io_error(context(), e))
 }
 
 /// Creates segment `seq` with its first `size` bytes allocated, and makes its name durable. A
@@ -457,7 +599,7 @@ mod tests {
         b.section("e", lsn, lsn);
         b.doc(text.as_bytes());
         let mut out = Vec::new();
-        b.finish(lsn, 0, &mut out);
+        b.finish(lsn, 0, 0, &mut out);
         out
     }
 
@@ -466,7 +608,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let stats = Arc::new(IoStats::default());
         let fs = crate::embedded::fs::RealFs::shared();
-        let mut w = Writer::open(fs.clone(), dir.path(), 1, 0, 8192, stats.clone()).unwrap();
+        let mut w = Writer::open(
+            fs.clone(),
+            dir.path(),
+            1,
+            TailState::default(),
+            8192,
+            stats.clone(),
+        )
+        .unwrap();
         let mut at = Vec::new();
         for lsn in 1..=40 {
             let text = format!(

@@ -6,8 +6,8 @@
 //!
 //! The filter must hold every stored key: one it wrongly called absent would be written as new
 //! (a counter starting again at 1). So it is only used once built, and built from the tree
-//! itself, off the writer, in a thread of its own: the writer asks for a build at the tree's
-//! visible sequence number, records every key it writes from then on, and adopts the built
+//! itself, off the writer, in a thread of its own: the writer asks for a build at its own
+//! sequence number, records every key it writes from then on, and adopts the built
 //! filter with those keys added. Keys deleted since stay in the filter (a Bloom filter cannot
 //! forget) and only cost a read; the filter is built again, sized for the keys the tree holds
 //! then, once the keys added since the last build outgrow what it was sized for, so its
@@ -124,10 +124,10 @@ impl KnownKeys {
         }
     }
 
-    /// Called by the writer between commits (nothing of a commit is in the tree but not yet
-    /// visible): adopts a finished build, and starts one when there is none yet or the keys
-    /// have outgrown the filter.
-    pub(crate) fn tend(&mut self, tree: &Arc<Tree>) {
+    /// Called by the writer between commits, with its own sequence number (every commit so
+    /// far is in the tree below it): adopts a finished build, and starts one when there is
+    /// none yet or the keys have outgrown the filter.
+    pub(crate) fn tend(&mut self, tree: &Arc<Tree>, seqno: u64) {
         if self.min_capacity == 0 {
             return;
         }
@@ -165,12 +165,14 @@ impl KnownKeys {
             return;
         }
         if self.filter.is_none() || self.held > self.capacity {
-            self.start(tree);
+            self.start(tree, seqno);
         }
     }
 
-    fn start(&mut self, tree: &Arc<Tree>) {
-        let seqno = tree.visible();
+    /// Starts a build at `seqno`: the writer's own sequence number (every key it has written;
+    /// readers may not see all of them yet), so the keys it writes from now on are the ones
+    /// it records meanwhile.
+    fn start(&mut self, tree: &Arc<Tree>, seqno: u64) {
         let tree = tree.clone();
         let min = self.min_capacity;
         let hasher = self.hasher.clone();
@@ -267,13 +269,13 @@ mod tests {
             k.may_hold("rollups", "anything"),
             "no filter yet: ask the tree"
         );
-        k.tend(&tree);
+        k.tend(&tree, tree.visible());
         // Written after the build's sequence number: recorded for the build.
         put("rollups", "source:late", 200);
         k.written("rollups", "source:late");
         while k.filter.is_none() {
             std::thread::sleep(std::time::Duration::from_millis(1));
-            k.tend(&tree);
+            k.tend(&tree, tree.visible());
         }
         for i in 0..100u64 {
             assert!(k.may_hold("rollups", &format!("hashtags:東京{i}")));
@@ -297,10 +299,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let tree = Arc::new(Tree::open(dir.path()).unwrap());
         let mut k = KnownKeys::new(4);
-        k.tend(&tree);
+        k.tend(&tree, tree.visible());
         while k.filter.is_none() {
             std::thread::sleep(std::time::Duration::from_millis(1));
-            k.tend(&tree);
+            k.tend(&tree, tree.visible());
         }
         assert_eq!(k.capacity, 4);
         for i in 0..50u64 {
@@ -309,11 +311,11 @@ mod tests {
                 .insert(tree::doc_key("c", &key), tree::value(0, b"{}"), i + 1);
             tree.publish(i + 1);
             k.written("c", &key);
-            k.tend(&tree);
+            k.tend(&tree, tree.visible());
         }
         while k.building.is_some() {
             std::thread::sleep(std::time::Duration::from_millis(1));
-            k.tend(&tree);
+            k.tend(&tree, tree.visible());
         }
         assert!(k.capacity >= 50, "sized for {}", k.capacity);
         assert!(k.held <= 50 && k.held <= k.capacity, "{} held", k.held);

@@ -7,8 +7,9 @@
 //! - **Release**: the oldest segment goes once nothing needs it — its capped documents
 //!   evicted, its changes past the history the change log keeps, its keyed writes in the
 //!   tree's tables. A segment kept only for a few documents of a slowly evicted collection
-//!   (dead letters among millions of events) has those documents moved into the tree first,
-//!   so it does not hold a whole segment of the journal.
+//!   (dead letters among millions of events) has those documents moved into the tree first
+//!   (a spill), so it does not hold a whole segment of the journal, nor every segment after
+//!   it ([`SPILL_SHARE`], [`SPILL_BEHIND`]).
 
 use crate::telemetry::Problem;
 use std::collections::{BTreeMap, HashMap};
@@ -27,13 +28,20 @@ use super::journal::{self, SegmentScan};
 use super::state::{SegIndex, SegSummary, Shared};
 use super::tree::{Tree, tree_err};
 use super::writer::Op;
-use crate::Result;
+use crate::{Durability, Result};
 
 /// How often the thread looks for segments to release when nothing else wakes it.
 const CHECK_EVERY: Duration = Duration::from_secs(5);
 /// A collection's documents in a segment are moved into the tree (to release the segment)
-/// when they take at most this share of it.
+/// when they take at most this share of it...
 const SPILL_SHARE: u64 = 4;
+/// ...or when the journal after the segment holds this many times what the collection
+/// retains in all: its documents are evicted so slowly (dead letters among millions of
+/// events) that keeping the segment would keep every segment after it too. So the journal
+/// holds at most about this many times what its capped collections retain, whatever their
+/// pace; a collection that keeps pace with the journal (the events) never meets it, and its
+/// oldest segment waits for its eviction, which is near.
+const SPILL_BEHIND: u64 = 4;
 
 pub(crate) enum Task {
     Flush,
@@ -103,7 +111,7 @@ pub(crate) struct Maint {
     pub rotate_asked: Arc<AtomicBool>,
     pub oplog_max: u64,
     /// Hands an operation to the writer and waits for it; `false` once the store is closed.
-    pub submit: Box<dyn Fn(Op) -> bool + Send>,
+    pub submit: Box<dyn Fn(Op, Durability) -> bool + Send>,
     /// The segment whose documents were moved into the tree, and the sequence number the
     /// tree's tables must reach before it goes.
     pub spilled: Option<(u64, u64)>,
@@ -212,22 +220,25 @@ impl Maint {
             let mut needed = last_lsn;
             if self.spilled.is_none_or(|(s, _)| s != seq) {
                 let mut spill: Vec<(String, u64, u64)> = Vec::new();
-                let mut live = 0u64;
+                let mut worth = true;
                 {
                     let shared = self.shared.read().map_err(super::lock_err)?;
+                    let behind: u64 = shared.segments.range(seq + 1..).map(|(_, i)| i.end).sum();
                     for (name, sc) in &colls {
                         let Some(v) = shared.capped.get(name) else {
                             continue;
                         };
                         let from = sc.first.max(v.oldest).max(v.journal_from);
                         if from < sc.end {
-                            live += (sc.end - from).saturating_mul(v.bytes / v.count.max(1));
+                            let live = (sc.end - from).saturating_mul(v.bytes / v.count.max(1));
+                            worth &= live <= end / SPILL_SHARE
+                                || behind > v.bytes.saturating_mul(SPILL_BEHIND);
                             spill.push((name.clone(), from, sc.end));
                         }
                     }
                 }
                 if !spill.is_empty() {
-                    if live > end / SPILL_SHARE {
+                    if !worth {
                         return Ok(());
                     }
                     if !self.spill(seq, &spill)? {
@@ -247,7 +258,7 @@ impl Maint {
                 self.rotate_asked.store(true, Ordering::Release);
                 // The writer seals the memtable after this empty commit and queues its
                 // flush; this runs again after it.
-                let _ = (self.submit)(Op::Barrier);
+                let _ = (self.submit)(Op::Barrier, Durability::Acknowledged);
                 return Ok(());
             }
             self.drop_segment(seq, &colls)?;
@@ -314,7 +325,9 @@ impl Maint {
             }
         }
         for (coll, docs) in docs {
-            if !(self.submit)(Op::Spill { coll, docs }) {
+            // Synced, so readers (and `Tree::visible`, which the release waits for the
+            // tables to reach) see it before the segment goes.
+            if !(self.submit)(Op::Spill { coll, docs }, Durability::Journaled) {
                 return Ok(false);
             }
         }

@@ -203,7 +203,7 @@ fn convert(dir: &Path, work: &Path, options: &EmbeddedOptions, tuning: &Tuning) 
         snapshots: Arc::new(maint::Snapshots::default()),
         rotate_asked: Arc::new(AtomicBool::new(false)),
         oplog_max: options.oplog_max_entries,
-        submit: Box::new(|_| false),
+        submit: Box::new(|_, _| false),
         spilled: None,
     };
     // What the writer asks of the maintenance thread, done here, in turn.

@@ -141,6 +141,14 @@ pub struct EmbeddedStore {
 
 pub(crate) struct Inner {
     fs: Arc<dyn fs::Fs>,
+    /// The last journal record written, and the last one readers see (synced): a read waits
+    /// for the second to reach the first as it was when the read began, so a caller reads
+    /// its own writes ([`Inner::caught_up`]).
+    written: Arc<AtomicU64>,
+    published: Arc<tokio::sync::watch::Sender<u64>>,
+    /// The last change number written, shown or not: a change stream started `Now` starts
+    /// after it.
+    written_op: Arc<AtomicU64>,
     dir: PathBuf,
     /// `None` once closed: sends then fail with `Closed`.
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
@@ -259,6 +267,7 @@ impl EmbeddedStore {
             tuning.known_keys_min,
             rotate_asked.clone(),
         )?;
+        let (written, published, written_op) = writer.visibility();
         let cell = Arc::new(WriterCell::new(writer));
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -306,6 +315,9 @@ impl EmbeddedStore {
         Ok(EmbeddedStore {
             inner: Arc::new(Inner {
                 fs,
+                written,
+                published,
+                written_op,
                 dir: dir.to_path_buf(),
                 jobs: Mutex::new(Some(tx)),
                 cell,
@@ -413,10 +425,10 @@ impl EmbeddedStore {
 fn submitter(
     jobs: mpsc::WeakSender<Job>,
     cell: std::sync::Weak<WriterCell>,
-) -> Box<dyn Fn(Op) -> bool + Send> {
+) -> Box<dyn Fn(Op, Durability) -> bool + Send> {
     // Weak: the maintenance thread must not keep the writer (and with it the maintenance
     // thread's own queue) alive once the store is gone.
-    Box::new(move |op| {
+    Box::new(move |op, durability| {
         let (Some(sender), Some(cell)) = (jobs.upgrade(), cell.upgrade()) else {
             return false;
         };
@@ -424,7 +436,7 @@ fn submitter(
         cell.queued();
         let job = Job {
             op,
-            durability: Durability::Acknowledged,
+            durability,
             reply: Some(tx),
         };
         if sender.blocking_send(job).is_err() {
@@ -547,13 +559,29 @@ impl Inner {
             .subscribe())
     }
 
-    /// Runs a read off the async threads.
+    /// Runs a read off the async threads, once every write before it is shown to readers.
     async fn read<T, F>(self: &Arc<Self>, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&Inner) -> Result<T> + Send + 'static,
     {
+        self.caught_up().await?;
         self.read_started(f).await
+    }
+
+    /// Waits until readers see every record written before this call: commits that did not
+    /// wait for a sync are shown only once synced, and a caller reads its own writes. Such a
+    /// wait is one sync at most (the writer thread syncs once idle, or after a few
+    /// milliseconds of other writes).
+    async fn caught_up(&self) -> Result<()> {
+        let target = self.written.load(Ordering::Acquire);
+        if *self.published.borrow() >= target {
+            return Ok(());
+        }
+        let mut rx = self.published.subscribe();
+        // The writer is gone (closed, or poisoned and never syncing again): read what is shown.
+        let _ = rx.wait_for(|p| *p >= target).await;
+        Ok(())
     }
 
     /// [`Inner::read`] started at once, not when first polled: a reader that is handing
@@ -649,6 +677,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn newest_change(&self) -> Result<Option<ResumeToken>> {
+        self.inner.caught_up().await?;
         let n = self.inner.newest_op.load(Ordering::Acquire);
         Ok((n > 0).then(|| ResumeToken(n.to_string())))
     }
@@ -695,11 +724,12 @@ impl Store for EmbeddedStore {
     }
 
     async fn close(&self) -> Result<()> {
-        // Flush: the barrier is answered once everything queued before it is committed.
-        match self.inner.submit(Op::Barrier, Durability::Journaled).await {
-            Ok(_) | Err(StoreError::Closed) => {}
-            Err(e) => return Err(e),
-        }
+        // Flush: the barrier is answered once everything queued before it is committed. A
+        // writer that cannot (a sync failed) still stops, and lets go of the directory.
+        let flushed = match self.inner.submit(Op::Barrier, Durability::Journaled).await {
+            Ok(_) | Err(StoreError::Closed) => Ok(()),
+            Err(e) => Err(e),
+        };
         self.inner.jobs.lock().map_err(lock_err)?.take();
         self.inner.hub.lock().map_err(lock_err)?.take();
         let threads = std::mem::take(&mut *self.inner.threads.lock().map_err(lock_err)?);
@@ -717,7 +747,7 @@ impl Store for EmbeddedStore {
         }
         // Both threads are done: the directory is free for the next open.
         self.inner.lock.lock().map_err(lock_err)?.take();
-        Ok(())
+        flushed
     }
 }
 
@@ -877,6 +907,7 @@ impl Capped for EmbeddedCapped {
     }
 
     async fn bounds(&self) -> Result<Option<Bounds>> {
+        self.inner.caught_up().await?;
         let shared = self.inner.shared.read().map_err(lock_err)?;
         Ok(shared.capped.get(&self.name).and_then(|v| {
             (v.next > v.oldest && v.count > 0).then(|| Bounds {
@@ -887,6 +918,7 @@ impl Capped for EmbeddedCapped {
     }
 
     async fn usage(&self) -> Result<Usage> {
+        self.inner.caught_up().await?;
         let shared = self.inner.shared.read().map_err(lock_err)?;
         Ok(shared
             .capped

@@ -493,6 +493,10 @@ pub(super) fn changes_after(
                     if seq < from {
                         continue;
                     }
+                    if seq >= next {
+                        // Written, not yet shown to readers (not yet synced).
+                        break 'segments;
+                    }
                     last = Some(seq);
                     read += 1;
                     if filter.admits(c.coll, c.op, c.key) {
@@ -542,6 +546,8 @@ pub(super) fn tail_stream(
     };
     Box::pin(async_stream::try_stream! {
         let mut live = subscribed?;
+        // A caller's own writes first (shown once synced).
+        inner.caught_up().await?;
         loop {
             // Reads in flight, each with the position it reads after. Catching up, two
             // batches are read at once on storage threads while the consumer takes a third:
@@ -648,7 +654,7 @@ pub(super) fn change_stream(
             Ok(seq) => Some(seq),
             Err(e) => return ChangeStream::failed(e),
         },
-        ChangeStart::Now => Some(inner.newest_op.load(Ordering::Acquire)),
+        ChangeStart::Now => Some(inner.written_op.load(Ordering::Acquire)),
     };
     let read_up_to: Arc<Mutex<Option<ResumeToken>>> = Arc::new(Mutex::new(
         resolved
@@ -667,6 +673,7 @@ pub(super) fn change_stream(
     let inner_stream = async_stream::try_stream! {
         let mut live = subscribed;
         let mut last: Option<u64> = resolved;
+        inner.caught_up().await?;
         loop {
             loop {
                 let admitted = filter.clone();
@@ -760,6 +767,7 @@ pub(super) async fn snapshot(
     filter: Option<Filter>,
 ) -> Result<KeyedSnapshot> {
     let filter = filter.filter(|f| !f.is_match_all());
+    inner.caught_up().await?;
     let (seqno, token, hold) = inner.snapshot_point()?;
     let docs = async_stream::try_stream! {
         let _hold = hold;

@@ -49,9 +49,21 @@ pub(crate) fn scan_records(
     next_lsn: Option<u64>,
     mut each: impl FnMut(u64, &Header, &[u8]) -> Result<()>,
 ) -> Result<TailState> {
+    scan_records_to(seg, next_lsn, u64::MAX, &mut each)
+}
+
+/// [`scan_records`] up to offset `limit` (what lies beyond is taken for a torn tail).
+fn scan_records_to(
+    seg: &Segment,
+    next_lsn: Option<u64>,
+    limit: u64,
+    mut each: impl FnMut(u64, &Header, &[u8]) -> Result<()>,
+) -> Result<TailState> {
     let len = seg.len()?;
-    let mut scan = SegmentScan::new(seg, 0, len);
+    let scan_end = len.min(limit);
+    let mut scan = SegmentScan::new(seg, 0, scan_end);
     let mut expect = next_lsn;
+    let mut last_crc: Option<u32> = None;
     loop {
         let at = scan.at;
         let Some((offset, bytes)) = scan.next_raw()? else {
@@ -59,6 +71,7 @@ pub(crate) fn scan_records(
             return Ok(TailState {
                 end: at,
                 torn: !tail_is_zero(seg, at, len)?,
+                last_crc: last_crc.unwrap_or(0),
             });
         };
         let good = format::check(bytes);
@@ -67,27 +80,42 @@ pub(crate) fn scan_records(
         } else {
             None
         };
-        let Some(header) = header.filter(|h| expect.is_none_or(|e| h.lsn == e)) else {
+        // The next number, and (past a segment's first record) the checksum of the record
+        // before it: a whole record that names another predecessor is a stale one, left past
+        // a tail a crash cut (records written before chaining name none).
+        let follows = |h: &Header| {
+            expect.is_none_or(|e| h.lsn == e)
+                && (h.prev == 0 || last_crc.is_none_or(|c| c == h.prev))
+        };
+        let Some(header) = header.filter(follows) else {
             return Ok(TailState {
                 end: offset,
                 torn: true,
+                last_crc: last_crc.unwrap_or(0),
             });
         };
         expect = Some(header.lsn + 1);
+        last_crc = Some(u32::from_le_bytes([
+            bytes[8], bytes[9], bytes[10], bytes[11],
+        ]));
         each(offset, &header, bytes)?;
     }
 }
 
-/// Whether the journal holds only zeros from `at` for a while (what a crash mid-write leaves
-/// is not zeros).
+/// Whether the journal holds only zeros from `at` to `len` (what a crash mid-write leaves is
+/// not zeros; nor are records written after one a crash dropped).
 fn tail_is_zero(seg: &Segment, at: u64, len: u64) -> Result<bool> {
-    let n = (len.saturating_sub(at)).min(64 * 1024) as usize;
-    if n == 0 {
-        return Ok(true);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut from = at;
+    while from < len {
+        let n = ((len - from) as usize).min(buf.len());
+        seg.read_at(&mut buf[..n], from)?;
+        if !journal::all_zero(&buf[..n]) {
+            return Ok(false);
+        }
+        from += n as u64;
     }
-    let mut buf = vec![0u8; n];
-    seg.read_at(&mut buf, at)?;
-    Ok(journal::all_zero(&buf))
+    Ok(true)
 }
 
 /// Reads a segment whole: its summary, its index entries for the collections' indexed fields
@@ -97,12 +125,22 @@ pub(crate) fn scan_segment(
     next_lsn: Option<u64>,
     indexes: &HashMap<String, Vec<String>>,
 ) -> Result<Scanned> {
+    scan_segment_to(seg, next_lsn, indexes, u64::MAX)
+}
+
+/// [`scan_segment`] up to offset `limit`.
+fn scan_segment_to(
+    seg: &Segment,
+    next_lsn: Option<u64>,
+    indexes: &HashMap<String, Vec<String>>,
+    limit: u64,
+) -> Result<Scanned> {
     let mut out = Scanned::default();
     out.summary.seq = seg.seq;
     let mut colls: BTreeMap<String, CollSummary> = BTreeMap::new();
     let mut last_seek: HashMap<String, u64> = HashMap::new();
     let mut last_change_seek: Option<u64> = None;
-    let tail = scan_records(seg, next_lsn, |offset, h, bytes| {
+    let tail = scan_records_to(seg, next_lsn, limit, |offset, h, bytes| {
         if out.summary.first_lsn == 0 {
             out.summary.first_lsn = h.lsn;
         }
@@ -290,7 +328,26 @@ pub(crate) fn open(
     };
     let mut next_lsn = catalog.next_lsn;
     let mut last_change_seek = None;
-    let (mut tail_seq, mut tail_end) = (catalog.first_segment, 0);
+    let (mut tail_seq, mut tail) = (catalog.first_segment, TailState::default());
+    // A sync that failed: what was written after the last good one may still be read back
+    // (Linux keeps the pages it could not write) but is not on the disk. Nothing past it
+    // was ever shown or answered `journaled`; it is cut off here, before it is built on.
+    let failed = journal::SyncFailure::load(&*fs, &jdir);
+    if let Some(f) = &failed {
+        Problem {
+            error_type: "sync_failed",
+            detail: &format!(
+                "a journal sync failed before the last stop: segment {:x} is cut at offset {}, the last one synced; what was written after it was never synced and is dropped",
+                f.segment, f.end
+            ),
+        }
+        .warn();
+        for seq in segs.iter().filter(|s| **s > f.segment) {
+            let _ = fs.remove(&journal::segment_path(&jdir, *seq));
+            let _ = fs.remove(&journal::index_path(&jdir, *seq));
+        }
+        segs.retain(|s| *s <= f.segment);
+    }
     let n = segs.len();
     for (i, seq) in segs.iter().copied().enumerate() {
         let seg = Segment::open(&*fs, &jdir, seq)?;
@@ -299,7 +356,11 @@ pub(crate) fn open(
         let from_file = if last {
             None
         } else {
-            state::read_index_file(&*fs, &idx_path).filter(|(s, _)| s.seq == seq)
+            // An index file that gives a segment with records no first record number was
+            // written by a release that did not number a segment recovered empty (see below):
+            // read the segment again.
+            state::read_index_file(&*fs, &idx_path)
+                .filter(|(s, _)| s.seq == seq && (s.last_lsn == 0 || s.first_lsn != 0))
         };
         let (summary, index) = match from_file {
             Some((summary, entries)) => (
@@ -310,7 +371,11 @@ pub(crate) fn open(
                 },
             ),
             None => {
-                let scanned = scan_segment(&seg, None, &indexes)?;
+                let limit = failed
+                    .as_ref()
+                    .filter(|f| f.segment == seq)
+                    .map_or(u64::MAX, |f| f.end);
+                let scanned = scan_segment_to(&seg, None, &indexes, limit)?;
                 if scanned.tail.torn && !last {
                     return Err(damaged(format!(
                         "journal segment {} is damaged at offset {} (a finished segment holds only whole records)",
@@ -319,13 +384,17 @@ pub(crate) fn open(
                     )));
                 }
                 if last {
-                    tail_end = scanned.tail.end;
-                    if scanned.tail.torn {
+                    tail = scanned.tail;
+                    if scanned.tail.torn || limit != u64::MAX {
                         tracing::info!(
                             segment = seq,
                             offset = scanned.tail.end,
                             "the journal ends with a write the last stop interrupted; it was never acknowledged and is ignored"
                         );
+                        // Zeros from the end on: a stale record past it must never be read
+                        // as the journal's next one once new records are written before it.
+                        journal::zero_from(&*fs, &jdir, seq, scanned.tail.end)?;
+                        tail.torn = false;
                     }
                     (scanned.summary, SegIndex::Memory(scanned.index))
                 } else {
@@ -392,7 +461,13 @@ pub(crate) fn open(
             seq,
             SegInfo {
                 seg,
-                first_lsn: summary.first_lsn,
+                // A segment without a whole record (a crash right after a roll made it): its
+                // first record is the next one written.
+                first_lsn: if summary.last_lsn == 0 {
+                    next_lsn
+                } else {
+                    summary.first_lsn
+                },
                 last_lsn: summary.last_lsn,
                 end: summary.end,
                 changes: summary.changes,
@@ -462,8 +537,10 @@ pub(crate) fn open(
     replay(&shared, &tree, applied)?;
     tree.publish(next_lsn.saturating_sub(1));
 
-    let journal =
-        journal::Writer::open(fs.clone(), &jdir, tail_seq, tail_end, segment_bytes, stats)?;
+    let journal = journal::Writer::open(fs.clone(), &jdir, tail_seq, tail, segment_bytes, stats)?;
+    if failed.is_some() {
+        journal::SyncFailure::clear(&*fs, &jdir)?;
+    }
     if !shared.segments.contains_key(&tail_seq) {
         let seg = Segment::open(&*fs, &jdir, tail_seq)?;
         shared.segments.insert(

@@ -530,6 +530,41 @@ pub(crate) struct Writer {
     known: KnownKeys,
     /// After a failed sync nothing more is written: what the disk holds is unknown.
     poisoned: Option<String>,
+    /// Commits written but not yet synced, in order: readers see a commit only once its
+    /// record is synced (docs/RELIABILITY.md, "What a reader sees").
+    pending: Vec<Publication>,
+    /// When the oldest of them was committed.
+    pending_since: Option<std::time::Instant>,
+    /// The last record written, and the last one readers may see (synced): a read waits
+    /// for the second to reach the first, so a caller reads its own writes.
+    written_lsn: Arc<AtomicU64>,
+    published: Arc<tokio::sync::watch::Sender<u64>>,
+    /// The last change number written (shown or not): where a change stream started `Now`
+    /// starts.
+    written_op: Arc<AtomicU64>,
+}
+
+/// What a commit shows readers once its record is synced.
+#[derive(Default)]
+struct Publication {
+    /// Its record (or, with none, the last one before it).
+    lsn: u64,
+    /// The appended collections' positions and sizes after it.
+    views: Vec<(String, ViewUpdate)>,
+    /// The keyed state's writes up to this sequence number.
+    tree_seqno: Option<u64>,
+    /// The change numbers it made, `[first, next)`.
+    changes: Option<(u64, u64)>,
+    /// What the live broadcast sends, and its stored bytes.
+    commit: Option<(Commit, u64)>,
+}
+
+/// A capped collection as readers see it after a commit.
+struct ViewUpdate {
+    oldest: u64,
+    next: u64,
+    count: u64,
+    bytes: u64,
 }
 
 /// What recovery hands the writer.
@@ -650,7 +685,27 @@ impl Writer {
             last_change_seek: r.last_change_seek,
             known: KnownKeys::new(known_keys_min),
             poisoned: None,
+            pending: Vec::new(),
+            pending_since: None,
+            written_lsn: Arc::new(AtomicU64::new(r.lsn.saturating_sub(1))),
+            published: Arc::new(tokio::sync::watch::Sender::new(r.lsn.saturating_sub(1))),
+            written_op: Arc::new(AtomicU64::new(r.change_next.saturating_sub(1))),
         })
+    }
+
+    /// The last record written, and the last one readers see (see [`Writer::pending`]).
+    pub(crate) fn visibility(
+        &self,
+    ) -> (
+        Arc<AtomicU64>,
+        Arc<tokio::sync::watch::Sender<u64>>,
+        Arc<AtomicU64>,
+    ) {
+        (
+            self.written_lsn.clone(),
+            self.published.clone(),
+            self.written_op.clone(),
+        )
     }
 
     /// Commits `jobs` (one record); returns each job's result, in order.
@@ -663,7 +718,7 @@ impl Writer {
             return jobs.iter().map(|_| Err(e.duplicate("embedded"))).collect();
         }
         // Between commits everything written is visible: a build may start here.
-        self.known.tend(&self.tree);
+        self.known.tend(&self.tree, self.lsn);
         let now = now_us();
         let mut group = Group::default();
         let mut results: Vec<Result<Reply>> = Vec::with_capacity(jobs.len());
@@ -697,6 +752,12 @@ impl Writer {
     /// Seals the tree's memtable (after marking it complete up to the last record) and has the
     /// maintenance thread flush it.
     fn rotate(&mut self) {
+        // The tables flushed from this memtable say they hold every record up to the last:
+        // that record must be durable first, or a power cut would leave the keyed state ahead
+        // of the journal (counters counting events that are gone).
+        if self.sync_pending().is_err() {
+            return;
+        }
         let last = self.lsn.saturating_sub(1);
         self.tree
             .tree
@@ -930,7 +991,8 @@ impl Writer {
     }
 
     fn read_tree(&self, coll: &str, key: &str) -> Result<Option<Kv>> {
-        let Some(v) = self.tree.get(&tree::doc_key(coll, key))? else {
+        // At its own sequence number: its writes not yet shown to readers included.
+        let Some(v) = self.tree.get_at(&tree::doc_key(coll, key), self.lsn)? else {
             return Ok(None);
         };
         let (ts, json) = tree::split_value(&v)?;
@@ -1044,7 +1106,7 @@ impl Writer {
         }
         let tprefix = tree::time_prefix(coll);
         let last_bucket = tree::bucket(before);
-        let seqno = self.tree.visible();
+        let seqno = self.lsn;
         let mut candidates: Vec<(i64, String, Kv)> = Vec::new();
         let mut after: Option<Vec<u8>> = None;
         'scan: loop {
@@ -1264,8 +1326,12 @@ impl Writer {
             oldest_after.insert(coll.clone(), (oldest, i, count, bytes));
         }
 
-        let has_entries =
-            !group.appends.is_empty() || !group.changes.is_empty() || !group.checkpoints.is_empty();
+        // A spill writes nothing into the record, but it takes one: its tree writes then carry
+        // a sequence number of their own, which the release waits to see persisted.
+        let has_entries = !group.appends.is_empty()
+            || !group.changes.is_empty()
+            || !group.checkpoints.is_empty()
+            || !group.spills.is_empty();
         let lsn = self.lsn;
         let change_first = self.change_next;
         let mut written = None;
@@ -1294,21 +1360,29 @@ impl Writer {
             for (feed, body) in &group.checkpoints {
                 b.checkpoint(feed, body.as_bytes());
             }
-            b.finish(lsn, now, &mut self.record);
-            let w = self.journal.append(&self.record)?;
-            if sync && let Err(e) = self.journal.sync() {
-                self.poisoned = Some(format!(
-                    "a journal sync failed ({e}); nothing more is written until tailrace restarts"
-                ));
-                return Err(e);
+            b.finish(lsn, now, self.journal.last_crc(), &mut self.record);
+            let w = self.journal.append(&self.record);
+            let w = self.poison_on_sync_failure(w)?;
+            if w.rolled {
+                // Finishing the segment synced every record before this one.
+                self.publish_pending();
             }
             written = Some(w);
+        }
+        if sync {
+            let synced = self.journal.sync();
+            self.poison_on_sync_failure(synced)?;
         }
         // Applied from here on: nothing below may fail the group.
         let mut commit = Commit::default();
         let commit_bytes = group.bytes as u64;
+        let mut publication = Publication {
+            lsn: lsn.saturating_sub(u64::from(written.is_none())),
+            ..Publication::default()
+        };
         if let Some(w) = written {
             self.lsn += 1;
+            self.written_lsn.store(lsn, Ordering::Release);
             self.apply_journal_meta(&group, w, lsn, &oldest_after);
         }
         // Capped collections.
@@ -1329,7 +1403,17 @@ impl Writer {
                 c.count = count;
                 c.bytes = bytes;
             }
+            // Written, not yet shown: a tail started `Now` starts after it (and waits for it).
             c.newest.store(c.next - 1, Ordering::Release);
+            publication.views.push((
+                coll.clone(),
+                ViewUpdate {
+                    oldest: c.oldest,
+                    next: c.next,
+                    count: c.count,
+                    bytes: c.bytes,
+                },
+            ));
             commit.appended.push((coll, LiveAppend { first, docs }));
         }
         // Keyed state, checkpoints, spills: into the tree, as of this record.
@@ -1393,7 +1477,7 @@ impl Writer {
                     .insert(tree::spill_key(&coll, pos), tree::value(ts, &json), seqno);
             }
         }
-        self.tree.publish(seqno);
+        publication.tree_seqno = Some(seqno);
         // Changes.
         if !group.changes.is_empty() {
             for (i, c) in group.changes.into_iter().enumerate() {
@@ -1408,23 +1492,123 @@ impl Writer {
                 });
             }
             self.change_next = change_first + commit.changes.len() as u64;
-            self.newest_op
+            self.written_op
                 .store(self.change_next - 1, Ordering::Release);
-            if let Ok(mut shared) = self.shared.write() {
-                shared.change_next = self.change_next;
-                if shared.change_first == 0 {
-                    shared.change_first = change_first;
-                }
-            }
-        }
-        if let Ok(mut shared) = self.shared.write() {
-            shared.point = (self.tree.visible(), self.change_next.saturating_sub(1));
+            publication.changes = Some((change_first, self.change_next));
         }
         if !commit.appended.is_empty() || !commit.changes.is_empty() {
-            commit.committed_at_us = now_us();
-            self.hub.send(commit, commit_bytes);
+            publication.commit = Some((commit, commit_bytes));
+        }
+        if self.pending.is_empty() {
+            self.pending_since = Some(std::time::Instant::now());
+        }
+        self.pending.push(publication);
+        if sync || !self.journal.dirty() {
+            self.publish_pending();
         }
         Ok(())
+    }
+
+    /// A journal error as it is returned; a failed sync poisons the writer first.
+    fn poison_on_sync_failure<T>(&mut self, r: Result<T>) -> Result<T> {
+        if r.is_err() && self.journal.sync_failed() {
+            self.poison(format!(
+                "a journal sync failed ({}); nothing more is written until tailrace restarts",
+                r.as_ref()
+                    .err()
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+            ));
+        }
+        r
+    }
+
+    /// Stops all writing: what the disk holds since the last good sync is unknown. What was
+    /// waiting for a sync is never shown to readers.
+    fn poison(&mut self, why: String) {
+        self.pending.clear();
+        self.pending_since = None;
+        self.poisoned = Some(why);
+        self.release_readers();
+    }
+
+    /// Lets go of readers waiting to see writes that will never be shown (a poisoned or
+    /// closed writer): they read what is shown.
+    pub(crate) fn release_readers(&self) {
+        let written = self.written_lsn.load(Ordering::Acquire);
+        self.published.send_if_modified(|p| {
+            let was = *p;
+            *p = (*p).max(written);
+            *p != was
+        });
+    }
+
+    /// How long the oldest commit not yet shown to readers has waited for a sync.
+    pub(crate) fn pending_for(&self) -> std::time::Duration {
+        self.pending_since
+            .map_or(std::time::Duration::ZERO, |t| t.elapsed())
+    }
+
+    /// Syncs the journal and shows readers every commit that waited for it.
+    pub(crate) fn sync_pending(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let synced = self.journal.sync();
+        self.poison_on_sync_failure(synced)?;
+        self.publish_pending();
+        Ok(())
+    }
+
+    /// Shows readers the commits whose records are synced (all that wait: the journal was
+    /// just synced), in order: positions, counts, the keyed state's sequence number, the
+    /// change log's end, and the live broadcast.
+    fn publish_pending(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        self.pending_since = None;
+        let mut last_lsn = 0;
+        let mut tree_seqno = None;
+        if let Ok(mut shared) = self.shared.write() {
+            for p in &pending {
+                for (coll, v) in &p.views {
+                    if let Some(view) = shared.capped.get_mut(coll) {
+                        view.oldest = v.oldest;
+                        view.next = v.next;
+                        view.count = v.count;
+                        view.bytes = v.bytes;
+                    }
+                }
+                if let Some((first, next)) = p.changes {
+                    shared.change_next = next;
+                    if shared.change_first == 0 {
+                        shared.change_first = first;
+                    }
+                }
+                tree_seqno = p.tree_seqno.or(tree_seqno);
+                last_lsn = last_lsn.max(p.lsn);
+            }
+            if let Some(seqno) = tree_seqno {
+                self.tree.publish(seqno);
+            }
+            shared.point = (self.tree.visible(), shared.change_next.saturating_sub(1));
+        }
+        for p in pending {
+            if let Some((_, next)) = p.changes {
+                self.newest_op.store(next - 1, Ordering::Release);
+            }
+            if let Some((mut commit, bytes)) = p.commit {
+                commit.committed_at_us = now_us();
+                self.hub.send(commit, bytes);
+            }
+        }
+        self.published.send_if_modified(|p| {
+            let was = *p;
+            *p = (*p).max(last_lsn);
+            *p != was
+        });
     }
 
     /// After a record was written: the segment table, seek points, index entries and the
@@ -1475,6 +1659,11 @@ impl Writer {
             let Some(info) = shared.segments.get_mut(&w.seq) else {
                 return;
             };
+            if info.last_lsn == 0 {
+                // Its first record (a segment recovered empty, made by a roll before a crash,
+                // has had no number of its own until now).
+                info.first_lsn = lsn;
+            }
             info.last_lsn = lsn;
             info.end = end;
             if info.changes.0 == info.changes.1 {
@@ -1540,20 +1729,6 @@ impl Writer {
         }
         if let Some(s) = change_seek {
             shared.change_seeks.push_back(s);
-        }
-        for (coll, docs, bodies, _) in &group.appends {
-            let Some(v) = shared.capped.get_mut(coll.as_str()) else {
-                continue;
-            };
-            let next = self.capped.get(coll.as_str()).map_or(1, |c| c.next) + docs.len() as u64;
-            v.next = next;
-            if let Some(&(oldest, _, count, bytes)) = oldest_after.get(coll.as_str()) {
-                v.oldest = oldest;
-                v.count = count;
-                v.bytes = bytes;
-            } else {
-                v.count += bodies.len() as u64;
-            }
         }
     }
 
@@ -1827,7 +2002,12 @@ impl WriterCell {
         op: Op,
         durability: Durability,
     ) -> std::result::Result<Result<Reply>, Op> {
-        if op.items() > INLINE_MAX_ITEMS || self.pending.load(Ordering::Acquire) != 0 {
+        // A write that does not wait for a sync is left to the writer thread, which syncs it
+        // (and shows it to readers) once nothing else is queued.
+        if !durability.syncs()
+            || op.items() > INLINE_MAX_ITEMS
+            || self.pending.load(Ordering::Acquire) != 0
+        {
             return Err(op);
         }
         let mut guard = match self.writer.try_lock() {
@@ -1870,7 +2050,11 @@ impl WriterCell {
 
     /// Takes the writer out (after the writer thread has stopped).
     pub(crate) fn close(&self) -> Result<Option<Writer>> {
-        Ok(self.writer.lock().map_err(|_| poisoned())?.take())
+        let writer = self.writer.lock().map_err(|_| poisoned())?.take();
+        if let Some(w) = &writer {
+            w.release_readers();
+        }
+        Ok(writer)
     }
 }
 
@@ -1914,8 +2098,22 @@ pub(crate) fn run(cell: Arc<WriterCell>, mut rx: mpsc::Receiver<Job>) {
         drop(guard);
         let mut results = results.into_iter();
         answer(jobs, || results.next().unwrap_or(Err(StoreError::Closed)));
+        // Commits that did not ask for a sync are shown to readers once synced: when nothing
+        // else is queued (the next group may sync them anyway), or when they have waited
+        // long, under a stream of such writes.
+        if let Ok(mut guard) = cell.writer.lock()
+            && let Some(writer) = guard.as_mut()
+            && (rx.is_empty() || writer.pending_for() >= LAZY_SYNC_AFTER)
+        {
+            // A failure poisons the writer; the next write says so.
+            let _ = writer.sync_pending();
+        }
     }
 }
+
+/// The longest a commit that did not ask for a sync waits for one (and for readers to see
+/// it) while other writes keep the writer busy.
+const LAZY_SYNC_AFTER: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// Sends each job its answer (unacknowledged jobs have nobody waiting).
 fn answer(jobs: Vec<Job>, mut result: impl FnMut() -> Result<Reply>) {
