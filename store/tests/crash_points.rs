@@ -126,8 +126,9 @@ fn prove(w: &Workload) {
         }
     }
     println!(
-        "{}: {} calls; {} crash runs, {} failing-call runs, {} checks passed, {} failures (seed {seed})",
+        "{} ({}): {} calls; {} crash runs, {} failing-call runs, {} checks passed, {} failures (seed {seed})",
         w.name,
+        geometry_name(w.geometry),
         tally.calls,
         tally.points,
         tally.faults,
@@ -172,6 +173,15 @@ fn prove(w: &Workload) {
                 .collect::<Vec<_>>()
                 .join("\n\n")
         );
+    }
+}
+
+fn geometry_name(g: Geometry) -> &'static str {
+    match g {
+        Geometry::N512 => "512n",
+        Geometry::E512 => "512e",
+        Geometry::K4 => "4Kn",
+        _ => "other disk",
     }
 }
 
@@ -250,4 +260,23 @@ fn spilled_dead_letters_survive_every_crash_point() {
 #[test]
 fn rollups_survive_every_crash_point() {
     prove(&rollups(Geometry::N512));
+}
+
+/// On a "512e" disk (4 KiB physical sectors addressed in 512-byte blocks) a write smaller
+/// than a sector is a read-modify-write that a power cut can leave damaged, records synced
+/// before included.
+#[test]
+fn capped_appends_survive_every_crash_point_on_512e() {
+    prove(&capped_appends(Geometry::E512));
+}
+
+/// A disk whose direct-I/O writes must be 4 KiB-aligned (4Kn, dm-crypt).
+#[test]
+fn capped_appends_survive_every_crash_point_on_4kn() {
+    prove(&capped_appends(Geometry::K4));
+}
+
+#[test]
+fn spilled_dead_letters_survive_every_crash_point_on_512e() {
+    prove(&dead_letters_spill(Geometry::E512));
 }

@@ -162,3 +162,30 @@ async fn a_stale_record_past_a_hole_is_never_read_back() {
     );
     store.close().await.unwrap();
 }
+
+/// On a disk whose `O_DIRECT` writes must be 4 KiB-aligned (4Kn disks, dm-crypt) every
+/// 512-byte journal write failed with `EINVAL`, after an open that succeeded.
+#[tokio::test]
+async fn the_journal_writes_on_a_disk_of_4_kib_direct_io() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("data");
+    let disk = SimDisk::new(&dir, Geometry::K4);
+    let store = open_on(&dir, disk.shared());
+    let c = store.capped("events", &spec()).await.unwrap();
+    for i in 1..=20 {
+        c.append(vec![doc(i, 300)], Durability::Journaled)
+            .await
+            .unwrap();
+    }
+    store.close().await.unwrap();
+    let store = open_on(&dir, disk.shared());
+    assert_eq!(all(&store).await, (1..=20).collect::<Vec<_>>());
+    store.close().await.unwrap();
+    assert!(
+        disk.trace()
+            .iter()
+            .filter(|o| o.kind == "write" && o.path.extension().is_some_and(|e| e == "log"))
+            .all(|o| o.at % 4096 == 0 && o.len % 4096 == 0),
+        "every journal write is of whole 4 KiB blocks"
+    );
+}

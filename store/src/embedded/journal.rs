@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::format::{self, ALIGN, FIXED, Header};
+use super::format::{self, FIXED, Header};
 use super::fs::{Fs, FsFile, Open};
 use crate::{Result, StoreError};
 
@@ -137,18 +137,33 @@ struct Aligned {
 impl Aligned {
     const ALIGN: usize = 4096;
 
-    /// A slice of `len` bytes at an aligned address, zeroed past `fill` (`fill` bytes copied
-    /// from `data`).
-    fn stage(&mut self, data: &[u8], len: usize) -> &[u8] {
+    /// A slice of `len` bytes at an aligned address: `head`, then `data`, then zeros.
+    fn stage(&mut self, head: &[u8], data: &[u8], len: usize) -> &[u8] {
         if self.raw.len() < len + Self::ALIGN {
             self.raw = vec![0; (len + Self::ALIGN).next_power_of_two()];
         }
         let start = self.raw.as_ptr().align_offset(Self::ALIGN);
         let out = &mut self.raw[start..start + len];
-        out[..data.len()].copy_from_slice(data);
-        out[data.len()..].fill(0);
+        out[..head.len()].copy_from_slice(head);
+        out[head.len()..head.len() + data.len()].copy_from_slice(data);
+        out[head.len() + data.len()..].fill(0);
         out
     }
+}
+
+/// The unit of every journal write: the larger of 4 KiB and what the device needs for
+/// `O_DIRECT` (`STATX_DIOALIGN`: 512 on most disks, 4 KiB on 4Kn disks and dm-crypt).
+///
+/// Why whole 4 KiB blocks even where 512 bytes would do: most disks write 4 KiB physical
+/// sectors ("512e" disks only address them in 512-byte blocks), so a 512-byte write is a
+/// read-modify-write of a physical sector that may hold records synced before, and a power
+/// cut during it can damage them. A write of a whole sector is atomic on the device (it
+/// leaves the old sector or the new one): the last block's earlier records are written again
+/// unchanged ([`Writer::carry`]), and either outcome holds them. Records themselves stay
+/// packed on 512-byte boundaries, so the journal takes no more room; each commit writes at
+/// least one block, which on such a disk it did anyway.
+pub(crate) fn block_size(write_align: u64) -> u64 {
+    write_align.max(4096)
 }
 
 /// A segment as readers use it.
@@ -300,6 +315,12 @@ pub(crate) struct Writer {
     segment_bytes: u64,
     buf: Aligned,
     stats: Arc<IoStats>,
+    /// What a write covers, whole: records start on [`format::ALIGN`] boundaries, but every write
+    /// is of whole blocks of this size (see [`block_size`]).
+    block: u64,
+    /// The bytes of the last block before the tail, as written: the next write starts at
+    /// the block's start and writes them again, unchanged.
+    carry: Vec<u8>,
     /// The checksum of the last record written in this segment: the next names it.
     last_crc: u32,
     /// Where the last good sync left the journal: (segment, end).
@@ -340,6 +361,15 @@ impl Writer {
             .map_err(|e| io_error(format!("reading {}", path.display()), e))?;
         let direct = file.direct();
         stats.direct.store(direct, Ordering::Relaxed);
+        let block = block_size(file.write_align());
+        // The block the tail is in, as it is on the disk: written again with the next record.
+        let mut carry = vec![0u8; (tail.end % block) as usize];
+        if !carry.is_empty() {
+            let from = tail.end - carry.len() as u64;
+            fs.open(&path, Open::Read)
+                .and_then(|f| f.read_at(&mut carry, from))
+                .map_err(|e| io_error(format!("reading {}", path.display()), e))?;
+        }
         // What an earlier run wrote may still be only in the page cache: durable from here
         // on, so that a sync failing later knows what the disk holds.
         file.sync_data().map_err(|e| {
@@ -354,9 +384,11 @@ impl Writer {
             seq,
             file,
             direct,
-            capacity: segment_bytes.max(allocated),
+            capacity: segment_bytes.max(allocated).next_multiple_of(block),
             allocated,
             tail: tail.end,
+            block,
+            carry,
             last_crc: tail.last_crc,
             synced: (seq, tail.end),
             dirty: false,
@@ -385,34 +417,41 @@ impl Writer {
     /// one. On an error nothing is taken as written: the next record goes to the same place.
     pub fn append(&mut self, record: &[u8]) -> Result<Written> {
         self.check()?;
-        let len = format::padded(record.len());
+        let len = format::padded(record.len()) as u64;
         let mut rolled = false;
-        if self.tail + len as u64 > self.capacity {
-            self.roll(len as u64)?;
+        if self.tail + len > self.capacity {
+            self.roll(len)?;
             rolled = true;
         }
-        if self.tail + len as u64 > self.allocated {
-            let to = (self.tail + len as u64)
+        // Whole blocks, from the start of the one the tail is in.
+        let start = self.tail - self.carry.len() as u64;
+        let end = (self.tail + len).next_multiple_of(self.block);
+        if end > self.allocated {
+            let to = end
                 .max(self.allocated + ALLOC_STEP)
-                .min(self.capacity.max(self.tail + len as u64));
+                .min(self.capacity.max(end));
             self.file
                 .allocate(self.allocated, to)
                 .map_err(|e| io_error(format!("allocating journal segment {:x}", self.seq), e))?;
             self.allocated = to;
         }
-        let staged = self.buf.stage(record, len);
         let offset = self.tail;
-        self.file.write_at(staged, offset).map_err(|e| {
+        let staged = self.buf.stage(&self.carry, record, (end - start) as usize);
+        self.file.write_at(staged, start).map_err(|e| {
             io_error(
                 format!("writing journal segment {:x} at {offset}", self.seq),
                 e,
             )
         })?;
-        self.tail += len as u64;
+        self.tail += len;
+        let kept = (self.tail % self.block) as usize;
+        let from = (self.tail - start) as usize - kept;
+        self.carry.clear();
+        self.carry.extend_from_slice(&staged[from..from + kept]);
         self.last_crc = u32::from_le_bytes([record[8], record[9], record[10], record[11]]);
         self.dirty = true;
         self.stats.records.fetch_add(1, Ordering::Relaxed);
-        self.stats.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        self.stats.bytes.fetch_add(end - start, Ordering::Relaxed);
         Ok(Written {
             seq: self.seq,
             offset,
@@ -475,7 +514,7 @@ impl Writer {
     fn roll(&mut self, need: u64) -> Result<()> {
         self.sync()?;
         let next = self.seq + 1;
-        let need = need.next_multiple_of(ALIGN as u64);
+        let need = need.next_multiple_of(self.block);
         let size = ALLOC_STEP.min(self.segment_bytes).max(need);
         if let Err(e) = create_segment(&*self.fs, &self.dir, next, size) {
             // A full disk is waited out (the segment is made again at the next try); any
@@ -489,9 +528,11 @@ impl Writer {
         let file = open_for_writing(&*self.fs, &path, self.direct)
             .map_err(|e| io_error(format!("opening {}", path.display()), e))?;
         self.direct = file.direct();
+        self.block = block_size(file.write_align());
+        self.carry.clear();
         self.file = file;
         self.seq = next;
-        self.capacity = self.segment_bytes.max(need);
+        self.capacity = self.segment_bytes.max(need).next_multiple_of(self.block);
         self.allocated = size;
         self.tail = 0;
         Ok(())
@@ -625,7 +666,7 @@ mod tests {
             );
             let w = w.append(&record(lsn, &text)).unwrap();
             at.push(w);
-            assert_eq!(w.offset % ALIGN as u64, 0);
+            assert_eq!(w.offset % format::ALIGN as u64, 0);
         }
         w.sync().unwrap();
         assert!(at.last().unwrap().seq > 1, "several segments");
