@@ -57,14 +57,19 @@ pub(super) fn parse_token(token: &ResumeToken) -> Result<u64> {
     })
 }
 
-/// The segments to read from `seq` on, each with where its records end.
-fn segments_from(inner: &Inner, seq: u64) -> Result<Vec<(Arc<Segment>, u64)>> {
-    let shared = inner.shared.read().map_err(super::lock_err)?;
-    Ok(shared
+/// The segments to read from seek point `seek` on, each with where its records end; the
+/// first is the seek point's own, read from its offset. Taken under the same lock as the seek
+/// point itself: a segment released in between would have the scan start the next segment at
+/// the released one's offset, skipping what lies before it.
+fn segments_from(shared: &state::Shared, seek: state::Seek) -> Vec<(Arc<Segment>, u64, u64)> {
+    shared
         .segments
-        .range(seq..)
-        .map(|(_, i)| (i.seg.clone(), i.end))
-        .collect())
+        .range(seek.seq..)
+        .map(|(seq, i)| {
+            let from = if *seq == seek.seq { seek.off } else { 0 };
+            (i.seg.clone(), from, i.end)
+        })
+        .collect()
 }
 
 /// The documents of `coll` at positions `[from, to]` (fewer past `limit`), in order. Positions
@@ -76,18 +81,16 @@ pub(super) fn read_docs(
     to: u64,
     limit: usize,
 ) -> Result<Vec<Record>> {
-    let (oldest, next, journal_from, seek) = {
+    let (oldest, next, journal_from, segments) = {
         let shared = inner.shared.read().map_err(super::lock_err)?;
         let Some(v) = shared.capped.get(coll) else {
             return Ok(Vec::new());
         };
         let from = from.max(v.oldest).max(1);
-        (
-            v.oldest,
-            v.next,
-            v.journal_from,
-            v.seek(from.max(v.journal_from)),
-        )
+        let segments = v
+            .seek(from.max(v.journal_from))
+            .map(|seek| segments_from(&shared, seek));
+        (v.oldest, v.next, v.journal_from, segments)
     };
     let from = from.max(oldest).max(1);
     let to = to.min(next.saturating_sub(1));
@@ -137,11 +140,10 @@ pub(super) fn read_docs(
         }
     }
     let from = from.max(journal_from);
-    let Some(seek) = seek else { return Ok(out) };
-    let mut first = true;
-    for (seg, end) in segments_from(inner, seek.seq)? {
-        let start = if first { seek.off } else { 0 };
-        first = false;
+    let Some(segments) = segments else {
+        return Ok(out);
+    };
+    for (seg, start, end) in segments {
         let mut scan = SegmentScan::new(&seg, start, end);
         while let Some((_, bytes)) = scan.next_raw()? {
             let h = Header::parse(bytes)?;
@@ -457,19 +459,18 @@ pub(super) fn changes_after(
     if from >= next {
         return Ok((changes, last));
     }
-    let seek = {
+    let segments = {
         let shared = inner.shared.read().map_err(super::lock_err)?;
-        shared.change_seek(from)
+        shared
+            .change_seek(from)
+            .map(|seek| segments_from(&shared, seek))
     };
-    let Some(seek) = seek else {
+    let Some(segments) = segments else {
         return Ok((changes, last));
     };
     let mut read = 0usize;
     let mut image_bytes = 0u64;
-    let mut first = true;
-    'segments: for (seg, end) in segments_from(inner, seek.seq)? {
-        let start = if first { seek.off } else { 0 };
-        first = false;
+    'segments: for (seg, start, end) in segments {
         let mut scan = SegmentScan::new(&seg, start, end);
         while let Some((_, bytes)) = scan.next_raw()? {
             let h = Header::parse(bytes)?;
@@ -799,6 +800,42 @@ pub(super) async fn snapshot(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// A read plans its segments under the lock it took its seek point under. When the seek
+    /// point's segment is gone (released by the time the segments were listed, as could
+    /// happen between two acquisitions of the lock), the next segment is read from its
+    /// start, never from the gone one's offset.
+    #[test]
+    fn a_seek_points_own_segment_is_the_only_one_read_from_its_offset() {
+        use super::super::journal::Segment;
+        use super::super::state::{MemIndex, Seek, SegIndex, SegInfo, Shared};
+        let dir = tempfile::tempdir().unwrap();
+        let fs = crate::embedded::fs::RealFs;
+        let mut shared = Shared::default();
+        for seq in [2u64, 3] {
+            std::fs::write(dir.path().join(format!("{seq:016x}.log")), [0u8; 8]).unwrap();
+            shared.segments.insert(
+                seq,
+                SegInfo {
+                    seg: Segment::open(&fs, dir.path(), seq).unwrap(),
+                    first_lsn: seq,
+                    last_lsn: seq,
+                    end: 8192,
+                    changes: (0, 0),
+                    colls: Default::default(),
+                    index: SegIndex::Memory(MemIndex::default()),
+                },
+            );
+        }
+        let plan = |seq, off| -> Vec<(u64, u64)> {
+            segments_from(&shared, Seek { pos: 1, seq, off })
+                .into_iter()
+                .map(|(seg, from, _)| (seg.seq, from))
+                .collect()
+        };
+        assert_eq!(plan(2, 4096), vec![(2, 4096), (3, 0)]);
+        assert_eq!(plan(1, 4096), vec![(2, 0), (3, 0)], "segment 1 is gone");
+    }
 
     /// Events of a few hundred bytes go 512 at a time; large documents fewer, their bytes
     /// bounded; huge ones at least 16; an empty collection as events.
