@@ -56,6 +56,7 @@ async fn history_lost() {
     contract::history_lost(&store, HISTORY).await;
 }
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -838,6 +839,83 @@ async fn a_burst_of_dead_letters_does_not_keep_the_journal_behind_it() {
         assert_eq!(r.doc["i"], json!(want));
     }
     store.close().await.unwrap();
+}
+
+/// Commits and their syncs, segment rolls, an expiry of 10,000 keys and a new index's
+/// backfill all run on the store's own threads: the runtime of the caller (here a
+/// single-threaded one) keeps its timers going meanwhile. They once ran inline, on the
+/// caller's thread, whenever the writer was idle.
+#[test]
+fn the_store_never_blocks_its_callers_runtime() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir);
+        let k = store.keyed("rollups").await.unwrap();
+        for b in 0..10u64 {
+            let updates = (b * 1000..b * 1000 + 1000)
+                .map(|i| store::KeyUpdate::new(format!("tag:{i}"), store::Update::inc("n", 1)))
+                .collect();
+            k.update(updates, Durability::Acknowledged).await.unwrap();
+        }
+        let c = store.capped("events", &spec(100_000, &[])).await.unwrap();
+        c.append((0..200).map(event).collect(), Durability::Journaled)
+            .await
+            .unwrap();
+        // Every tick of a 1 ms timer while the work goes on.
+        let ticks = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let ticker = tokio::spawn({
+            let ticks = ticks.clone();
+            async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    ticks.lock().unwrap().push(std::time::Instant::now());
+                }
+            }
+        });
+        let segments = store.segments();
+        let started = std::time::Instant::now();
+        for b in 0..10u64 {
+            c.append(
+                (b * 10..b * 10 + 10).map(noisy_event).collect(),
+                Durability::Journaled,
+            )
+            .await
+            .unwrap();
+        }
+        assert!(store.segments() > segments, "segments rolled");
+        let expired = k
+            .expire(
+                "tag:",
+                store::clock::now_us() + 1,
+                10_000,
+                Durability::Journaled,
+            )
+            .await
+            .unwrap();
+        assert_eq!(expired, 10_000);
+        store
+            .capped("events", &spec(100_000, &["user.id"]))
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        ticker.abort();
+        // The longest stretch without a tick, from the start of the work to its end.
+        let mut at: Vec<std::time::Instant> = ticks.lock().unwrap().clone();
+        at.retain(|t| *t >= started);
+        at.insert(0, started);
+        at.push(started + took);
+        let worst = at.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
+        println!("the timer's worst gap: {worst:?} during {took:?} of work");
+        assert!(
+            worst < Duration::from_millis(200),
+            "the runtime's timer stalled {worst:?} during {took:?} of work"
+        );
+        store.close().await.unwrap();
+    });
 }
 
 /// A validation rule refuses what does not match it, in capped and keyed collections, and

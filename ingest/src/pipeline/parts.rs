@@ -94,7 +94,7 @@ pub async fn open_store(c: &Config) -> Result<Arc<dyn Store>, PipelineError> {
                 oplog_max_entries: c.store.oplog_max_entries,
                 queue_capacity: c.ingest.queue_capacity,
             };
-            Ok(Arc::new(EmbeddedStore::open(&c.store.path, opts)?))
+            Ok(Arc::new(EmbeddedStore::open_async(&c.store.path, opts).await?))
         }
         #[cfg(feature = "mongodb")]
         StoreEngine::Mongodb => {

@@ -250,15 +250,13 @@ fn each_key(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use lsm_tree::AbstractTree;
 
     #[test]
     fn a_key_written_while_the_filter_is_built_is_held() {
         let dir = tempfile::tempdir().unwrap();
         let tree = Arc::new(Tree::open(dir.path()).unwrap());
         let put = |coll: &str, key: &str, seqno: u64| {
-            tree.tree
-                .insert(tree::doc_key(coll, key), tree::value(0, b"{}"), seqno);
+            tree.insert(tree::doc_key(coll, key), tree::value(0, b"{}"), seqno);
             tree.publish(seqno);
         };
         for i in 0..100u64 {
@@ -307,8 +305,7 @@ mod tests {
         assert_eq!(k.capacity, 4);
         for i in 0..50u64 {
             let key = format!("k{i}");
-            tree.tree
-                .insert(tree::doc_key("c", &key), tree::value(0, b"{}"), i + 1);
+            tree.insert(tree::doc_key("c", &key), tree::value(0, b"{}"), i + 1);
             tree.publish(i + 1);
             k.written("c", &key);
             k.tend(&tree, tree.visible());

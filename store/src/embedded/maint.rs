@@ -19,14 +19,12 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use lsm_tree::AbstractTree;
-
 use super::catalog::Catalog;
 use super::format::{Entry, Header};
 use super::fs::Fs;
 use super::journal::{self, SegmentScan};
 use super::state::{SegIndex, SegSummary, Shared};
-use super::tree::{Tree, tree_err};
+use super::tree::Tree;
 use super::writer::Op;
 use crate::{Durability, Result};
 
@@ -160,14 +158,7 @@ impl Maint {
 
     pub(crate) fn flush(&self) -> Result<()> {
         let gc = self.snapshots.gc_below(self.tree.visible());
-        {
-            let lock = self.tree.tree.get_flush_lock();
-            self.tree.tree.flush(&lock, gc).map_err(tree_err)?;
-        }
-        self.tree
-            .tree
-            .compact(super::tree::compaction(), gc)
-            .map_err(tree_err)
+        self.tree.flush_and_compact(gc)
     }
 
     pub(crate) fn write_index(
@@ -244,7 +235,8 @@ impl Maint {
                     if !self.spill(seq, &spill)? {
                         return Ok(());
                     }
-                    self.spilled = Some((seq, self.tree.visible().saturating_sub(1)));
+                    // The spill was synced: readers see it, and the tree's tables must reach it.
+                    self.spilled = Some((seq, self.tree.shown_lsn()));
                 }
             }
             if let Some((s, at)) = self.spilled
@@ -253,7 +245,7 @@ impl Maint {
                 needed = needed.max(at);
             }
             // The tree's tables must hold the segment's keyed writes (and what was spilled).
-            let persisted = self.tree.tree.get_highest_persisted_seqno().unwrap_or(0);
+            let persisted = self.tree.persisted_lsn();
             if persisted < needed {
                 self.rotate_asked.store(true, Ordering::Release);
                 // The writer seals the memtable after this empty commit and queues its

@@ -196,6 +196,19 @@ impl EmbeddedStore {
         Self::open_tuned(dir, options, Tuning::default())
     }
 
+    /// [`EmbeddedStore::open`] on a blocking thread: the recovery of a large data directory
+    /// (and the conversion of an earlier layout) reads and writes for as long as it takes,
+    /// and must not hold an async runtime's thread meanwhile.
+    pub async fn open_async(dir: impl AsRef<Path>, options: EmbeddedOptions) -> Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        tokio::task::spawn_blocking(move || Self::open(dir, options))
+            .await
+            .map_err(|e| StoreError::Engine {
+                engine: "embedded",
+                message: format!("opening the store: {e}"),
+            })?
+    }
+
     /// [`EmbeddedStore::open`] with other file and buffer sizes.
     pub fn open_tuned(
         dir: impl AsRef<Path>,
@@ -433,14 +446,12 @@ fn submitter(
             return false;
         };
         let (tx, rx) = oneshot::channel();
-        cell.queued();
         let job = Job {
             op,
             durability,
             reply: Some(tx),
         };
         if sender.blocking_send(job).is_err() {
-            cell.not_queued();
             return false;
         }
         drop((sender, cell));
@@ -509,9 +520,8 @@ pub fn inspect_on(fs: &dyn fs::Fs, dir: &Path) -> Result<JournalReport> {
 }
 
 impl Inner {
-    /// Commits a job in this thread when the writer is idle; queues it for the writer thread
-    /// otherwise. Waits for the answer unless the durability is `unacknowledged` (always
-    /// queued: it returns before the commit).
+    /// Queues a job for the writer thread. Waits for the answer unless the durability is
+    /// `unacknowledged` (it returns before the commit).
     async fn submit(&self, op: Op, durability: Durability) -> Result<Reply> {
         let sender = self
             .jobs
@@ -519,28 +529,18 @@ impl Inner {
             .map_err(lock_err)?
             .clone()
             .ok_or(StoreError::Closed)?;
-        let op = if durability.waits() {
-            match self.cell.try_inline(op, durability) {
-                Ok(result) => return result,
-                Err(op) => op,
-            }
-        } else {
-            op
-        };
         let (tx, rx) = if durability.waits() {
             let (tx, rx) = oneshot::channel();
             (Some(tx), Some(rx))
         } else {
             (None, None)
         };
-        self.cell.queued();
         let job = Job {
             op,
             durability,
             reply: tx,
         };
         if sender.send(job).await.is_err() {
-            self.cell.not_queued();
             return Err(StoreError::Closed);
         }
         match rx {

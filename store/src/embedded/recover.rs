@@ -16,7 +16,6 @@ use super::state::{
     self, CappedView, CollSummary, MemIndex, SEEK_EVERY, Seek, SegColl, SegIndex, SegInfo,
     SegSummary, Shared,
 };
-use lsm_tree::AbstractTree;
 
 use super::tree::{self, Tree};
 use super::writer::Recovered;
@@ -589,8 +588,7 @@ fn replay(shared: &Shared, tree: &Tree, applied: u64) -> Result<()> {
                     match e?.1 {
                         Entry::Change(c) => apply_change(tree, h.lsn, h.ts, &c)?,
                         Entry::Checkpoint { feed, body } => {
-                            tree.tree
-                                .insert(tree::checkpoint_key(feed), body.to_vec(), h.lsn);
+                            tree.insert(tree::checkpoint_key(feed), body.to_vec(), h.lsn);
                         }
                         Entry::Doc(_) => {}
                     }
@@ -633,22 +631,21 @@ fn apply_change(tree: &Tree, lsn: u64, ts: i64, c: &format::ChangeEntry<'_>) -> 
     if let Some(o) = old_ts
         && new_ts.is_none_or(|n| tree::bucket(n) != tree::bucket(o))
     {
-        tree.tree
-            .remove(tree::time_key(c.coll, tree::bucket(o), c.key), lsn);
+        tree.remove(tree::time_key(c.coll, tree::bucket(o), c.key), lsn);
     }
     match (new_ts, c.after) {
         (Some(n), Some(after)) => {
             if old_ts.is_none_or(|o| tree::bucket(o) != tree::bucket(n)) {
-                tree.tree.insert(
+                tree.insert(
                     tree::time_key(c.coll, tree::bucket(n), c.key),
                     Vec::new(),
                     lsn,
                 );
             }
-            tree.tree.insert(dk, tree::value(n, after), lsn);
+            tree.insert(dk, tree::value(n, after), lsn);
         }
         _ => {
-            tree.tree.remove(dk, lsn);
+            tree.remove(dk, lsn);
         }
     }
     // Visible to the next change's read of the same key.

@@ -153,17 +153,40 @@ pub(crate) fn split_value(v: &[u8]) -> Result<(i64, &[u8])> {
     Ok((i64::from_le_bytes(ts), &v[8..]))
 }
 
+/// How far apart the tree's sequence numbers of two journal records lie: record `lsn`'s
+/// writes carry `lsn << SEQNO_SHIFT`. The tree numbers its own versions (each flush,
+/// compaction and memtable rotation makes one) from a counter of its own, and a read at
+/// sequence number `s` uses the newest version numbered below `s`. Numbered from a counter
+/// of their own, versions outran the records on a store with few, large commits: a read then
+/// took a version older than the memtable holding what it looked for (missing it), or found
+/// none (a panic). So a version made after record `n` is numbered between `n`'s writes and
+/// `n + 1`'s ([`Tree::before_new_version`]): room for 2^20 versions between two records.
+const SEQNO_SHIFT: u32 = 20;
+
+/// The tree's sequence number of journal record `lsn`'s writes.
+pub(crate) fn seqno(lsn: u64) -> SeqNo {
+    lsn << SEQNO_SHIFT
+}
+
 /// The tree, and the sequence number reads see.
 pub(crate) struct Tree {
-    pub tree: AnyTree,
-    /// Reads see writes with a sequence number below this: one past the last applied record.
+    lsm: AnyTree,
+    /// Reads see writes with a sequence number below this: past the last record shown to
+    /// readers ([`Tree::publish`]).
     visible: SequenceNumberCounter,
+    /// The tree's own counter, which numbers its versions (see [`SEQNO_SHIFT`]).
+    versions: SequenceNumberCounter,
+    /// The last record whose writes are in the tree (shown or not).
+    written: std::sync::atomic::AtomicU64,
 }
 
 impl Tree {
     pub fn open(dir: &Path) -> Result<Tree> {
         let visible = SequenceNumberCounter::default();
-        let tree = lsm_tree::Config::new(dir, SequenceNumberCounter::default(), visible.clone())
+        let versions = SequenceNumberCounter::default();
+        // The tree raises the "visible" counter it is given past each version it makes: given
+        // ours, it would show readers records not yet synced. It gets one of its own.
+        let tree = lsm_tree::Config::new(dir, versions.clone(), SequenceNumberCounter::default())
             .use_cache(Arc::new(lsm_tree::Cache::with_capacity_bytes(CACHE_BYTES)))
             // Every level compressed (level 0 too: a flush writes LZ4 blocks).
             .data_block_compression_policy(lsm_tree::config::CompressionPolicy::all(
@@ -182,17 +205,89 @@ impl Tree {
             .filter_block_pinning_policy(lsm_tree::config::PinningPolicy::new([true, false]))
             .open()
             .map_err(tree_err)?;
-        Ok(Tree { tree, visible })
+        Ok(Tree {
+            lsm: tree,
+            visible,
+            versions,
+            written: std::sync::atomic::AtomicU64::new(0),
+        })
     }
 
-    /// One past the newest applied record.
+    /// The sequence number reads see: past the newest record shown to readers.
     pub fn visible(&self) -> SeqNo {
         self.visible.get()
     }
 
+    /// The newest record readers see.
+    pub fn shown_lsn(&self) -> u64 {
+        self.visible().saturating_sub(1) >> SEQNO_SHIFT
+    }
+
     /// Makes the writes of record `lsn` (and before) visible to reads.
     pub fn publish(&self, lsn: u64) {
-        self.visible.fetch_max(lsn + 1);
+        self.visible.fetch_max(seqno(lsn) + 1);
+    }
+
+    /// The sequence number that reads everything records before `lsn` wrote, shown or not
+    /// (the writer's own reads).
+    pub fn before(lsn: u64) -> SeqNo {
+        seqno(lsn)
+    }
+
+    /// Inserts `key` as written by record `lsn`.
+    pub fn insert(
+        &self,
+        key: impl Into<lsm_tree::UserKey>,
+        value: impl Into<lsm_tree::UserValue>,
+        lsn: u64,
+    ) {
+        self.written
+            .fetch_max(lsn, std::sync::atomic::Ordering::AcqRel);
+        self.lsm.insert(key, value, seqno(lsn));
+    }
+
+    /// Removes `key` as record `lsn`.
+    pub fn remove(&self, key: impl Into<lsm_tree::UserKey>, lsn: u64) {
+        self.written
+            .fetch_max(lsn, std::sync::atomic::Ordering::AcqRel);
+        self.lsm.remove(key, seqno(lsn));
+    }
+
+    /// Numbers the next version of the tree after every record written so far (and before
+    /// the next one's writes): called before anything that makes one.
+    fn before_new_version(&self) {
+        let written = self.written.load(std::sync::atomic::Ordering::Acquire);
+        self.versions.fetch_max(seqno(written) + 1);
+    }
+
+    /// Bytes in the active memtable.
+    pub fn memtable_bytes(&self) -> u64 {
+        self.lsm.active_memtable().size()
+    }
+
+    /// Seals the active memtable (for a flush); whether there was anything to seal.
+    pub fn rotate(&self) -> bool {
+        self.before_new_version();
+        self.lsm.rotate_memtable().is_some()
+    }
+
+    /// Writes sealed memtables to tables, then compacts what is due; versions older than
+    /// `gc` (a sequence number) may be dropped.
+    pub fn flush_and_compact(&self, gc: SeqNo) -> Result<()> {
+        self.before_new_version();
+        {
+            let lock = self.lsm.get_flush_lock();
+            self.lsm.flush(&lock, gc).map_err(tree_err)?;
+        }
+        self.before_new_version();
+        self.lsm.compact(compaction(), gc).map_err(tree_err)
+    }
+
+    /// The newest record whose writes are all in the tree's tables.
+    pub fn persisted_lsn(&self) -> u64 {
+        self.lsm
+            .get_highest_persisted_seqno()
+            .map_or(0, |s| s >> SEQNO_SHIFT)
     }
 
     pub fn get(&self, key: &[u8]) -> Result<Option<lsm_tree::UserValue>> {
@@ -200,13 +295,13 @@ impl Tree {
     }
 
     pub fn get_at(&self, key: &[u8], seqno: SeqNo) -> Result<Option<lsm_tree::UserValue>> {
-        self.tree.get(key, seqno).map_err(tree_err)
+        self.lsm.get(key, seqno).map_err(tree_err)
     }
 
     /// The record number the tables are complete up to (0: none).
     pub fn applied(&self) -> Result<u64> {
         Ok(self
-            .tree
+            .lsm
             .get(APPLIED, SeqNo::MAX >> 1)
             .map_err(tree_err)?
             .and_then(|v| {
@@ -252,7 +347,7 @@ impl Tree {
                 // Every key of the prefix sorts below the prefix followed by 0xff bytes (keys
                 // are UTF-8, which never holds 0xff).
                 upper.extend_from_slice(&[0xff; 4]);
-                Box::new(self.tree.range::<&[u8], _>(
+                Box::new(self.lsm.range::<&[u8], _>(
                     (
                         std::ops::Bound::Excluded(after),
                         std::ops::Bound::Excluded(upper.as_slice()),
@@ -261,7 +356,7 @@ impl Tree {
                     None,
                 ))
             }
-            None => Box::new(self.tree.prefix(prefix, seqno, None)),
+            None => Box::new(self.lsm.prefix(prefix, seqno, None)),
         }
     }
 
@@ -286,5 +381,49 @@ impl Tree {
             out.push((k, v));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// The tree's versions (one per memtable rotation, flush and compaction) outnumber the
+    /// records on a store of few, large commits. A record's writes stay readable at its read
+    /// point however many versions came before; making versions never shows readers a record
+    /// not yet published (not yet synced).
+    #[test]
+    fn versions_neither_hide_records_nor_show_unpublished_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = Tree::open(dir.path()).unwrap();
+        let key = |i: u64| doc_key("c", &format!("k{i}"));
+        tree.insert(key(1), value(0, b"{}"), 1);
+        tree.publish(1);
+        for _ in 0..5 {
+            tree.insert(checkpoint_key("f"), b"{}".to_vec(), 1);
+            assert!(tree.rotate());
+            tree.flush_and_compact(tree.visible()).unwrap();
+        }
+        tree.insert(key(2), value(0, b"{}"), 2);
+        tree.publish(2);
+        assert!(
+            tree.get(&key(2)).unwrap().is_some(),
+            "a published record reads"
+        );
+        assert!(tree.get_at(&key(2), Tree::before(3)).unwrap().is_some());
+        // Written, not published: versions made meanwhile do not show it.
+        tree.insert(key(3), value(0, b"{}"), 3);
+        for _ in 0..3 {
+            tree.insert(checkpoint_key("g"), b"{}".to_vec(), 3);
+            assert!(tree.rotate());
+            tree.flush_and_compact(tree.visible()).unwrap();
+        }
+        assert!(tree.get(&key(3)).unwrap().is_none(), "not yet shown");
+        assert!(tree.get_at(&key(3), Tree::before(4)).unwrap().is_some());
+        assert_eq!(tree.persisted_lsn(), 3);
+        tree.publish(3);
+        assert!(tree.get(&key(3)).unwrap().is_some());
+        assert!(tree.get(&key(1)).unwrap().is_some());
     }
 }

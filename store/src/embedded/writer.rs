@@ -3,14 +3,10 @@
 //! capped collections' positions and indexes, the keyed state in the tree), publishes it to
 //! the live readers and answers every caller.
 //!
-//! The [`Writer`] sits behind a lock ([`WriterCell`]). A caller that finds it idle, with
-//! nothing queued, commits its own small job in its own thread ([`WriterCell::try_inline`]): a
-//! single write then pays no hand-off to another thread and back (two cross-thread wake-ups,
-//! tens of microseconds each on a small VM, a good part of a journaled commit). Otherwise the
-//! job is queued, and the writer thread ([`run`]) commits everything queued together. A
-//! caller never overtakes a queued job: it commits inline only while no job is queued or
-//! being committed ([`WriterCell::pending`]), so one caller's writes still commit in the
-//! order it made them, whichever way each went.
+//! Every job is queued, and the writer thread ([`run`]) commits everything queued together,
+//! in the order it was queued: the writes, syncs, segment rolls and expiries of a commit never
+//! run on a caller's thread (an async runtime's, which must not block). The [`Writer`] sits
+//! behind a lock ([`WriterCell`]) that the maintenance thread and setup take too.
 //!
 //! Each job is staged on its own ([`JobOut`]) against what the group staged before it, and
 //! joins the group only if it succeeds: one bad job (a refused document, an `$inc` of a
@@ -18,8 +14,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock, TryLockError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::{broadcast, mpsc, oneshot};
 
@@ -30,7 +26,6 @@ use super::journal::{self, Segment};
 use super::known::KnownKeys;
 use super::maint::Task;
 use super::state::{self, MemIndex, SEEK_EVERY, Seek, SegColl, SegIndex, SegInfo, Shared};
-use lsm_tree::AbstractTree;
 
 use super::tree::{self, Tree};
 use crate::clock::now_us;
@@ -39,11 +34,6 @@ use crate::{
     ResumeToken, StoreError, update,
 };
 
-/// A job of more documents or updates than this is always queued for the writer thread, never
-/// committed in its caller's thread: a large commit would hold an async thread for as long as
-/// it takes. A single event, a feed's checkpoint, the rollups of a slow stream's event stay
-/// inline.
-pub(crate) const INLINE_MAX_ITEMS: usize = 16;
 /// At most this many jobs share one record, so one commit's latency stays bounded.
 const MAX_GROUP: usize = 1024;
 /// A group stops taking jobs once its entries pass this many bytes (one job may pass it alone).
@@ -112,16 +102,6 @@ pub(crate) enum Op {
 }
 
 impl Op {
-    /// Documents or updates carried (1 for the others).
-    fn items(&self) -> usize {
-        match self {
-            Op::Append { docs, .. } => docs.len(),
-            Op::Update { updates, .. } => updates.len(),
-            Op::Together(ops) => ops.iter().map(Op::items).sum(),
-            _ => 1,
-        }
-    }
-
     /// Bytes of JSON it carries, roughly.
     fn bytes(&self) -> usize {
         match self {
@@ -718,7 +698,7 @@ impl Writer {
             return jobs.iter().map(|_| Err(e.duplicate("embedded"))).collect();
         }
         // Between commits everything written is visible: a build may start here.
-        self.known.tend(&self.tree, self.lsn);
+        self.known.tend(&self.tree, Tree::before(self.lsn));
         let now = now_us();
         let mut group = Group::default();
         let mut results: Vec<Result<Reply>> = Vec::with_capacity(jobs.len());
@@ -742,7 +722,7 @@ impl Writer {
             return results.into_iter().map(engine_err).collect();
         }
         if self.rotate_asked.swap(false, Ordering::AcqRel)
-            || self.tree.tree.active_memtable().size() >= self.memtable_bytes
+            || self.tree.memtable_bytes() >= self.memtable_bytes
         {
             self.rotate();
         }
@@ -760,9 +740,8 @@ impl Writer {
         }
         let last = self.lsn.saturating_sub(1);
         self.tree
-            .tree
             .insert(tree::APPLIED, last.to_le_bytes().to_vec(), last);
-        if self.tree.tree.rotate_memtable().is_some() {
+        if self.tree.rotate() {
             let _ = self.maint.send(Task::Flush);
         }
     }
@@ -992,7 +971,10 @@ impl Writer {
 
     fn read_tree(&self, coll: &str, key: &str) -> Result<Option<Kv>> {
         // At its own sequence number: its writes not yet shown to readers included.
-        let Some(v) = self.tree.get_at(&tree::doc_key(coll, key), self.lsn)? else {
+        let Some(v) = self
+            .tree
+            .get_at(&tree::doc_key(coll, key), Tree::before(self.lsn))?
+        else {
             return Ok(None);
         };
         let (ts, json) = tree::split_value(&v)?;
@@ -1106,7 +1088,7 @@ impl Writer {
         }
         let tprefix = tree::time_prefix(coll);
         let last_bucket = tree::bucket(before);
-        let seqno = self.lsn;
+        let seqno = Tree::before(self.lsn);
         let mut candidates: Vec<(i64, String, Kv)> = Vec::new();
         let mut after: Option<Vec<u8>> = None;
         'scan: loop {
@@ -1431,7 +1413,6 @@ impl Writer {
                     .is_none_or(|n| tree::bucket(n.ts) != tree::bucket(orig));
                 if moved {
                     self.tree
-                        .tree
                         .remove(tree::time_key(&coll, tree::bucket(orig), &key), seqno);
                 }
             }
@@ -1441,14 +1422,13 @@ impl Writer {
                         .orig_ts
                         .is_none_or(|o| tree::bucket(o) != tree::bucket(kv.ts))
                     {
-                        self.tree.tree.insert(
+                        self.tree.insert(
                             tree::time_key(&coll, tree::bucket(kv.ts), &key),
                             Vec::new(),
                             seqno,
                         );
                     }
                     self.tree
-                        .tree
                         .insert(dk, tree::value(kv.ts, kv.json.as_bytes()), seqno);
                     self.known.written(&coll, &key);
                     if slot.orig_ts.is_some() {
@@ -1460,20 +1440,18 @@ impl Writer {
                     }
                 }
                 None => {
-                    self.tree.tree.remove(dk, seqno);
+                    self.tree.remove(dk, seqno);
                     self.cache.remove(&coll, &key);
                 }
             }
         }
         for (feed, body) in group.checkpoints {
             self.tree
-                .tree
                 .insert(tree::checkpoint_key(&feed), body.into_bytes(), seqno);
         }
         for (coll, docs) in group.spills {
             for (pos, ts, json) in docs {
                 self.tree
-                    .tree
                     .insert(tree::spill_key(&coll, pos), tree::value(ts, &json), seqno);
             }
         }
@@ -1879,12 +1857,12 @@ impl Writer {
             return;
         }
         let seqno = self.lsn.saturating_sub(1);
-        self.tree.tree.insert(
+        self.tree.insert(
             tree::time_key(coll, tree::bucket(ts), key),
             Vec::new(),
             seqno,
         );
-        self.tree.tree.insert(
+        self.tree.insert(
             tree::doc_key(coll, key),
             tree::value(ts, json.as_bytes()),
             seqno,
@@ -1897,7 +1875,6 @@ impl Writer {
     pub(crate) fn import_checkpoint(&mut self, feed: &str, body: &str) {
         let seqno = self.lsn.saturating_sub(1);
         self.tree
-            .tree
             .insert(tree::checkpoint_key(feed), body.as_bytes().to_vec(), seqno);
         self.tree.publish(seqno);
     }
@@ -1977,58 +1954,17 @@ impl Writer {
     }
 }
 
-/// The writer behind its lock, shared by the writer thread and the callers that commit inline.
+/// The writer behind its lock, shared by the writer thread, the maintenance thread and setup.
 pub(crate) struct WriterCell {
     /// `None` once the store is closed.
     writer: Mutex<Option<Writer>>,
-    /// Jobs queued for the writer thread and not yet answered. A caller commits inline only
-    /// while this is 0: it is counted before a job is queued and uncounted once its group is
-    /// committed, so a queued job is never overtaken.
-    pending: AtomicUsize,
 }
 
 impl WriterCell {
     pub(crate) fn new(writer: Writer) -> Self {
         WriterCell {
             writer: Mutex::new(Some(writer)),
-            pending: AtomicUsize::new(0),
         }
-    }
-
-    /// Commits `op` in the calling thread when the writer is idle, nothing is queued and `op`
-    /// is small ([`INLINE_MAX_ITEMS`]); gives `op` back otherwise (the caller then queues it).
-    pub(crate) fn try_inline(
-        &self,
-        op: Op,
-        durability: Durability,
-    ) -> std::result::Result<Result<Reply>, Op> {
-        // A write that does not wait for a sync is left to the writer thread, which syncs it
-        // (and shows it to readers) once nothing else is queued.
-        if !durability.syncs()
-            || op.items() > INLINE_MAX_ITEMS
-            || self.pending.load(Ordering::Acquire) != 0
-        {
-            return Err(op);
-        }
-        let mut guard = match self.writer.try_lock() {
-            Ok(guard) => guard,
-            Err(TryLockError::WouldBlock) => return Err(op),
-            Err(TryLockError::Poisoned(_)) => return Ok(Err(poisoned())),
-        };
-        // Counted before the lock is released by whoever held it: checked again under it.
-        if self.pending.load(Ordering::Acquire) != 0 {
-            return Err(op);
-        }
-        let Some(writer) = guard.as_mut() else {
-            return Ok(Err(StoreError::Closed));
-        };
-        let mut jobs = [Job {
-            op,
-            durability,
-            reply: None,
-        }];
-        let result = writer.commit_group(&mut jobs).pop();
-        Ok(result.unwrap_or(Err(StoreError::Closed)))
     }
 
     /// Runs `f` on the writer (for setup that needs it, and tests).
@@ -2036,16 +1972,6 @@ impl WriterCell {
         let mut guard = self.writer.lock().map_err(|_| poisoned())?;
         let writer = guard.as_mut().ok_or(StoreError::Closed)?;
         Ok(f(writer))
-    }
-
-    /// Counts a job about to be queued (see [`WriterCell::pending`]).
-    pub(crate) fn queued(&self) {
-        self.pending.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// Uncounts a job that could not be queued after all.
-    pub(crate) fn not_queued(&self) {
-        self.pending.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Takes the writer out (after the writer thread has stopped).
@@ -2074,7 +2000,6 @@ pub(crate) fn run(cell: Arc<WriterCell>, mut rx: mpsc::Receiver<Job>) {
         let mut guard = match cell.writer.lock() {
             Ok(guard) => guard,
             Err(_) => {
-                cell.pending.fetch_sub(jobs.len(), Ordering::AcqRel);
                 answer(jobs, || Err(poisoned()));
                 continue;
             }
@@ -2092,9 +2017,6 @@ pub(crate) fn run(cell: Arc<WriterCell>, mut rx: mpsc::Receiver<Job>) {
             Some(writer) => writer.commit_group(&mut jobs),
             None => jobs.iter().map(|_| Err(StoreError::Closed)).collect(),
         };
-        // Uncounted before the lock is released, so the callers answered here may commit
-        // their next write inline.
-        cell.pending.fetch_sub(jobs.len(), Ordering::AcqRel);
         drop(guard);
         let mut results = results.into_iter();
         answer(jobs, || results.next().unwrap_or(Err(StoreError::Closed)));
