@@ -399,6 +399,10 @@ fn convert(dir: &Path, work: &Path, options: &EmbeddedOptions, tuning: &Tuning) 
         for (coll, key, body, ts) in rows {
             writer.import_kv(&coll, &key, &body, if ts > 0 { ts } else { now });
         }
+        // Flushed as it fills: millions of keys would otherwise sit in one memtable.
+        if writer.seal_if_full() {
+            drain(&maint)?;
+        }
     }
     let checkpoints: Vec<(String, String)> = db
         .prepare("SELECT feed, body FROM checkpoints")?

@@ -294,8 +294,10 @@ impl EmbeddedStore {
         let writer_thread = spawn("tailrace-writer", {
             let cell = cell.clone();
             let lock = lock.clone();
+            // With manual maintenance nobody flushes meanwhile: no waiting for it.
+            let stall = (!io.manual_maintenance).then(|| tree.clone());
             Box::new(move || {
-                writer::run(cell, rx);
+                writer::run(cell, rx, stall);
                 drop(lock);
             })
         })?;

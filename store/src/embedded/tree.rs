@@ -34,6 +34,12 @@ pub(crate) const APPLIED: &[u8] = b"m\0applied";
 /// keys miss anyway (the filter of stored keys skips most of them), and what it holds counts
 /// in the process's resident memory: a slow stream's footprint is a target of its own.
 const CACHE_BYTES: u64 = 1 << 20;
+/// Sealed memtables the writer lets wait for their flush before it waits itself
+/// ([`Tree::behind`]).
+const MAX_SEALED: usize = 4;
+/// Runs of level-0 tables the writer lets wait for their merge before it waits itself: well
+/// past [`L0_TABLES`], where the merge starts.
+const MAX_L0_RUNS: usize = 24;
 /// Tables level 0 gathers before they are merged into level 1. On a long tail every table
 /// overlaps all of level 1, so each merge rewrites it: fewer, larger merges write less.
 const L0_TABLES: u8 = 8;
@@ -178,6 +184,8 @@ pub(crate) struct Tree {
     versions: SequenceNumberCounter,
     /// The last record whose writes are in the tree (shown or not).
     written: std::sync::atomic::AtomicU64,
+    /// Flushes done so far, and a wake-up for a writer waiting for one ([`Tree::stall`]).
+    flushes: (std::sync::Mutex<u64>, std::sync::Condvar),
 }
 
 impl Tree {
@@ -210,6 +218,7 @@ impl Tree {
             visible,
             versions,
             written: std::sync::atomic::AtomicU64::new(0),
+            flushes: Default::default(),
         })
     }
 
@@ -280,7 +289,38 @@ impl Tree {
             self.lsm.flush(&lock, gc).map_err(tree_err)?;
         }
         self.before_new_version();
-        self.lsm.compact(compaction(), gc).map_err(tree_err)
+        let compacted = self.lsm.compact(compaction(), gc).map_err(tree_err);
+        if let Ok(mut n) = self.flushes.0.lock() {
+            *n += 1;
+            self.flushes.1.notify_all();
+        }
+        compacted
+    }
+
+    /// Whether the writer must wait for maintenance before it adds more: sealed memtables
+    /// waiting for their flush, or tables of level 0 waiting for their merge, past what is
+    /// allowed. Memory (each sealed memtable is held until flushed) and the cost of a read
+    /// (which asks every sealed memtable and every level-0 table) then stay bounded whatever
+    /// the pace of writes; the writer waits, and its callers with it.
+    pub fn behind(&self) -> bool {
+        self.lsm.sealed_memtable_count() > MAX_SEALED || self.lsm.l0_run_count() > MAX_L0_RUNS
+    }
+
+    /// Waits (at most `limit`) for the next flush while [`Tree::behind`].
+    pub fn stall(&self, limit: std::time::Duration) -> std::time::Duration {
+        let started = std::time::Instant::now();
+        let Ok(mut n) = self.flushes.0.lock() else {
+            return started.elapsed();
+        };
+        while self.behind() && started.elapsed() < limit {
+            let seen = *n;
+            let left = limit.saturating_sub(started.elapsed());
+            match self.flushes.1.wait_timeout_while(n, left, |n| *n == seen) {
+                Ok((guard, _)) => n = guard,
+                Err(_) => break,
+            }
+        }
+        started.elapsed()
     }
 
     /// The newest record whose writes are all in the tree's tables.
@@ -425,5 +465,34 @@ mod tests {
         tree.publish(3);
         assert!(tree.get(&key(3)).unwrap().is_some());
         assert!(tree.get(&key(1)).unwrap().is_some());
+    }
+
+    /// Sealed memtables past the bound make the writer wait, until a flush: it returns as
+    /// soon as one is done, and waits no longer than its limit when none comes.
+    #[test]
+    fn a_writer_waits_for_flushes_when_sealed_memtables_pile_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = std::sync::Arc::new(Tree::open(dir.path()).unwrap());
+        for lsn in 1..=(MAX_SEALED as u64 + 1) {
+            tree.insert(checkpoint_key("f"), b"{}".to_vec(), lsn);
+            assert!(tree.rotate());
+        }
+        assert!(tree.behind());
+        let limit = std::time::Duration::from_millis(100);
+        assert!(tree.stall(limit) >= limit, "no flush comes: the limit");
+        let flusher = std::thread::spawn({
+            let tree = tree.clone();
+            move || {
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                tree.flush_and_compact(tree.visible()).unwrap();
+            }
+        });
+        let waited = tree.stall(std::time::Duration::from_secs(10));
+        flusher.join().unwrap();
+        assert!(
+            waited < std::time::Duration::from_secs(5),
+            "woken by the flush after {waited:?}"
+        );
+        assert!(!tree.behind());
     }
 }

@@ -697,7 +697,7 @@ impl Writer {
             };
             return jobs.iter().map(|_| Err(e.duplicate("embedded"))).collect();
         }
-        // Between commits everything written is visible: a build may start here.
+        // Between commits everything written is in the tree: a build may start here.
         self.known.tend(&self.tree, Tree::before(self.lsn));
         let now = now_us();
         let mut group = Group::default();
@@ -1948,6 +1948,16 @@ impl Writer {
         self.rotate();
     }
 
+    /// Seals the memtable when it holds as much as a commit would seal it at (the conversion
+    /// of an earlier layout, which writes keys without commits); whether it did.
+    pub(crate) fn seal_if_full(&mut self) -> bool {
+        let full = self.tree.memtable_bytes() >= self.memtable_bytes;
+        if full {
+            self.rotate();
+        }
+        full
+    }
+
     /// Has the memtable sealed after the next commit.
     pub(crate) fn request_rotation(&self) {
         self.rotate_asked.store(true, Ordering::Release);
@@ -1993,8 +2003,24 @@ fn poisoned() -> StoreError {
 
 /// The writer thread: commits what callers queued, everything queued at once (up to
 /// [`MAX_GROUP`] jobs or [`MAX_GROUP_BYTES`]) in one record, until every sender is gone.
-pub(crate) fn run(cell: Arc<WriterCell>, mut rx: mpsc::Receiver<Job>) {
+/// With `stall`, it first waits for maintenance whenever the keyed state is behind
+/// ([`Tree::behind`]), so that its memory stays bounded however fast writes come.
+pub(crate) fn run(cell: Arc<WriterCell>, mut rx: mpsc::Receiver<Job>, stall: Option<Arc<Tree>>) {
     while let Some(first) = rx.blocking_recv() {
+        if let Some(tree) = &stall
+            && tree.behind()
+        {
+            let waited = tree.stall(STALL_LIMIT);
+            if waited >= STALL_LIMIT {
+                crate::telemetry::Problem {
+                    error_type: "write_stall",
+                    detail: &format!(
+                        "writes waited {waited:?} for the keyed state's flushes and merges, which are behind; going on"
+                    ),
+                }
+                .warn();
+            }
+        }
         let mut bytes = first.op.bytes();
         let mut jobs = vec![first];
         let mut guard = match cell.writer.lock() {
@@ -2032,6 +2058,10 @@ pub(crate) fn run(cell: Arc<WriterCell>, mut rx: mpsc::Receiver<Job>) {
         }
     }
 }
+
+/// The longest the writer waits for maintenance at a time (see [`run`]): past it, it goes on
+/// and says so.
+const STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The longest a commit that did not ask for a sync waits for one (and for readers to see
 /// it) while other writes keep the writer busy.
