@@ -28,7 +28,9 @@ pub const WORKER_NICE_STEP: i32 = 5;
 ///
 /// The store's threads must not be started from a lowered thread: they would inherit its value,
 /// and an unprivileged thread cannot raise its priority again. `tailrace` opens its stores
-/// from the main thread (the runtime's `block_on`); `tests/priority.rs` checks the result.
+/// from the main thread (the runtime's `block_on`), which starts a thread of its own for the
+/// embedded engine's recovery (`EmbeddedStore::open_async`); `tests/priority.rs` checks the
+/// result.
 pub fn lower_this_thread() {
     #[cfg(target_os = "linux")]
     {

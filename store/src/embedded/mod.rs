@@ -196,17 +196,27 @@ impl EmbeddedStore {
         Self::open_tuned(dir, options, Tuning::default())
     }
 
-    /// [`EmbeddedStore::open`] on a blocking thread: the recovery of a large data directory
+    /// [`EmbeddedStore::open`] on a thread of its own: the recovery of a large data directory
     /// (and the conversion of an earlier layout) reads and writes for as long as it takes,
-    /// and must not hold an async runtime's thread meanwhile.
+    /// and must not hold an async runtime's thread meanwhile. Not the runtime's blocking pool:
+    /// the store's threads are started there and inherit its priority, and a runtime may run
+    /// its pool below it (`tailrace` does); a thread started by the caller has the caller's.
     pub async fn open_async(dir: impl AsRef<Path>, options: EmbeddedOptions) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
-        tokio::task::spawn_blocking(move || Self::open(dir, options))
-            .await
-            .map_err(|e| StoreError::Engine {
-                engine: "embedded",
-                message: format!("opening the store: {e}"),
-            })?
+        let (tx, rx) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("tailrace-open".into())
+            .spawn(move || {
+                let _ = tx.send(Self::open(dir, options));
+            })
+            .map_err(|source| StoreError::Io {
+                context: "starting the thread that opens the store".into(),
+                source,
+            })?;
+        rx.await.map_err(|_| StoreError::Engine {
+            engine: "embedded",
+            message: "the thread opening the store ended without an answer".into(),
+        })?
     }
 
     /// [`EmbeddedStore::open`] with other file and buffer sizes.
