@@ -12,10 +12,19 @@
 //!   flushed off the commit's path; the journal is its log.
 //! - **Durability**: `journaled`/`majority` sync the record before they answer;
 //!   `acknowledged` answers once it is written (it survives a process crash, not a power
-//!   loss); `unacknowledged` returns once the write is queued.
+//!   loss nor a failed sync); `unacknowledged` returns once the write is queued.
+//! - **What readers see**: a commit only once its record is synced. A commit that did not ask
+//!   for a sync waits for the writer's next one (when its queue empties, or after 5 ms of
+//!   other writes); a read waits for the writes made before it, so a caller reads its own.
+//!   So a power cut never takes back a position or a change number a reader was shown.
+//! - **A failed sync** stops all writing (the disk may have dropped those writes, and Linux
+//!   reports it once); the next open cuts the journal where the last good sync ended.
 //! - **Tailing** never polls: each commit is broadcast in memory to live tails and change
 //!   streams; a reader that fell behind (or starts in the past) reads the journal until it
 //!   has caught up, then listens again.
+//! - **Files** go through one narrow interface ([`fs::Fs`]): the real file system, or a
+//!   simulated disk that the crash tests cut the power of before every call
+//!   (`store/tests/crash_points.rs`).
 
 mod catalog;
 mod format;
@@ -583,14 +592,25 @@ impl Inner {
 
     /// Waits until readers see every record written before this call: commits that did not
     /// wait for a sync are shown only once synced, and a caller reads its own writes. Such a
-    /// wait is one sync at most (the writer thread syncs once idle, or after a few
-    /// milliseconds of other writes).
+    /// wait is one sync: it asks the writer for it.
     async fn caught_up(&self) -> Result<()> {
         let target = self.written.load(Ordering::Acquire);
         if *self.published.borrow() >= target {
             return Ok(());
         }
+        // A sync now, rather than the writer's next one: a barrier that asks for a sync
+        // shows everything written before it.
         let mut rx = self.published.subscribe();
+        let sender = self.jobs.lock().ok().and_then(|j| j.clone());
+        if let Some(sender) = sender {
+            let _ = sender
+                .send(Job {
+                    op: Op::Barrier,
+                    durability: Durability::Journaled,
+                    reply: None,
+                })
+                .await;
+        }
         // The writer is gone (closed, or poisoned and never syncing again): read what is shown.
         let _ = rx.wait_for(|p| *p >= target).await;
         Ok(())

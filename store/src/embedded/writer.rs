@@ -1521,10 +1521,10 @@ impl Writer {
         });
     }
 
-    /// How long the oldest commit not yet shown to readers has waited for a sync.
-    pub(crate) fn pending_for(&self) -> std::time::Duration {
-        self.pending_since
-            .map_or(std::time::Duration::ZERO, |t| t.elapsed())
+    /// How long the oldest commit not yet shown to readers has waited for a sync (`None`:
+    /// none waits).
+    pub(crate) fn pending_for(&self) -> Option<std::time::Duration> {
+        self.pending_since.map(|t| t.elapsed())
     }
 
     /// Syncs the journal and shows readers every commit that waited for it.
@@ -2006,7 +2006,44 @@ fn poisoned() -> StoreError {
 /// With `stall`, it first waits for maintenance whenever the keyed state is behind
 /// ([`Tree::behind`]), so that its memory stays bounded however fast writes come.
 pub(crate) fn run(cell: Arc<WriterCell>, mut rx: mpsc::Receiver<Job>, stall: Option<Arc<Tree>>) {
-    while let Some(first) = rx.blocking_recv() {
+    // A clock for the wait of commits not yet synced (a runtime of its own: the job queue is
+    // async, and a blocking receive has no timeout).
+    let Ok(clock) = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+    else {
+        tracing::error!("the writer thread could not start its clock; no write is committed");
+        return;
+    };
+    loop {
+        // Commits that did not ask for a sync wait for one at most `LAZY_SYNC_AFTER`: the next
+        // job may sync them anyway, and several share one sync.
+        let waiting = cell
+            .writer
+            .lock()
+            .ok()
+            .and_then(|w| w.as_ref().map(Writer::pending_for));
+        let first = match waiting {
+            Some(Some(waited)) => {
+                let left = LAZY_SYNC_AFTER.saturating_sub(waited);
+                match clock.block_on(async { tokio::time::timeout(left, rx.recv()).await }) {
+                    Ok(job) => job,
+                    Err(_) => {
+                        if let Ok(mut guard) = cell.writer.lock()
+                            && let Some(writer) = guard.as_mut()
+                        {
+                            // A failure poisons the writer; the next write says so.
+                            let _ = writer.sync_pending();
+                        }
+                        continue;
+                    }
+                }
+            }
+            _ => rx.blocking_recv(),
+        };
+        let Some(first) = first else {
+            break;
+        };
         if let Some(tree) = &stall
             && tree.behind()
         {
@@ -2040,22 +2077,24 @@ pub(crate) fn run(cell: Arc<WriterCell>, mut rx: mpsc::Receiver<Job>, stall: Opt
             }
         }
         let results = match guard.as_mut() {
-            Some(writer) => writer.commit_group(&mut jobs),
+            Some(writer) => {
+                let results = writer.commit_group(&mut jobs);
+                if writer.pending_for().is_some_and(|w| w >= LAZY_SYNC_AFTER) {
+                    let _ = writer.sync_pending();
+                }
+                results
+            }
             None => jobs.iter().map(|_| Err(StoreError::Closed)).collect(),
         };
         drop(guard);
         let mut results = results.into_iter();
         answer(jobs, || results.next().unwrap_or(Err(StoreError::Closed)));
-        // Commits that did not ask for a sync are shown to readers once synced: when nothing
-        // else is queued (the next group may sync them anyway), or when they have waited
-        // long, under a stream of such writes.
-        if let Ok(mut guard) = cell.writer.lock()
-            && let Some(writer) = guard.as_mut()
-            && (rx.is_empty() || writer.pending_for() >= LAZY_SYNC_AFTER)
-        {
-            // A failure poisons the writer; the next write says so.
-            let _ = writer.sync_pending();
-        }
+    }
+    // Every sender gone (the store closing): what waits is synced and shown.
+    if let Ok(mut guard) = cell.writer.lock()
+        && let Some(writer) = guard.as_mut()
+    {
+        let _ = writer.sync_pending();
     }
 }
 
@@ -2063,9 +2102,10 @@ pub(crate) fn run(cell: Arc<WriterCell>, mut rx: mpsc::Receiver<Job>, stall: Opt
 /// and says so.
 const STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The longest a commit that did not ask for a sync waits for one (and for readers to see
-/// it) while other writes keep the writer busy.
-const LAZY_SYNC_AFTER: std::time::Duration = std::time::Duration::from_millis(5);
+/// The longest a commit that did not ask for a sync waits for one (and readers for it). A
+/// caller that reads its own write does not wait for it: its read asks for the sync
+/// (`Inner::caught_up`).
+const LAZY_SYNC_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Sends each job its answer (unacknowledged jobs have nobody waiting).
 fn answer(jobs: Vec<Job>, mut result: impl FnMut() -> Result<Reply>) {
