@@ -5,7 +5,7 @@
 
 use crate::telemetry::Problem;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::catalog::{self, Catalog};
@@ -18,7 +18,6 @@ use super::state::{
 };
 
 use super::tree::{self, Tree};
-use super::writer::Recovered;
 use crate::{ChangeOp, Result, StoreError, update};
 
 /// The keyed state's directory inside the data directory.
@@ -29,6 +28,25 @@ fn damaged(what: String) -> StoreError {
         engine: "embedded",
         message: what,
     }
+}
+
+/// What recovery found of a capped collection: oldest and next positions, the sizes of
+/// `[oldest, next)`, the last seek point.
+pub(crate) type RecoveredCapped = (u64, u64, VecDeque<u32>, Option<(u64, u64)>);
+
+/// What recovery hands the writer.
+pub(crate) struct Recovered {
+    pub fs: Arc<dyn Fs>,
+    pub dir: PathBuf,
+    pub journal: journal::Writer,
+    pub lsn: u64,
+    pub change_next: u64,
+    pub tree: Arc<Tree>,
+    pub shared: Arc<RwLock<Shared>>,
+    pub catalog: Arc<Mutex<Catalog>>,
+    /// Per capped collection: oldest, next, sizes of `[oldest, next)`, last seek.
+    pub capped: HashMap<String, RecoveredCapped>,
+    pub last_change_seek: Option<(u64, u64)>,
 }
 
 /// What a scan of one segment found.

@@ -1,0 +1,168 @@
+//! The writer behind its lock, and the writer thread that commits what callers queue.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+
+use super::core::Writer;
+use super::ops::{Job, Reply};
+use crate::embedded::tree::Tree;
+use crate::{Result, StoreError};
+
+/// At most this many jobs share one record, so one commit's latency stays bounded.
+pub(super) const MAX_GROUP: usize = 1024;
+/// A group stops taking jobs once its entries pass this many bytes (one job may pass it alone).
+pub(super) const MAX_GROUP_BYTES: usize = 8 << 20;
+
+/// The writer behind its lock, shared by the writer thread, the maintenance thread and setup.
+pub(crate) struct WriterCell {
+    /// `None` once the store is closed.
+    pub(super) writer: Mutex<Option<Writer>>,
+}
+
+impl WriterCell {
+    pub(crate) fn new(writer: Writer) -> Self {
+        WriterCell {
+            writer: Mutex::new(Some(writer)),
+        }
+    }
+
+    /// Runs `f` on the writer (for setup that needs it, and tests).
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Writer) -> T) -> Result<T> {
+        let mut guard = self.writer.lock().map_err(|_| poisoned())?;
+        let writer = guard.as_mut().ok_or(StoreError::Closed)?;
+        Ok(f(writer))
+    }
+
+    /// Takes the writer out (after the writer thread has stopped).
+    pub(crate) fn close(&self) -> Result<Option<Writer>> {
+        let writer = self.writer.lock().map_err(|_| poisoned())?.take();
+        if let Some(w) = &writer {
+            w.release_readers();
+        }
+        Ok(writer)
+    }
+}
+
+pub(super) fn poisoned() -> StoreError {
+    StoreError::Engine {
+        engine: "embedded",
+        message: "the writer panicked during a commit; reopen the store".into(),
+    }
+}
+
+/// The writer thread: commits what callers queued, everything queued at once (up to
+/// [`MAX_GROUP`] jobs or [`MAX_GROUP_BYTES`]) in one record, until every sender is gone.
+/// With `stall`, it first waits for maintenance whenever the keyed state is behind
+/// ([`Tree::behind`]), so that its memory stays bounded however fast writes come.
+pub(crate) fn run(cell: Arc<WriterCell>, mut rx: mpsc::Receiver<Job>, stall: Option<Arc<Tree>>) {
+    // A clock for the wait of commits not yet synced (a runtime of its own: the job queue is
+    // async, and a blocking receive has no timeout).
+    let Ok(clock) = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+    else {
+        tracing::error!("the writer thread could not start its clock; no write is committed");
+        return;
+    };
+    loop {
+        // Commits that did not ask for a sync wait for one at most `LAZY_SYNC_AFTER`: the next
+        // job may sync them anyway, and several share one sync.
+        let waiting = cell
+            .writer
+            .lock()
+            .ok()
+            .and_then(|w| w.as_ref().map(Writer::pending_for));
+        let first = match waiting {
+            Some(Some(waited)) => {
+                let left = LAZY_SYNC_AFTER.saturating_sub(waited);
+                match clock.block_on(async { tokio::time::timeout(left, rx.recv()).await }) {
+                    Ok(job) => job,
+                    Err(_) => {
+                        if let Ok(mut guard) = cell.writer.lock()
+                            && let Some(writer) = guard.as_mut()
+                        {
+                            // A failure poisons the writer; the next write says so.
+                            let _ = writer.sync_pending();
+                        }
+                        continue;
+                    }
+                }
+            }
+            _ => rx.blocking_recv(),
+        };
+        let Some(first) = first else {
+            break;
+        };
+        if let Some(tree) = &stall
+            && tree.behind()
+        {
+            let waited = tree.stall(STALL_LIMIT);
+            if waited >= STALL_LIMIT {
+                crate::telemetry::Problem {
+                    error_type: "write_stall",
+                    detail: &format!(
+                        "writes waited {waited:?} for the keyed state's flushes and merges, which are behind; going on"
+                    ),
+                }
+                .warn();
+            }
+        }
+        let mut bytes = first.op.bytes();
+        let mut jobs = vec![first];
+        let mut guard = match cell.writer.lock() {
+            Ok(guard) => guard,
+            Err(_) => {
+                answer(jobs, || Err(poisoned()));
+                continue;
+            }
+        };
+        while jobs.len() < MAX_GROUP && bytes < MAX_GROUP_BYTES {
+            match rx.try_recv() {
+                Ok(job) => {
+                    bytes += job.op.bytes();
+                    jobs.push(job);
+                }
+                Err(_) => break,
+            }
+        }
+        let results = match guard.as_mut() {
+            Some(writer) => {
+                let results = writer.commit_group(&mut jobs);
+                if writer.pending_for().is_some_and(|w| w >= LAZY_SYNC_AFTER) {
+                    let _ = writer.sync_pending();
+                }
+                results
+            }
+            None => jobs.iter().map(|_| Err(StoreError::Closed)).collect(),
+        };
+        drop(guard);
+        let mut results = results.into_iter();
+        answer(jobs, || results.next().unwrap_or(Err(StoreError::Closed)));
+    }
+    // Every sender gone (the store closing): what waits is synced and shown.
+    if let Ok(mut guard) = cell.writer.lock()
+        && let Some(writer) = guard.as_mut()
+    {
+        let _ = writer.sync_pending();
+    }
+}
+
+/// The longest the writer waits for maintenance at a time (see [`run`]): past it, it goes on
+/// and says so.
+pub(super) const STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The longest a commit that did not ask for a sync waits for one (and readers for it). A
+/// caller that reads its own write does not wait for it: its read asks for the sync
+/// (`Inner::caught_up`).
+pub(super) const LAZY_SYNC_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Sends each job its answer (unacknowledged jobs have nobody waiting).
+pub(super) fn answer(jobs: Vec<Job>, mut result: impl FnMut() -> Result<Reply>) {
+    for job in jobs {
+        let r = result();
+        if let Some(tx) = job.reply {
+            let _ = tx.send(r);
+        }
+    }
+}
