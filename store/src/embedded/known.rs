@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use fastbloom::BloomFilter;
 
+use super::maint::Snapshots;
 use super::tree::{self, Tree};
 use super::writer::KvRef;
 use crate::{Result, StoreError};
@@ -48,6 +49,8 @@ struct Built {
 }
 
 pub(crate) struct KnownKeys {
+    /// Where a build registers the sequence number it reads at.
+    snapshots: Arc<Snapshots>,
     /// `None` until the first build is adopted: every read then goes to the tree.
     filter: Option<Filter>,
     /// Keys the filter was built from plus those added since (counted when new to it).
@@ -89,8 +92,9 @@ impl Drop for KnownKeys {
 impl KnownKeys {
     /// A filter sized for at least `min_capacity` keys; 0 never builds one (every read goes
     /// to the tree: the conversion of an earlier layout, which writes without reading).
-    pub(crate) fn new(min_capacity: usize) -> Self {
+    pub(crate) fn new(min_capacity: usize, snapshots: Arc<Snapshots>) -> Self {
         KnownKeys {
+            snapshots,
             filter: None,
             held: 0,
             capacity: 0,
@@ -173,6 +177,9 @@ impl KnownKeys {
     /// readers may not see all of them yet), so the keys it writes from now on are the ones
     /// it records meanwhile.
     fn start(&mut self, tree: &Arc<Tree>, seqno: u64) {
+        // Held for as long as the build reads: the tree keeps the version it reads at (a
+        // flush meanwhile would otherwise drop it, and the read would find none).
+        let hold = self.snapshots.hold(seqno);
         let tree = tree.clone();
         let min = self.min_capacity;
         let hasher = self.hasher.clone();
@@ -183,7 +190,9 @@ impl KnownKeys {
             .spawn({
                 let cancel = cancel.clone();
                 move || {
-                    let _ = tx.send(build(&tree, seqno, min, hasher, &cancel));
+                    let built = build(&tree, seqno, min, hasher, &cancel);
+                    drop(hold);
+                    let _ = tx.send(built);
                 }
             });
         // A thread that cannot start leaves the reads to the tree, as before.
@@ -262,7 +271,7 @@ mod tests {
         for i in 0..100u64 {
             put("rollups", &format!("hashtags:東京{i}"), i + 1);
         }
-        let mut k = KnownKeys::new(8);
+        let mut k = KnownKeys::new(8, Arc::default());
         assert!(
             k.may_hold("rollups", "anything"),
             "no filter yet: ask the tree"
@@ -292,11 +301,49 @@ mod tests {
         assert!(!k.may_hold("rollup", "shashtags:東京1"));
     }
 
+    /// A build reads the tree at one sequence number for as long as it takes; flushes
+    /// meanwhile make new versions of the tree and drop the old ones nobody holds. The build
+    /// holds its own, so it still finds one to read (it found none and panicked, and the
+    /// filter was never built, on a store loading millions of keys).
+    #[test]
+    fn a_build_survives_flushes_that_drop_old_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = Arc::new(Tree::open(dir.path()).unwrap());
+        let snapshots = Arc::new(Snapshots::default());
+        let mut lsn = 0;
+        for i in 0..60_000u64 {
+            lsn = i / 100 + 1;
+            tree.insert(
+                tree::doc_key("c", &format!("k{i}")),
+                tree::value(0, b"{}"),
+                lsn,
+            );
+        }
+        tree.publish(lsn);
+        let mut k = KnownKeys::new(8, snapshots.clone());
+        k.tend(&tree, Tree::before(lsn + 1));
+        // Flushes, each a new version, as maintenance makes them while the build reads.
+        for _ in 0..20 {
+            lsn += 1;
+            tree.insert(tree::checkpoint_key("f"), b"{}".to_vec(), lsn);
+            tree.publish(lsn);
+            assert!(tree.rotate());
+            tree.flush_and_compact(snapshots.gc_below(tree.visible()))
+                .unwrap();
+        }
+        while k.building.is_some() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            k.tend(&tree, Tree::before(lsn + 1));
+        }
+        assert!(k.filter.is_some(), "the build finished");
+        assert!((0..60_000).all(|i| k.may_hold("c", &format!("k{i}"))));
+    }
+
     #[test]
     fn the_filter_is_built_again_when_its_keys_outgrow_it() {
         let dir = tempfile::tempdir().unwrap();
         let tree = Arc::new(Tree::open(dir.path()).unwrap());
-        let mut k = KnownKeys::new(4);
+        let mut k = KnownKeys::new(4, Arc::default());
         k.tend(&tree, tree.visible());
         while k.filter.is_none() {
             std::thread::sleep(std::time::Duration::from_millis(1));

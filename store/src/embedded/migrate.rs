@@ -23,7 +23,7 @@ use super::journal::{self, IoStats};
 use super::maint::{self, Maint, Task};
 use super::recover;
 use super::schema::DB_FILE;
-use super::writer::{Hub, Kv, Writer};
+use super::writer::{Hub, Kv, Links, Writer};
 use super::{EmbeddedOptions, Tuning};
 use crate::{CappedSpec, ChangeOp, Document, Result, StoreError};
 
@@ -184,16 +184,15 @@ fn convert(dir: &Path, work: &Path, options: &EmbeddedOptions, tuning: &Tuning) 
     let catalog = recovered.catalog.clone();
     let hub = Hub::new(1, 0);
     let (maint_tx, maint_rx) = std::sync::mpsc::channel();
-    let mut writer = Writer::new(
-        recovered,
+    let links = Links {
         hub,
-        Arc::new(AtomicU64::new(0)),
-        maint_tx,
-        tuning.memtable_bytes,
-        // The conversion writes without reading: no filter to build.
-        0,
-        Arc::new(AtomicBool::new(false)),
-    )?;
+        newest_op: Arc::new(AtomicU64::new(0)),
+        maint: maint_tx,
+        rotate_asked: Arc::new(AtomicBool::new(false)),
+        snapshots: Arc::default(),
+    };
+    // The conversion writes without reading: no filter to build.
+    let mut writer = Writer::new(recovered, links, tuning.memtable_bytes, 0)?;
     let maint = Maint {
         fs: RealFs::shared(),
         dir: work.to_path_buf(),

@@ -290,14 +290,19 @@ impl EmbeddedStore {
         let (tx, rx) = mpsc::channel(options.queue_capacity.max(1));
         let (maint_tx, maint_rx) = std::sync::mpsc::channel();
         let rotate_asked = Arc::new(AtomicBool::new(false));
+        let snapshots = Arc::new(maint::Snapshots::default());
+        let links = writer::Links {
+            hub: hub.clone(),
+            newest_op: newest_op.clone(),
+            maint: maint_tx.clone(),
+            rotate_asked: rotate_asked.clone(),
+            snapshots: snapshots.clone(),
+        };
         let writer = writer::Writer::new(
             recovered,
-            hub.clone(),
-            newest_op.clone(),
-            maint_tx.clone(),
+            links,
             tuning.memtable_bytes,
             tuning.known_keys_min,
-            rotate_asked.clone(),
         )?;
         let (written, published, written_op) = writer.visibility();
         let cell = Arc::new(WriterCell::new(writer));
@@ -320,7 +325,6 @@ impl EmbeddedStore {
                 drop(lock);
             })
         })?;
-        let snapshots = Arc::new(maint::Snapshots::default());
         let m = maint::Maint {
             fs: fs.clone(),
             dir: dir.to_path_buf(),

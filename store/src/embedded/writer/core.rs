@@ -13,7 +13,7 @@ use crate::embedded::format::Builder;
 use crate::embedded::fs::Fs;
 use crate::embedded::journal;
 use crate::embedded::known::KnownKeys;
-use crate::embedded::maint::Task;
+use crate::embedded::maint::{Snapshots, Task};
 use crate::embedded::recover::Recovered;
 use crate::embedded::state::{self, Shared};
 use crate::embedded::tree::Tree;
@@ -109,16 +109,34 @@ pub(super) fn refused(coll: &str, rule: &Filter) -> StoreError {
     }
 }
 
+/// What the writer shares with the rest of the engine.
+pub(crate) struct Links {
+    /// The live broadcast to tails and change streams.
+    pub hub: Hub,
+    /// The newest change number shown to readers.
+    pub newest_op: Arc<AtomicU64>,
+    /// The maintenance thread's queue (flushes, index files).
+    pub maint: std::sync::mpsc::Sender<Task>,
+    /// Set by maintenance to have the memtable sealed after the next commit.
+    pub rotate_asked: Arc<AtomicBool>,
+    /// The sequence numbers readers (and the key filter's builds) hold.
+    pub snapshots: Arc<Snapshots>,
+}
+
 impl Writer {
     pub(crate) fn new(
         r: Recovered,
-        hub: Hub,
-        newest_op: Arc<AtomicU64>,
-        maint: std::sync::mpsc::Sender<Task>,
+        links: Links,
         memtable_bytes: u64,
         known_keys_min: usize,
-        rotate_asked: Arc<AtomicBool>,
     ) -> Result<Writer> {
+        let Links {
+            hub,
+            newest_op,
+            maint,
+            rotate_asked,
+            snapshots,
+        } = links;
         let catalog = r.catalog.lock().map_err(lock_err)?.clone();
         let mut capped = HashMap::new();
         for (name, (oldest, next, sizes, last_seek)) in r.capped {
@@ -178,7 +196,7 @@ impl Writer {
             memtable_bytes,
             rotate_asked,
             last_change_seek: r.last_change_seek,
-            known: KnownKeys::new(known_keys_min),
+            known: KnownKeys::new(known_keys_min, snapshots),
             poisoned: None,
             pending: Vec::new(),
             pending_since: None,

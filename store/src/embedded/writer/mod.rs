@@ -42,6 +42,6 @@ mod stage;
 
 pub(crate) use cache::{Kv, KvRef};
 pub(crate) use cell::{WriterCell, run};
-pub(crate) use core::{Writer, index_hashes};
+pub(crate) use core::{Links, Writer, index_hashes};
 pub(crate) use hub::{Commit, Hub};
 pub(crate) use ops::{Job, Op, Reply};
