@@ -73,27 +73,20 @@ pub(crate) fn run(cell: Arc<WriterCell>, mut rx: mpsc::Receiver<Job>, stall: Opt
             .writer
             .lock()
             .ok()
-            .and_then(|w| w.as_ref().map(Writer::pending_for));
-        let first = match waiting {
-            Some(Some(waited)) => {
-                let left = LAZY_SYNC_AFTER.saturating_sub(waited);
-                match clock.block_on(async { tokio::time::timeout(left, rx.recv()).await }) {
-                    Ok(job) => job,
-                    Err(_) => {
-                        if let Ok(mut guard) = cell.writer.lock()
-                            && let Some(writer) = guard.as_mut()
-                        {
-                            // A failure poisons the writer; the next write says so.
-                            let _ = writer.sync_pending();
-                        }
-                        continue;
-                    }
+            .and_then(|w| w.as_ref().and_then(Writer::pending_for));
+        let deadline = waiting.map(|waited| LAZY_SYNC_AFTER.saturating_sub(waited));
+        let first = match next_job(&mut rx, &clock, deadline, &mut arrivals) {
+            Next::Job(job) => job,
+            Next::Closed => break,
+            Next::Timeout => {
+                if let Ok(mut guard) = cell.writer.lock()
+                    && let Some(writer) = guard.as_mut()
+                {
+                    // A failure poisons the writer; the next write says so.
+                    let _ = writer.sync_pending();
                 }
+                continue;
             }
-            _ => spin_then_recv(&mut rx, &mut arrivals),
-        };
-        let Some(first) = first else {
-            break;
         };
         if let Some(tree) = &stall
             && tree.behind()
@@ -159,37 +152,63 @@ struct Arrivals {
 /// Waits for a job shorter than this make the writer wait for the next one awake.
 const SPIN_BELOW: std::time::Duration = std::time::Duration::from_micros(200);
 
-/// The next job. While jobs come back to back (one client writing in a loop, each write
-/// waiting for its answer), the writer waits for the next one awake, for about twice as long
-/// as it last waited, before it sleeps: a sleeping writer is woken by the job's sender, a cross-thread wake-up
-/// that costs tens of microseconds on a small virtual machine, a good part of a journaled
-/// commit. A slow stream's jobs come milliseconds apart: the writer sleeps at once, and spends
-/// nothing waiting.
-fn spin_then_recv(rx: &mut mpsc::Receiver<Job>, arrivals: &mut Arrivals) -> Option<Job> {
+/// What [`next_job`] found.
+enum Next {
+    Job(Job),
+    /// Every sender is gone.
+    Closed,
+    /// Nothing came before the deadline.
+    Timeout,
+}
+
+/// The next job, waiting at most `deadline` when there is one.
+///
+/// While jobs come back to back (one client writing in a loop, each write waiting for its
+/// answer), the writer waits for the next one awake, for about twice as long as it last
+/// waited, before it sleeps: a sleeping writer is woken by the job's sender, a cross-thread
+/// wake-up that costs tens of microseconds on a small virtual machine, a good part of a
+/// journaled commit. A slow stream's jobs come milliseconds apart: the writer sleeps at once,
+/// and spends nothing waiting.
+fn next_job(
+    rx: &mut mpsc::Receiver<Job>,
+    clock: &tokio::runtime::Runtime,
+    deadline: Option<std::time::Duration>,
+    arrivals: &mut Arrivals,
+) -> Next {
+    let started = std::time::Instant::now();
     let spin = arrivals
         .idle
         .filter(|idle| *idle < SPIN_BELOW)
-        .map(|idle| (idle * 2).min(SPIN_BELOW));
-    let started = std::time::Instant::now();
-    let mut job = None;
+        .map(|idle| (idle * 2).min(SPIN_BELOW))
+        .map(|spin| deadline.map_or(spin, |d| spin.min(d)));
+    let mut found = None;
     if let Some(spin) = spin {
         while started.elapsed() < spin {
             match rx.try_recv() {
-                Ok(j) => {
-                    job = Some(j);
+                Ok(job) => {
+                    found = Some(Next::Job(job));
                     break;
                 }
-                Err(mpsc::error::TryRecvError::Disconnected) => return None,
+                Err(mpsc::error::TryRecvError::Disconnected) => return Next::Closed,
                 Err(mpsc::error::TryRecvError::Empty) => std::hint::spin_loop(),
             }
         }
     }
-    let job = match job {
-        Some(j) => Some(j),
-        None => rx.blocking_recv(),
-    };
-    arrivals.idle = Some(started.elapsed());
-    job
+    let next = found.unwrap_or_else(|| match deadline {
+        None => rx.blocking_recv().map_or(Next::Closed, Next::Job),
+        Some(d) => {
+            let left = d.saturating_sub(started.elapsed());
+            match clock.block_on(async { tokio::time::timeout(left, rx.recv()).await }) {
+                Ok(Some(job)) => Next::Job(job),
+                Ok(None) => Next::Closed,
+                Err(_) => Next::Timeout,
+            }
+        }
+    });
+    if matches!(next, Next::Job(_)) {
+        arrivals.idle = Some(started.elapsed());
+    }
+    next
 }
 
 /// The longest the writer waits for maintenance at a time (see [`run`]): past it, it goes on
