@@ -1303,3 +1303,33 @@ async fn a_sqlite_data_directory_is_converted_whole_at_its_first_open() {
         store.close().await.unwrap();
     }
 }
+
+/// Commits that did not ask for a sync are shown to readers once synced; a question asked
+/// right after them (how far a feed is behind, as it drains at a stop) still counts them, or
+/// the feed would stop short of the last writes.
+#[tokio::test]
+async fn the_lag_asked_right_after_unsynced_writes_counts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let k = store.keyed("rollups").await.unwrap();
+    k.update(
+        vec![store::KeyUpdate::new("a", store::Update::inc("n", 1))],
+        Durability::Journaled,
+    )
+    .await
+    .unwrap();
+    let token = store.newest_change().await.unwrap().unwrap();
+    for i in 0..5 {
+        k.update(
+            vec![store::KeyUpdate::new(
+                format!("k{i}"),
+                store::Update::inc("n", 1),
+            )],
+            Durability::Acknowledged,
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(store.changes_after(&token).await.unwrap(), Some(5));
+    store.close().await.unwrap();
+}

@@ -14,8 +14,8 @@
 //!   `acknowledged` answers once it is written (it survives a process crash, not a power
 //!   loss nor a failed sync); `unacknowledged` returns once the write is queued.
 //! - **What readers see**: a commit only once its record is synced. A commit that did not ask
-//!   for a sync waits for the writer's next one (when its queue empties, or after 5 ms of
-//!   other writes); a read waits for the writes made before it, so a caller reads its own.
+//!   for a sync waits for the writer's next one (2 ms at most); a read waits for the writes
+//!   made before it, asking for that sync at once, so a caller reads its own.
 //!   So a power cut never takes back a position or a change number a reader was shown.
 //! - **A failed sync** stops all writing (the disk may have dropped those writes, and Linux
 //!   reports it once); the next open cuts the journal where the last good sync ended.
@@ -720,6 +720,9 @@ impl Store for EmbeddedStore {
 
     async fn changes_after(&self, token: &ResumeToken) -> Result<Option<u64>> {
         let after = read::parse_token(token)?;
+        // Every change written before this call counts (a feed draining at a stop asks how
+        // far behind it is, and must not stop short of the last commits not yet synced).
+        self.inner.caught_up().await?;
         let newest = self.inner.newest_op.load(Ordering::Acquire);
         Ok(Some(newest.saturating_sub(after)))
     }
