@@ -759,6 +759,11 @@ impl Keyed for MongoKeyed {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Document>> {
+        if key.len() > crate::MAX_KEY_BYTES {
+            // No such key is ever stored (the store refuses them), and a server may refuse
+            // the query.
+            return Ok(None);
+        }
         let doc = self.coll.find_one(doc! {"_id": key}).await?;
         Ok(doc.map(keyed_doc_to_json))
     }
