@@ -189,7 +189,6 @@ fn convert(dir: &Path, work: &Path, options: &EmbeddedOptions, tuning: &Tuning) 
         newest_op: Arc::new(AtomicU64::new(0)),
         maint: maint_tx,
         rotate_asked: Arc::new(AtomicBool::new(false)),
-        snapshots: Arc::default(),
     };
     // The conversion writes without reading: no filter to build.
     let mut writer = Writer::new(recovered, links, tuning.memtable_bytes, 0)?;

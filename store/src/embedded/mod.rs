@@ -296,7 +296,6 @@ impl EmbeddedStore {
             newest_op: newest_op.clone(),
             maint: maint_tx.clone(),
             rotate_asked: rotate_asked.clone(),
-            snapshots: snapshots.clone(),
         };
         let writer = writer::Writer::new(
             recovered,

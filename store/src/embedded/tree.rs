@@ -222,6 +222,10 @@ impl Tree {
         })
     }
 
+    /// A sequence number past every write: a read at it sees the tree as it is, shown or not
+    /// (the key filter's builds, which want every key).
+    pub const LATEST: SeqNo = SeqNo::MAX >> 2;
+
     /// The sequence number reads see: past the newest record shown to readers.
     pub fn visible(&self) -> SeqNo {
         self.visible.get()

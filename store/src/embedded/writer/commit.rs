@@ -10,7 +10,7 @@ use super::ops::{Job, Op, Reply};
 use super::stage::{Group, JobOut};
 use crate::clock::now_us;
 use crate::embedded::maint::Task;
-use crate::embedded::tree::{self, Tree};
+use crate::embedded::tree;
 use crate::{Result, StoreError};
 
 impl Writer {
@@ -24,7 +24,7 @@ impl Writer {
             return jobs.iter().map(|_| Err(e.duplicate("embedded"))).collect();
         }
         // Between commits everything written is in the tree: a build may start here.
-        self.known.tend(&self.tree, Tree::before(self.lsn));
+        self.known.tend(&self.tree);
         let now = now_us();
         let mut group = Group::default();
         let mut results: Vec<Result<Reply>> = Vec::with_capacity(jobs.len());

@@ -13,7 +13,7 @@ use crate::embedded::format::Builder;
 use crate::embedded::fs::Fs;
 use crate::embedded::journal;
 use crate::embedded::known::KnownKeys;
-use crate::embedded::maint::{Snapshots, Task};
+use crate::embedded::maint::Task;
 use crate::embedded::recover::Recovered;
 use crate::embedded::state::{self, Shared};
 use crate::embedded::tree::Tree;
@@ -119,8 +119,6 @@ pub(crate) struct Links {
     pub maint: std::sync::mpsc::Sender<Task>,
     /// Set by maintenance to have the memtable sealed after the next commit.
     pub rotate_asked: Arc<AtomicBool>,
-    /// The sequence numbers readers (and the key filter's builds) hold.
-    pub snapshots: Arc<Snapshots>,
 }
 
 impl Writer {
@@ -135,7 +133,6 @@ impl Writer {
             newest_op,
             maint,
             rotate_asked,
-            snapshots,
         } = links;
         let catalog = r.catalog.lock().map_err(lock_err)?.clone();
         let mut capped = HashMap::new();
@@ -196,7 +193,7 @@ impl Writer {
             memtable_bytes,
             rotate_asked,
             last_change_seek: r.last_change_seek,
-            known: KnownKeys::new(known_keys_min, snapshots),
+            known: KnownKeys::new(known_keys_min),
             poisoned: None,
             pending: Vec::new(),
             pending_since: None,
