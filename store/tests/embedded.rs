@@ -1333,3 +1333,156 @@ async fn the_lag_asked_right_after_unsynced_writes_counts_them() {
     assert_eq!(store.changes_after(&token).await.unwrap(), Some(5));
     store.close().await.unwrap();
 }
+
+/// Copies a directory tree.
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// Everything a store holds, in the shape of the fixtures' dumps (see their `make.rs.txt`).
+async fn dump_store(store: &EmbeddedStore) -> Value {
+    let events = store
+        .capped(
+            "events",
+            &spec(
+                60,
+                &["user.screen_name", "user.id", "id", "_tailrace.source"],
+            ),
+        )
+        .await
+        .unwrap();
+    let letters = store
+        .capped("dead_letters", &spec(10_000, &["source", "reason"]))
+        .await
+        .unwrap();
+    let mut dump = serde_json::Map::new();
+    dump.insert("events".into(), Value::Array(dump_capped(&*events).await));
+    dump.insert(
+        "dead_letters".into(),
+        Value::Array(dump_capped(&*letters).await),
+    );
+    for name in ["rollups", "stats"] {
+        let all = store.keyed(name).await.unwrap().scan("").await.unwrap();
+        let all = all
+            .into_iter()
+            .map(|d| json!({"key": d.key, "doc": d.doc}))
+            .collect();
+        dump.insert(name.into(), Value::Array(all));
+    }
+    let newest = store.newest_change().await.unwrap().unwrap();
+    let mut s = store.changes(ChangeFilter::default(), ChangeStart::Oldest);
+    let mut changes = vec![];
+    loop {
+        let c = tokio::time::timeout(contract::WAIT, s.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let done = c.token == newest;
+        changes.push(serde_json::to_value(&c).unwrap());
+        if done {
+            break;
+        }
+    }
+    dump.insert("changes".into(), Value::Array(changes));
+    let mut checkpoints = serde_json::Map::new();
+    for feed in ["tail", "changes"] {
+        let c = store.load_checkpoint(feed).await.unwrap();
+        checkpoints.insert(feed.into(), c.unwrap_or(Value::Null));
+    }
+    dump.insert("checkpoints".into(), Value::Object(checkpoints));
+    Value::Object(dump)
+}
+
+/// A data directory written by the journal engine of the previous release (records not
+/// chained, 512-byte writes, a keyed tree of that lsm-tree), after a clean stop and after a
+/// kill, opens in this one with everything in it, and takes writes that continue its
+/// positions and tokens: in its last segment (whose tail is not on a 4 KiB block), in new
+/// segments, past the release of its old ones, and across another stop and open.
+#[tokio::test]
+async fn a_journal_directory_of_the_previous_release_opens_whole() {
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/journal-2f724b9");
+    for case in ["clean", "killed"] {
+        let dir = tempfile::tempdir().unwrap();
+        copy_tree(&fixtures.join(case), dir.path());
+        let expected: Value =
+            serde_json::from_slice(&std::fs::read(fixtures.join(format!("{case}.json"))).unwrap())
+                .unwrap();
+        // The options it was written with (the fixture's change history is 150 long).
+        let options = EmbeddedOptions {
+            oplog_max_entries: 150,
+            queue_capacity: 64,
+        };
+        let store = EmbeddedStore::open(dir.path(), options.clone()).unwrap();
+        assert_eq!(dump_store(&store).await, expected, "{case}");
+
+        let events = store
+            .capped("events", &spec(60, &["user.id"]))
+            .await
+            .unwrap();
+        let rollups = store.keyed("rollups").await.unwrap();
+        let last = |name: &str| expected[name].as_array().unwrap().last().unwrap().clone();
+        let last_pos = last("events")["position"].as_u64().unwrap();
+        let last_token: u64 = last("changes")["token"].as_str().unwrap().parse().unwrap();
+        // Enough writes of realistic size to fill the old 16 KiB segment and roll past it.
+        let n = 300;
+        for i in 0..n {
+            let p = events
+                .append_with_updates(
+                    Arc::from(vec![Arc::new(contract::doc(
+                        json!({"i": i, "user": {"id": i % 17}, "text": "x".repeat(200)}),
+                    ))]),
+                    &*rollups,
+                    vec![KeyUpdate::new("lang:en", Update::inc("count", 1))],
+                    Durability::Journaled,
+                )
+                .await
+                .unwrap();
+            assert_eq!(p[0].0, last_pos + 1 + i, "{case}");
+        }
+        let newest = store.newest_change().await.unwrap().unwrap();
+        assert_eq!(newest.0, (last_token + n).to_string(), "{case}");
+        let en = |expected: &Value| {
+            expected["rollups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["key"] == "lang:en")
+                .unwrap()["doc"]["count"]
+                .as_i64()
+                .unwrap()
+        };
+        let before = en(&expected);
+        store.close().await.unwrap();
+        drop(store);
+
+        let store = EmbeddedStore::open(dir.path(), options).unwrap();
+        let now = dump_store(&store).await;
+        let positions: Vec<u64> = now["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["position"].as_u64().unwrap())
+            .collect();
+        let newest_pos = last_pos + n;
+        assert_eq!(
+            positions,
+            (newest_pos - 59..=newest_pos).collect::<Vec<_>>(),
+            "{case}"
+        );
+        assert_eq!(en(&now), before + n as i64, "{case}");
+        assert_eq!(now["checkpoints"], expected["checkpoints"], "{case}");
+        assert_eq!(now["dead_letters"], expected["dead_letters"], "{case}");
+        store.close().await.unwrap();
+    }
+}
