@@ -15,6 +15,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod crash;
+#[path = "common/dump.rs"]
+mod dump;
 
 use crash::{Point, Step, Tally, Workload};
 use store::Durability::{Acknowledged as A, Journaled as J};
@@ -205,6 +207,7 @@ fn capped_appends(geometry: Geometry) -> Workload {
         name: "capped appends",
         steps,
         geometry,
+        sqlite_conversion: false,
     }
 }
 
@@ -227,6 +230,7 @@ fn dead_letters_spill(geometry: Geometry) -> Workload {
         name: "dead letters that spill",
         steps,
         geometry,
+        sqlite_conversion: false,
     }
 }
 
@@ -246,7 +250,23 @@ fn rollups(geometry: Geometry) -> Workload {
         name: "rollups past the key filter's rebuild",
         steps,
         geometry,
+        sqlite_conversion: false,
     }
+}
+
+/// A data directory of the SQLite layout converted at its first open, then written to.
+fn sqlite_conversion(geometry: Geometry) -> Workload {
+    Workload {
+        name: "sqlite conversion",
+        steps: Vec::new(),
+        geometry,
+        sqlite_conversion: true,
+    }
+}
+
+#[test]
+fn the_sqlite_conversion_survives_every_crash_point() {
+    prove(&sqlite_conversion(Geometry::N512));
 }
 
 #[test]

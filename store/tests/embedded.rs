@@ -6,6 +6,10 @@
 
 #[macro_use]
 mod contract;
+#[path = "common/dump.rs"]
+mod dump;
+
+use dump::{dump_capped, dump_store};
 
 use store::Store;
 use store::embedded::{EmbeddedOptions, EmbeddedStore, Tuning};
@@ -1143,29 +1147,6 @@ fn sqlite_fixture() -> (tempfile::TempDir, Value) {
     (dir, expected)
 }
 
-/// Everything the fixture's capped collection holds, as the dump has it.
-async fn dump_capped(c: &dyn store::Capped) -> Vec<Value> {
-    let Some(b) = c.bounds().await.unwrap() else {
-        return Vec::new();
-    };
-    let mut tail = c.tail(Start::Oldest);
-    let mut out = Vec::new();
-    loop {
-        let r = tokio::time::timeout(contract::WAIT, tail.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        let done = r.position >= b.newest;
-        out.push(
-            json!({"position": r.position.0, "doc": r.doc, "committed_at_us": r.committed_at_us}),
-        );
-        if done {
-            return out;
-        }
-    }
-}
-
 /// A data directory of the SQLite layout is converted at its first open: every capped
 /// document at its position with its commit time, the change log with its tokens and images,
 /// the keyed documents, the checkpoints — all read back as the SQLite engine read them — and
@@ -1346,61 +1327,6 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
             std::fs::copy(entry.path(), target).unwrap();
         }
     }
-}
-
-/// Everything a store holds, in the shape of the fixtures' dumps (see their `make.rs.txt`).
-async fn dump_store(store: &EmbeddedStore) -> Value {
-    let events = store
-        .capped(
-            "events",
-            &spec(
-                60,
-                &["user.screen_name", "user.id", "id", "_tailrace.source"],
-            ),
-        )
-        .await
-        .unwrap();
-    let letters = store
-        .capped("dead_letters", &spec(10_000, &["source", "reason"]))
-        .await
-        .unwrap();
-    let mut dump = serde_json::Map::new();
-    dump.insert("events".into(), Value::Array(dump_capped(&*events).await));
-    dump.insert(
-        "dead_letters".into(),
-        Value::Array(dump_capped(&*letters).await),
-    );
-    for name in ["rollups", "stats"] {
-        let all = store.keyed(name).await.unwrap().scan("").await.unwrap();
-        let all = all
-            .into_iter()
-            .map(|d| json!({"key": d.key, "doc": d.doc}))
-            .collect();
-        dump.insert(name.into(), Value::Array(all));
-    }
-    let newest = store.newest_change().await.unwrap().unwrap();
-    let mut s = store.changes(ChangeFilter::default(), ChangeStart::Oldest);
-    let mut changes = vec![];
-    loop {
-        let c = tokio::time::timeout(contract::WAIT, s.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        let done = c.token == newest;
-        changes.push(serde_json::to_value(&c).unwrap());
-        if done {
-            break;
-        }
-    }
-    dump.insert("changes".into(), Value::Array(changes));
-    let mut checkpoints = serde_json::Map::new();
-    for feed in ["tail", "changes"] {
-        let c = store.load_checkpoint(feed).await.unwrap();
-        checkpoints.insert(feed.into(), c.unwrap_or(Value::Null));
-    }
-    dump.insert("checkpoints".into(), Value::Object(checkpoints));
-    Value::Object(dump)
 }
 
 /// A data directory written by the journal engine of the previous release (records not

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, params};
 
 use super::catalog;
-use super::fs::RealFs;
+use super::fs::{Fs, RealFs, remove_tree};
 use super::journal::{self, IoStats};
 use super::maint::{self, Maint, Task};
 use super::recover;
@@ -35,15 +35,34 @@ pub(crate) const BACKUP_DIR: &str = "sqlite-backup";
 const CHUNK: i64 = 1000;
 
 /// Whether `dir` holds the earlier layout and no converted one.
-pub(crate) fn needed(dir: &Path) -> bool {
-    dir.join(DB_FILE).exists() && !dir.join(catalog::FILE).exists()
+pub(crate) fn needed(fs: &dyn Fs, dir: &Path) -> bool {
+    dir.join(DB_FILE).exists() && !fs.exists(&dir.join(catalog::FILE))
 }
 
-/// After a conversion completed but before its SQLite files were moved (a crash in between):
-/// moves them now.
-pub(crate) fn tidy(dir: &Path) {
-    if dir.join(DB_FILE).exists() && dir.join(catalog::FILE).exists() {
+/// After a conversion completed but before its SQLite files were moved or its work directory
+/// removed (a crash in between): finishes that now.
+pub(crate) fn tidy(fs: &dyn Fs, dir: &Path) {
+    if !fs.exists(&dir.join(catalog::FILE)) {
+        return;
+    }
+    if dir.join(DB_FILE).exists() {
         let _ = backup(dir);
+    }
+    let work = dir.join(WORK_DIR);
+    if fs.exists(&work) || work.exists() {
+        let _ = remove_work(fs, &work);
+    }
+}
+
+/// Removes the work directory: what it holds on `fs`, and the tree's real files.
+fn remove_work(fs: &dyn Fs, work: &Path) -> Result<()> {
+    remove_tree(fs, work)
+        .map_err(|e| journal::io_error(format!("removing {}", work.display()), e))?;
+    match std::fs::remove_dir_all(work) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(journal::io_error(format!("removing {}", work.display()), e))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -106,42 +125,55 @@ impl Progress {
     }
 }
 
-/// Converts the SQLite layout in `dir` (see the module's doc).
-pub(crate) fn from_sqlite(dir: &Path, options: &EmbeddedOptions, tuning: &Tuning) -> Result<()> {
+/// Converts the SQLite layout in `dir` (see the module's doc). The journal and the catalog
+/// are written through `fs`; the tree and the SQLite files are real files whatever `fs` is.
+pub(crate) fn from_sqlite(
+    fs: &Arc<dyn Fs>,
+    dir: &Path,
+    options: &EmbeddedOptions,
+    tuning: &Tuning,
+) -> Result<()> {
     let started = Instant::now();
     tracing::info!(
         dir = %dir.display(),
         "this data directory holds the SQLite layout of an earlier tailrace; converting it (the old files are kept in {BACKUP_DIR}/)"
     );
     let work = dir.join(WORK_DIR);
-    if work.exists() {
-        std::fs::remove_dir_all(&work)
-            .map_err(|e| journal::io_error(format!("removing {}", work.display()), e))?;
-    }
-    std::fs::create_dir_all(&work)
+    remove_work(&**fs, &work)?;
+    fs.create_dir_all(&work)
         .map_err(|e| journal::io_error(format!("creating {}", work.display()), e))?;
-    let converted = convert(dir, &work, options, tuning);
+    let converted = convert(fs, dir, &work, options, tuning);
     if let Err(e) = converted {
-        let _ = std::fs::remove_dir_all(&work);
+        let _ = remove_work(&**fs, &work);
         return Err(conv_err(format!(
             "{e}; the SQLite files are unchanged, and the conversion starts again at the next start"
         )));
     }
-    // Into place: the catalog last, then the old files into the backup directory.
-    for name in [journal::DIR, recover::TREE_DIR] {
-        let (from, to) = (work.join(name), dir.join(name));
-        if to.exists() {
-            std::fs::remove_dir_all(&to)
-                .map_err(|e| journal::io_error(format!("removing {}", to.display()), e))?;
+    // Into place, file by file (what an earlier attempt cut short moved is replaced), each
+    // directory synced; then the catalog, whose presence says the conversion is complete;
+    // then the old files into the backup directory.
+    let journal_to = dir.join(journal::DIR);
+    let journal_from = work.join(journal::DIR);
+    let moved = (|| {
+        remove_tree(&**fs, &journal_to)?;
+        fs.create_dir_all(&journal_to)?;
+        for name in fs.list(&journal_from)? {
+            fs.rename(&journal_from.join(&name), &journal_to.join(&name))?;
         }
-        std::fs::rename(&from, &to)
-            .map_err(|e| journal::io_error(format!("moving {}", from.display()), e))?;
-    }
-    journal::fsync_dir(&RealFs, dir)?;
-    std::fs::rename(work.join(catalog::FILE), dir.join(catalog::FILE))
-        .map_err(|e| journal::io_error("moving the converted catalog into place", e))?;
-    journal::fsync_dir(&RealFs, dir)?;
-    let _ = std::fs::remove_dir_all(&work);
+        fs.sync_dir(&journal_to)?;
+        let tree_to = dir.join(recover::TREE_DIR);
+        if tree_to.exists() {
+            std::fs::remove_dir_all(&tree_to)?;
+        }
+        std::fs::rename(work.join(recover::TREE_DIR), &tree_to)?;
+        // The tree is a real directory whatever `fs` is: its move synced on the real disk.
+        RealFs.sync_dir(dir)?;
+        fs.sync_dir(dir)?;
+        fs.rename(&work.join(catalog::FILE), &dir.join(catalog::FILE))?;
+        fs.sync_dir(dir)
+    })();
+    moved.map_err(|e| journal::io_error("moving the converted layout into place", e))?;
+    remove_work(&**fs, &work)?;
     let backup = backup(dir)?;
     tracing::info!(
         seconds = started.elapsed().as_secs_f64(),
@@ -151,7 +183,7 @@ pub(crate) fn from_sqlite(dir: &Path, options: &EmbeddedOptions, tuning: &Tuning
     Ok(())
 }
 
-/// Moves the SQLite files into the backup directory; returns it.
+/// Moves the SQLite files (real files) into the backup directory; returns it.
 fn backup(dir: &Path) -> Result<PathBuf> {
     let mut to = dir.join(BACKUP_DIR);
     if to.join(DB_FILE).exists() {
@@ -174,11 +206,17 @@ fn backup(dir: &Path) -> Result<PathBuf> {
     Ok(to)
 }
 
-fn convert(dir: &Path, work: &Path, options: &EmbeddedOptions, tuning: &Tuning) -> Result<()> {
+fn convert(
+    fs: &Arc<dyn Fs>,
+    dir: &Path,
+    work: &Path,
+    options: &EmbeddedOptions,
+    tuning: &Tuning,
+) -> Result<()> {
     let db = Connection::open(dir.join(DB_FILE))?;
     db.busy_timeout(Duration::from_secs(5))?;
     let stats = Arc::new(IoStats::default());
-    let recovered = recover::open(RealFs::shared(), work, tuning.segment_bytes, stats)?;
+    let recovered = recover::open(fs.clone(), work, tuning.segment_bytes, stats)?;
     let tree = recovered.tree.clone();
     let shared = recovered.shared.clone();
     let catalog = recovered.catalog.clone();
@@ -193,7 +231,7 @@ fn convert(dir: &Path, work: &Path, options: &EmbeddedOptions, tuning: &Tuning) 
     // The conversion writes without reading: no filter to build.
     let mut writer = Writer::new(recovered, links, tuning.memtable_bytes, 0)?;
     let maint = Maint {
-        fs: RealFs::shared(),
+        fs: fs.clone(),
         dir: work.to_path_buf(),
         tree,
         shared,

@@ -271,10 +271,10 @@ impl EmbeddedStore {
             )));
         }
         let lock = Arc::new(lock);
-        if migrate::needed(dir) {
-            migrate::from_sqlite(dir, &options, &tuning)?;
+        if migrate::needed(&*fs, dir) {
+            migrate::from_sqlite(&fs, dir, &options, &tuning)?;
         } else {
-            migrate::tidy(dir);
+            migrate::tidy(&*fs, dir);
         }
         let stats = Arc::new(journal::IoStats::default());
         let recovered = recover::open(fs.clone(), dir, tuning.segment_bytes, stats.clone())?;

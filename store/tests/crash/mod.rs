@@ -25,6 +25,8 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+mod convert;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -367,6 +369,9 @@ pub struct Workload {
     pub name: &'static str,
     pub steps: Vec<Step>,
     pub geometry: Geometry,
+    /// Instead of the steps: the SQLite layout's fixture converted at the first open
+    /// (see `convert.rs`).
+    pub sqlite_conversion: bool,
 }
 
 /// What a run of the harness found.
@@ -381,6 +386,9 @@ pub struct Tally {
 
 /// The calls of one run without a crash, as `kind path` lines.
 pub fn dry_run(w: &Workload) -> Vec<store::embedded::fs::sim::Op> {
+    if w.sqlite_conversion {
+        return convert::dry_run(w.geometry);
+    }
     let base = tempfile::tempdir().unwrap();
     let dir = base.path().join("data");
     let disk = SimDisk::new(&dir, w.geometry);
@@ -391,6 +399,9 @@ pub fn dry_run(w: &Workload) -> Vec<store::embedded::fs::sim::Op> {
 /// Runs `w` with the power cut at `p`, reopens what it left and checks it; `Err` says what
 /// failed.
 pub fn crash_at(w: &Workload, p: Point) -> Result<u64, String> {
+    if w.sqlite_conversion {
+        return convert::crash_at(w.geometry, p);
+    }
     let base = tempfile::tempdir().unwrap();
     let dir = base.path().join("data");
     let disk = SimDisk::new(&dir, w.geometry);

@@ -64,6 +64,8 @@ pub trait Fs: Send + Sync + Debug {
     /// A whole file.
     fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
     fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Removes an empty directory.
+    fn remove_dir(&self, dir: &Path) -> io::Result<()>;
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Makes the entries of `dir` (creations, renames, removals) durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
@@ -95,6 +97,22 @@ pub(crate) fn write_atomic(fs: &dyn Fs, path: &Path, bytes: &[u8]) -> io::Result
     match path.parent() {
         Some(dir) => fs.sync_dir(dir),
         None => Ok(()),
+    }
+}
+
+/// Removes `path` and, if it is a directory, everything under it; nothing if it is absent.
+pub(crate) fn remove_tree(fs: &dyn Fs, path: &Path) -> io::Result<()> {
+    if !fs.exists(path) {
+        return Ok(());
+    }
+    match fs.list(path) {
+        Ok(names) => {
+            for name in names {
+                remove_tree(fs, &path.join(name))?;
+            }
+            fs.remove_dir(path)
+        }
+        Err(_) => fs.remove(path),
     }
 }
 
@@ -252,6 +270,10 @@ impl Fs for RealFs {
 
     fn remove(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_file(path)
+    }
+
+    fn remove_dir(&self, dir: &Path) -> io::Result<()> {
+        std::fs::remove_dir(dir)
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {

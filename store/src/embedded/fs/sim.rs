@@ -161,13 +161,14 @@ enum NsOp {
     Mkdir(PathBuf),
     Link(PathBuf, u64),
     Unlink(PathBuf),
+    Rmdir(PathBuf),
 }
 
 impl NsOp {
     /// The directory whose sync makes it durable.
     fn dir(&self) -> &Path {
         let p = match self {
-            NsOp::Mkdir(p) | NsOp::Link(p, _) | NsOp::Unlink(p) => p,
+            NsOp::Mkdir(p) | NsOp::Link(p, _) | NsOp::Unlink(p) | NsOp::Rmdir(p) => p,
         };
         p.parent().unwrap_or(Path::new(""))
     }
@@ -182,6 +183,9 @@ impl NsOp {
             }
             NsOp::Unlink(p) => {
                 names.remove(p);
+            }
+            NsOp::Rmdir(p) => {
+                dirs.remove(p);
             }
         }
     }
@@ -468,6 +472,14 @@ impl State {
         for op in &self.pending[..kept_ops] {
             op.apply(&mut names, &mut dirs);
         }
+        // A directory whose parent's entry for it did not survive is unreachable (what fsck
+        // would put in lost+found), and so is everything under it.
+        let reachable: BTreeSet<PathBuf> = dirs
+            .iter()
+            .filter(|d| d.ancestors().skip(1).all(|a| dirs.contains(a)))
+            .cloned()
+            .collect();
+        let dirs = reachable;
         let mut files = BTreeMap::new();
         for (path, ino) in &names {
             if !path.parent().is_some_and(|d| dirs.contains(d)) {
@@ -703,6 +715,25 @@ impl Fs for SimDisk {
         let mut s = self.state();
         s.names.remove(&rel);
         s.pending.push(NsOp::Unlink(rel));
+        Ok(())
+    }
+
+    fn remove_dir(&self, dir: &Path) -> io::Result<()> {
+        let rel = self.rel(dir)?;
+        {
+            let s = self.state();
+            if !s.dirs.contains(&rel) {
+                return Err(err(ErrorKind::NotFound, "no such directory"));
+            }
+            let mut entries = s.names.keys().chain(s.dirs.iter());
+            if entries.any(|p| p.parent() == Some(rel.as_path())) {
+                return Err(io::Error::from_raw_os_error(39));
+            }
+        }
+        self.begin("rmdir", dir, 0, 0)?;
+        let mut s = self.state();
+        s.dirs.remove(&rel);
+        s.pending.push(NsOp::Rmdir(rel));
         Ok(())
     }
 
