@@ -94,7 +94,8 @@ pub struct Tuning {
     /// The tree's memtable is sealed and flushed once it holds this many bytes.
     pub memtable_bytes: u64,
     /// The filter of stored keyed documents (reads of keys it does not hold are skipped) is
-    /// sized for twice the keys the tree holds, and at least this many; 0: no filter.
+    /// sized for half as many keys again as the tree holds, and at least this many; 0: no
+    /// filter.
     pub known_keys_min: usize,
     /// Stored bytes of the commits the live broadcast may hold for readers that have not
     /// taken them yet (a reader that stopped reading holds every commit since). Past it,
