@@ -7,8 +7,9 @@
 //! - [`fdatasync_overwrite`]: overwrite a 4 KiB page of a file already allocated and
 //!   `fdatasync` it — what a WAL that is being reused pays (SQLite restarts its WAL from the
 //!   top after each checkpoint), and so the stricter floor for a journaled commit (writes);
-//! - raw SQLite single-row inserts (`store::embedded::probe`), `synchronous` FULL and NORMAL —
-//!   the engine's own floor, without tailrace's thread hand-off, indexes and op log (writes);
+//! - raw SQLite single-row inserts ([`sqlite_insert`]), `synchronous` FULL and NORMAL — what
+//!   a bare embedded database pays for one durable row, without tailrace's thread hand-off,
+//!   indexes and op log (writes);
 //! - [`wake`]: wake a task parked on the async runtime from another thread, through the
 //!   same primitive the embedded engine uses to publish commits (a tokio broadcast channel) —
 //!   what an in-process notification must at least cost (notify);
@@ -129,16 +130,92 @@ pub async fn sqlite_insert(
     body: String,
 ) -> Result<Samples> {
     let dir = dir.to_path_buf();
-    let times = tokio::task::spawn_blocking(move || {
-        store::embedded::probe::raw_inserts(&dir, n, full, indexes, &body)
-    })
-    .await
-    .map_err(|e| BenchError::Scenario(format!("sqlite probe task: {e}")))??;
+    let times = tokio::task::spawn_blocking(move || raw_inserts(&dir, n, full, indexes, &body))
+        .await
+        .map_err(|e| BenchError::Scenario(format!("sqlite probe task: {e}")))??;
     let mut samples = Samples::with_capacity(n);
     for t in times {
         samples.push(t);
     }
     Ok(samples)
+}
+
+/// `n` single-row inserts of `body`, each its own transaction, in a fresh SQLite database
+/// under `dir` in WAL mode with `synchronous = FULL` (`full`) or `NORMAL`; the time of each.
+/// One row per transaction into a table with a capped collection's columns, no op log, no
+/// thread hand-off: what a single write costs a bare embedded database on this disk. With
+/// `indexes` > 0 the table also has that many indexed text columns, filled with values of a
+/// few thousand distinct. The database is removed afterwards.
+fn raw_inserts(
+    dir: &Path,
+    n: usize,
+    full: bool,
+    indexes: usize,
+    body: &str,
+) -> Result<Vec<Duration>> {
+    std::fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
+    let path = dir.join(if full {
+        "probe-full.db"
+    } else {
+        "probe-normal.db"
+    });
+    let mut times = Vec::with_capacity(n);
+    {
+        let conn = rusqlite::Connection::open(&path).map_err(sqlite_err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(sqlite_err)?;
+        conn.pragma_update(None, "synchronous", if full { "FULL" } else { "NORMAL" })
+            .map_err(sqlite_err)?;
+        let cols: String = (0..indexes).map(|i| format!(", ix{i} TEXT")).collect();
+        conn.execute_batch(&format!(
+            "CREATE TABLE IF NOT EXISTS t(
+                pos INTEGER PRIMARY KEY AUTOINCREMENT,
+                body TEXT NOT NULL,
+                sz INTEGER NOT NULL,
+                ts INTEGER NOT NULL{cols}
+            )"
+        ))
+        .map_err(sqlite_err)?;
+        for i in 0..indexes {
+            conn.execute_batch(&format!("CREATE INDEX IF NOT EXISTS t_ix{i} ON t(ix{i})"))
+                .map_err(sqlite_err)?;
+        }
+        let names: String = (0..indexes).map(|i| format!(", ix{i}")).collect();
+        let marks: String = (0..indexes).map(|i| format!(", ?{}", i + 4)).collect();
+        let mut insert = conn
+            .prepare(&format!(
+                "INSERT INTO t(body, sz, ts{names}) VALUES (?1, ?2, ?3{marks})"
+            ))
+            .map_err(sqlite_err)?;
+        let mut row = |i: usize| -> rusqlite::Result<usize> {
+            let mut values: Vec<rusqlite::types::Value> = vec![
+                body.to_owned().into(),
+                (body.len() as i64).into(),
+                (i as i64).into(),
+            ];
+            for x in 0..indexes {
+                values.push(format!("v{x}-{}", (i * 7919 + x) % 5000).into());
+            }
+            insert.execute(rusqlite::params_from_iter(values))
+        };
+        // Warm-up: the first pages and the WAL file.
+        for i in 0..20 {
+            row(i).map_err(sqlite_err)?;
+        }
+        for i in 0..n {
+            let t = Instant::now();
+            row(i).map_err(sqlite_err)?;
+            times.push(t.elapsed());
+        }
+    }
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    Ok(times)
+}
+
+fn sqlite_err(e: rusqlite::Error) -> BenchError {
+    BenchError::Scenario(format!("sqlite floor: {e}"))
 }
 
 /// `n` wakes of a task parked on the runtime, each sent from a plain thread through a
@@ -219,6 +296,19 @@ pub async fn loopback(n: usize) -> Result<Samples> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+
+    #[test]
+    fn raw_inserts_time_each_insert_and_clean_up() {
+        let dir = tempfile::tempdir().unwrap();
+        for full in [true, false] {
+            for indexes in [0, 3] {
+                let times = raw_inserts(dir.path(), 5, full, indexes, "{\"a\":1}").unwrap();
+                assert_eq!(times.len(), 5);
+                assert!(times.iter().all(|t| *t > Duration::ZERO));
+            }
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
     use super::*;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -532,8 +532,8 @@ impl Ingester {
         //
         // Stages before the last are committed without waiting for stable storage
         // (`acknowledged`): the last stage's events, committed after them with the configured
-        // durability, make them durable too (one log, flushed in order: SQLite's WAL,
-        // MongoDB's journal), and nothing of the batch is acknowledged to a source before. So
+        // durability, make them durable too (one log, flushed in order: the embedded
+        // engine's journal, MongoDB's), and nothing of the batch is acknowledged to a source before. So
         // a batch with rejects among its events costs one more commit per stage, not one more
         // fsync. Not so for `majority`: a failover between two stages can roll the earlier
         // ones back on the old primary while the retried last stage lands on the new one, so

@@ -33,7 +33,6 @@ mod journal;
 mod known;
 mod maint;
 mod migrate;
-pub mod probe;
 mod read;
 mod recover;
 pub mod schema;
