@@ -15,9 +15,9 @@
 use std::path::Path;
 
 use serde_json::{Value, json};
-use store::{Durability, Store};
 use store::embedded::fs::sim::{Geometry, Plan, SimDisk};
 use store::embedded::{EmbeddedOptions, EmbeddedStore, Io};
+use store::{Durability, Store};
 
 use super::{Point, copy_dir, doc, rt, tuning};
 use crate::dump::{dump_store, events_spec};
