@@ -15,16 +15,13 @@ use mongodb::change_stream::event::{
 use mongodb::options::{FullDocumentBeforeChangeType, FullDocumentType};
 use tokio::sync::{oneshot, watch};
 
-/// The contract's "read up to" cell of a [`ChangeStream`].
-pub(crate) type TokenCell = Arc<Mutex<Option<ResumeToken>>>;
-
 use super::convert::{
     Class, OplogPos, Token, bson_to_json, classify, decode_token, encode_token, engine_err,
-    json_to_bson, key_string, map_error, regex_escape,
+    json_to_bson, key_string, map_error, regex_escape, reply_of,
 };
 use super::keyed::{ENGINE_FIELDS, keyed_doc_to_json};
 use super::oplog::oldest_entry;
-use super::probe::reply_of;
+use super::token::{TokenCell, publish, publish_if_unset};
 use super::{BACKOFF_MAX, BACKOFF_MIN, CHECKPOINTS, Inner, sleep_unless_closed};
 use crate::backoff::Backoff;
 use crate::clock::now_us;
@@ -492,22 +489,6 @@ async fn reopen(
                 _ => return Err(map_open_error(e)),
             },
         }
-    }
-}
-
-/// Sets the stream's read-up-to token.
-pub(crate) fn publish(cell: &TokenCell, token: Option<ResumeToken>) {
-    if let (Some(t), Ok(mut cur)) = (token, cell.lock()) {
-        *cur = Some(t);
-    }
-}
-
-/// Sets it only when nothing was read yet (the start position).
-fn publish_if_unset(cell: &TokenCell, token: Option<ResumeToken>) {
-    if let (Some(t), Ok(mut cur)) = (token, cell.lock())
-        && cur.is_none()
-    {
-        *cur = Some(t);
     }
 }
 

@@ -89,6 +89,8 @@ mod convert;
 mod keyed;
 mod oplog;
 mod probe;
+mod tailable;
+mod token;
 
 use crate::telemetry::Problem;
 use std::collections::HashMap;

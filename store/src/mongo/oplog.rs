@@ -11,24 +11,19 @@
 //! - transactions appear as `applyOps` entries and are unpacked; tokens name the operation's
 //!   index inside its entry. Prepared (sharded) transactions are not followed.
 
-use crate::telemetry::Problem;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use mongodb::Collection;
-use mongodb::action::Action;
 use mongodb::bson::{Bson, DateTime, Document as BsonDoc, Timestamp, doc};
-use mongodb::options::CursorType;
 
-use super::changes::{TokenCell, publish};
 use super::convert::{
-    Class, OplogPos, Token, classify, decode_token, encode_token, engine_err, error_code,
-    map_error, regex_escape,
+    OplogPos, Token, decode_token, encode_token, engine_err, error_code, regex_escape,
 };
 use super::keyed::keyed_doc_to_json;
-use super::{BACKOFF_MAX, BACKOFF_MIN, CHECKPOINTS, Inner, sleep_unless_closed};
-use crate::backoff::Backoff;
+use super::tailable::{Step, Tailable};
+use super::token::{TokenCell, publish};
+use super::{CHECKPOINTS, Inner};
 use crate::{
     Capability, Change, ChangeFilter, ChangeOp, ChangeStart, ChangeStream, Result, ResumeToken,
     StoreError,
@@ -255,13 +250,6 @@ async fn check_history(inner: &Inner, last: OplogPos) -> Result<()> {
     Ok(())
 }
 
-enum Step {
-    Entry(BsonDoc),
-    Dead,
-    Failed(mongodb::error::Error),
-    Closed,
-}
-
 /// The oplog watcher: a tailable-await cursor on `local.oplog.rs`, re-opened after the last
 /// position whenever it dies, same contract as [`super::changes::change_stream`].
 ///
@@ -326,56 +314,24 @@ pub(crate) fn oplog_stream(
     let tokens = cell.clone();
     let stream = async_stream::try_stream! {
         let mut last = resolved.await?;
-        let mut closed = inner.closed.subscribe();
         let oplog = oplog_collection(&inner);
-        let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
+        let mut cursor_loop = Tailable::new(&inner, "oplog_reopen", "the oplog watcher".to_string());
         let mut written = inner.keyed_written.subscribe();
         loop {
-            if *closed.borrow() {
-                Err(StoreError::Closed)?;
-            }
+            cursor_loop.check_open()?;
             // Marked before opening: a write finishing after this point wakes a dead cursor.
             written.borrow_and_update();
             // Whether the entry at `last` is still in the oplog: the query starts at it
             // (`$gte`), so finding it first proves nothing before it was lost, and only
             // otherwise is the oldest entry read (a scan of the oplog on some servers).
             let mut verify = last;
-            let (batch, await_time) = inner.tail_cursor();
-            let opened = oplog
-                .find(tail_filter(&db, &filter, last))
-                .cursor_type(CursorType::TailableAwait)
-                .max_await_time(await_time)
-                .optional(batch, |find, b| find.batch_size(b))
-                .await;
-            let mut cursor = match opened {
-                Ok(c) => c,
-                Err(e) if classify(&e) == Class::Transient => {
-                    Problem {
-                        error_type: "oplog_reopen",
-                        detail: &format!("the oplog watcher cannot open its cursor ({e}); retrying"),
-                    }
-                    .warn();
-                    if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
-                        Err(StoreError::Closed)?;
-                    }
-                    continue;
-                }
-                Err(e) => Err(map_error(e))?,
+            let Some(mut cursor) = cursor_loop.open(&inner, &oplog, tail_filter(&db, &filter, last)).await? else {
+                continue;
             };
             loop {
-                let step = tokio::select! {
-                    biased;
-                    _ = closed.wait_for(|c| *c) => Step::Closed,
-                    item = cursor.next() => match item {
-                        Some(Ok(d)) => Step::Entry(d),
-                        Some(Err(e)) => Step::Failed(e),
-                        None => Step::Dead,
-                    },
-                };
-                match step {
-                    Step::Closed => Err(StoreError::Closed)?,
-                    Step::Entry(entry) => {
-                        backoff.reset();
+                match cursor_loop.next(&mut cursor).await? {
+                    Step::Doc(entry) => {
+                        cursor_loop.reset_backoff();
                         let ts = entry.get_timestamp("ts").ok();
                         if let Some(l) = verify.take()
                             && ts.is_none_or(|ts| (ts.time, ts.increment) != (l.t, l.i))
@@ -425,26 +381,8 @@ pub(crate) fn oplog_stream(
                             }
                         }
                     }
-                    Step::Failed(e) => match classify(&e) {
-                        // Overwritten while reading: re-open; `check_history` decides.
-                        Class::PositionLost => break,
-                        // An outage, or a failure that is neither a bad request nor a missing
-                        // feature (a killed cursor, an internal error): re-open after `last`.
-                        Class::Transient | Class::Other => {
-                            Problem {
-                                error_type: "oplog_reopen",
-                                detail: &format!("the oplog watcher's cursor failed ({e}); re-opening after its last position"),
-                            }
-                            .warn();
-                            if !sleep_unless_closed(&mut closed, backoff.next_wait()).await {
-                                Err(StoreError::Closed)?;
-                            }
-                            break;
-                        }
-                        Class::HistoryLost | Class::Invalid | Class::Unsupported | Class::Closed => {
-                            Err(map_error(e))?
-                        }
-                    },
+                    // Overwritten while reading, or failed: re-open; `check_history` decides.
+                    Step::Reopen => break,
                     Step::Dead => {
                         if let Some(l) = verify.take() {
                             check_history(&inner, l).await?;
@@ -453,15 +391,7 @@ pub(crate) fn oplog_stream(
                         // was killed; a server that closes it whenever it has nothing more
                         // (FerretDB) makes this a poll. Either way: re-open after a pause, or
                         // at once when this process writes a keyed collection.
-                        let woke = tokio::select! {
-                            biased;
-                            _ = closed.wait_for(|c| *c) => false,
-                            _ = written.changed() => true,
-                            _ = tokio::time::sleep(backoff.next_wait()) => true,
-                        };
-                        if !woke {
-                            Err(StoreError::Closed)?;
-                        }
+                        cursor_loop.wait_for_writes(&mut written, Duration::ZERO).await?;
                         break;
                     }
                 }

@@ -12,13 +12,13 @@
 use crate::telemetry::Problem;
 use futures::StreamExt;
 use mongodb::bson::{Bson, Document as BsonDoc, doc};
-use mongodb::error::{Error as DriverError, ErrorKind};
+use mongodb::error::Error as DriverError;
 use mongodb::{Client, Database};
 
 use super::CHECKPOINTS;
 use super::WIRE_VERSION_6_0;
 use super::capped::collection_info;
-use super::convert::{Class, bson_as_i64, classify};
+use super::convert::{Class, bson_as_i64, classify, reply_of};
 use crate::{Capabilities, Result, Support};
 
 /// What `hello` said about the deployment.
@@ -51,27 +51,6 @@ impl Hello {
     /// Whether drivers treat it as a replica set (transactions, change streams, sessions).
     pub(crate) fn replica_set(&self) -> bool {
         self.set_name.is_some() || self.mongos
-    }
-}
-
-/// A server reply as people read it: `CodeName (code): message`, or the driver's message.
-pub(crate) fn reply_of(e: &DriverError) -> String {
-    match &*e.kind {
-        ErrorKind::Command(c) => {
-            if c.code_name.is_empty() {
-                format!("code {}: {}", c.code, c.message)
-            } else {
-                format!("{} ({}): {}", c.code_name, c.code, c.message)
-            }
-        }
-        ErrorKind::Write(mongodb::error::WriteFailure::WriteError(w)) => {
-            format!("code {}: {}", w.code, w.message)
-        }
-        ErrorKind::InsertMany(m) => match m.write_errors.as_ref().and_then(|w| w.first()) {
-            Some(w) => format!("code {}: {}", w.code, w.message),
-            None => e.to_string(),
-        },
-        _ => e.to_string(),
     }
 }
 
