@@ -41,11 +41,12 @@ use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use store::{Capability, Capped, ChangeOp, Filter, Keyed, ResumeToken, StoreError};
+use store::{Capability, ChangeOp, Filter, ResumeToken, StoreError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::follow::{self, Request, Target};
 use super::wire::Format;
-use super::{AppState, error, follow};
+use super::{AppState, error};
 use ingest::telemetry as t;
 
 /// `initial_limit` when not given (capped collections).
@@ -100,39 +101,6 @@ impl StreamLimits {
 
 /// The four collections a client can follow.
 const COLLECTIONS: &str = "events, dead_letters, rollups, stats";
-
-/// What a stream follows.
-#[derive(Clone)]
-pub(super) enum Target {
-    /// `events`, `dead_letters`.
-    Capped(Arc<dyn Capped>),
-    /// `rollups`, `stats`.
-    Keyed(Arc<dyn Keyed>),
-}
-
-/// A validated request.
-pub(super) struct Request {
-    /// The collection's name, as asked.
-    pub(super) collection: String,
-    /// Its handle.
-    pub(super) target: Target,
-    /// `filter` (every document when absent).
-    pub(super) filter: Filter,
-    /// `ops` (every kind when empty).
-    pub(super) ops: Vec<ChangeOp>,
-    /// `include_initial`.
-    pub(super) include_initial: bool,
-    /// `initial_limit` (capped collections).
-    pub(super) initial_limit: usize,
-    /// `include_states`.
-    pub(super) include_states: bool,
-    /// `squash`, when above 0.
-    pub(super) squash: Option<Duration>,
-    /// The id to continue after: `Last-Event-ID`, else `resume_after`.
-    pub(super) resume: Option<String>,
-    /// SSE or NDJSON.
-    pub(super) format: Format,
-}
 
 /// Why a request is refused before the stream starts.
 type Refusal = (StatusCode, String);

@@ -13,15 +13,47 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use serde_json::{Map, Value, json};
 use store::{
-    Capped, Change, ChangeFilter, ChangeStart, Filter, Keyed, Position, Record, ResumeToken, Start,
-    StoreError,
+    Capped, Change, ChangeFilter, ChangeOp, ChangeStart, Filter, Keyed, Position, Record,
+    ResumeToken, Start, StoreError,
 };
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::Instant;
 
-use super::changes::{Request, Target};
 use super::wire::{self, Event, Format};
 use ingest::telemetry as t;
+
+/// What a stream follows.
+#[derive(Clone)]
+pub(super) enum Target {
+    /// `events`, `dead_letters`.
+    Capped(Arc<dyn Capped>),
+    /// `rollups`, `stats`.
+    Keyed(Arc<dyn Keyed>),
+}
+
+/// A validated request.
+pub(super) struct Request {
+    /// The collection's name, as asked.
+    pub(super) collection: String,
+    /// Its handle.
+    pub(super) target: Target,
+    /// `filter` (every document when absent).
+    pub(super) filter: Filter,
+    /// `ops` (every kind when empty).
+    pub(super) ops: Vec<ChangeOp>,
+    /// `include_initial`.
+    pub(super) include_initial: bool,
+    /// `initial_limit` (capped collections).
+    pub(super) initial_limit: usize,
+    /// `include_states`.
+    pub(super) include_states: bool,
+    /// `squash`, when above 0.
+    pub(super) squash: Option<Duration>,
+    /// The id to continue after: `Last-Event-ID`, else `resume_after`.
+    pub(super) resume: Option<String>,
+    /// SSE or NDJSON.
+    pub(super) format: Format,
+}
 
 /// Writes (each one event, or the events that were ready together, up to [`BATCH_BYTES`])
 /// waiting between a stream's task and its response: the most a client that stopped reading
