@@ -8,7 +8,7 @@ use figment::error::{Actual, Kind};
 use figment::value::Value;
 use figment::{Figment, Metadata, Profile, Source};
 
-use super::load::{ENV_METADATA_NAME, env_var_name};
+use super::env::{ENV_METADATA_NAME, env_var_name, is_index};
 
 /// Why the configuration could not be loaded. Every message is one line.
 #[derive(Debug, thiserror::Error)]
@@ -74,11 +74,6 @@ pub(super) fn single_line(problem: &str) -> String {
             }
         })
         .collect()
-}
-
-/// Whether a path segment is an array index.
-pub(super) fn is_index(segment: &str) -> bool {
-    !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// `store.events.max_docs`, `sources[0].url`: array indices in brackets.

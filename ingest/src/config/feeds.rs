@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::entries::{self, Entry};
-use super::validate::Problems;
+use super::problems::Problems;
 use super::{CAPPED_COLLECTIONS, ChangeOp};
 use ::feeds::kind::FeedKindConfig;
 use ::feeds::kind::changes::{ChangeFeedConfig, ChangeFilterConfig};

@@ -23,10 +23,12 @@
 //! [`entries`] reads and writes `[[sources]]` / `[[feeds]]` tables.
 
 pub mod entries;
+mod env;
 pub mod errors;
 pub mod feeds;
 pub mod interpolate;
 pub mod load;
+pub mod problems;
 pub mod redact;
 #[cfg(test)]
 mod tests;
@@ -43,11 +45,11 @@ pub use ::feeds::kind::changes::{ChangeFeedConfig, ChangeFilterConfig};
 pub use ::feeds::kind::oplog::OplogFeedConfig;
 pub use ::feeds::kind::tailable::TailableFeedConfig;
 pub use ::feeds::kind::{FeedKindConfig, FeedSettings};
+pub use env::{ENV_IGNORED, ENV_PREFIX, ENV_SEPARATOR};
 pub use errors::ConfigError;
 pub use interpolate::interpolate_env;
-pub use load::{ENV_IGNORED, ENV_PREFIX, ENV_SEPARATOR};
+pub use problems::Problems;
 pub use redact::REDACTED;
-pub use validate::Problems;
 
 pub use crate::source::{SourceConfig, SourceKind};
 /// The statistics every feed computes: the feeds crate's own type.
@@ -83,6 +85,19 @@ pub struct Config {
     pub sources: Vec<SourceConfig>,
     /// Consumers of the store's tailable cursor / change stream / op log; names are unique.
     pub feeds: Vec<FeedConfig>,
+}
+
+impl Config {
+    /// A copy safe to print: URL passwords (`store.uri`, source URLs) and header values
+    /// replaced with `***`; each source kind hides its own secrets.
+    pub fn redacted(&self) -> Config {
+        let mut config = self.clone();
+        config.store.uri = redact::redact_url(&config.store.uri);
+        for source in &mut config.sources {
+            source.settings_mut().redact();
+        }
+        config
+    }
 }
 
 /// The HTTP server.

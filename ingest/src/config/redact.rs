@@ -1,23 +1,8 @@
-//! A copy of the configuration that is safe to print (`tailrace check-config`, logs): secrets
-//! replaced with `***`.
+//! Secrets replaced with `***` in what is printed (`tailrace check-config`, logs): the
+//! marker and URL passwords; [`super::Config::redacted`] and each source kind use them.
 
-use super::Config;
-
-/// The replacement for secrets in [`Config::redacted`].
+/// The replacement for secrets in [`super::Config::redacted`].
 pub const REDACTED: &str = "***";
-
-impl Config {
-    /// A copy safe to print: URL passwords (`store.uri`, source URLs) and header values
-    /// replaced with `***`; each source kind hides its own secrets.
-    pub fn redacted(&self) -> Config {
-        let mut config = self.clone();
-        config.store.uri = redact_url(&config.store.uri);
-        for source in &mut config.sources {
-            source.settings_mut().redact();
-        }
-        config
-    }
-}
 
 /// Replaces the password of a URL's userinfo (`scheme://user:password@host`) with `***`.
 pub fn redact_url(url: &str) -> String {

@@ -3,61 +3,9 @@
 //! [`super::FeedConfig::validate`]); this file checks the rest and collects everything.
 
 use std::collections::BTreeSet;
-use std::fmt;
 
+use super::problems::{Problems, scheme_of};
 use super::{Config, ConfigError, FeedConfig, SourceConfig, StoreEngine};
-
-/// Validation problems: (dotted key, message), in the order they were found.
-#[derive(Default, Debug)]
-pub struct Problems(Vec<(String, String)>);
-
-impl Problems {
-    /// A problem with the value at `key`.
-    pub fn push(&mut self, key: impl fmt::Display, message: impl fmt::Display) {
-        self.0.push((key.to_string(), message.to_string()));
-    }
-
-    /// `value` must be at least `min`.
-    pub fn at_least(&mut self, key: &str, value: u64, min: u64) {
-        if value < min {
-            self.push(key, format!("must be >= {min} (got {value})"));
-        }
-    }
-
-    /// A dotted field path: non-empty segments, not starting with `$`.
-    pub fn field_path(&mut self, key: &str, path: &str) {
-        if let Err(e) = store::update::check_path(path) {
-            self.push(key, e);
-        }
-    }
-
-    /// A list of dotted field paths, none twice.
-    pub fn field_paths(&mut self, key: &str, paths: &[String]) {
-        let mut seen = BTreeSet::new();
-        for (i, path) in paths.iter().enumerate() {
-            self.field_path(&format!("{key}[{i}]"), path);
-            if !seen.insert(path) {
-                self.push(format!("{key}[{i}]"), format!("{path:?} is listed twice"));
-            }
-        }
-    }
-
-    /// `[a-z0-9_-]+`, unique among `names`.
-    fn name(&mut self, key: &str, name: &str, names: &mut BTreeSet<String>) {
-        let valid = !name.is_empty()
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-        if !valid {
-            self.push(key, format!("{name:?} must match [a-z0-9_-]+"));
-        } else if !names.insert(name.to_owned()) {
-            self.push(
-                key,
-                format!("{name:?} is used twice (names must be unique)"),
-            );
-        }
-    }
-}
 
 /// One problem of a configuration.
 pub(super) enum Problem {
@@ -107,7 +55,7 @@ pub(super) fn problems<'a>(
     for (field, message) in c.stats.problems() {
         p.push(format!("stats.{field}"), message);
     }
-    let mut out: Vec<Problem> = p.drain();
+    let mut out: Vec<Problem> = drain(&mut p);
     let mut names = BTreeSet::new();
     for (i, source) in sources.enumerate() {
         match source {
@@ -115,7 +63,7 @@ pub(super) fn problems<'a>(
                 let at = format!("sources[{i}]");
                 p.name(&format!("{at}.name"), &s.name, &mut names);
                 s.settings().validate(&at, &mut p);
-                out.extend(p.drain());
+                out.extend(drain(&mut p));
             }
             Loaded::Unreadable(line) => out.push(Problem::Unreadable(line)),
         }
@@ -127,7 +75,7 @@ pub(super) fn problems<'a>(
                 let at = format!("feeds[{i}]");
                 p.name(&format!("{at}.name"), &f.name, &mut names);
                 f.validate(&at, &mut p);
-                out.extend(p.drain());
+                out.extend(drain(&mut p));
             }
             Loaded::Unreadable(line) => out.push(Problem::Unreadable(line)),
         }
@@ -135,13 +83,12 @@ pub(super) fn problems<'a>(
     out
 }
 
-impl Problems {
-    fn drain(&mut self) -> Vec<Problem> {
-        self.0
-            .drain(..)
-            .map(|(key, message)| Problem::Rule { key, message })
-            .collect()
-    }
+/// The rules broken so far, as [`Problem::Rule`]s (and none left in `p`).
+fn drain(p: &mut Problems) -> Vec<Problem> {
+    p.take()
+        .into_iter()
+        .map(|(key, message)| Problem::Rule { key, message })
+        .collect()
 }
 
 impl Config {
@@ -164,14 +111,6 @@ impl Config {
                 })
                 .collect(),
         })
-    }
-}
-
-/// The scheme of a URL for messages, without echoing the rest (it may hold a password).
-pub fn scheme_of(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, _)) => format!("scheme {scheme:?}"),
-        None => "no scheme".to_owned(),
     }
 }
 

@@ -18,7 +18,7 @@ use tokio_util::codec::FramedRead;
 use super::framing::{self, Frame, LineFramer};
 use super::http::default_reconnect_max_ms;
 use super::{BuildContext, Raw, Source, SourceError, SourceSettings};
-use crate::config::Problems;
+use crate::config::problems::Problems;
 use crate::telemetry::{self as t, ReconnectReason};
 
 /// Longest stderr line logged (the rest of it is dropped).

@@ -36,7 +36,7 @@ use tokio::io::AsyncSeekExt;
 
 use super::framing::{self, LineFramer};
 use super::{BuildContext, Positioned, Raw, Source, SourceError, SourceSettings};
-use crate::config::Problems;
+use crate::config::problems::Problems;
 use crate::telemetry as t;
 
 /// How fast a file source replays its events (`pace`).

@@ -42,9 +42,11 @@ use super::framing::{self, Frame, LineFramer};
 use super::resume::{Resume, Resumer, Verdict, resume_url, stored_cursor};
 use super::sse::{self, Dispatched, SseAssembler};
 use super::{BuildContext, Positioned, Raw, Source, SourceError, SourceSettings, USER_AGENT};
+use crate::config::interpolate;
+use crate::config::problems::Problems;
+use crate::config::problems::scheme_of;
+use crate::config::redact::REDACTED;
 use crate::config::redact::redact_url;
-use crate::config::validate::scheme_of;
-use crate::config::{Problems, REDACTED, interpolate};
 use crate::telemetry::{self as t, ReconnectReason};
 
 /// Bytes of an error response's body shown in the log.

@@ -33,8 +33,8 @@ use futures::stream::{BoxStream, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::Problems;
 use crate::config::entries::{self, Entry};
+use crate::config::problems::Problems;
 pub use crate::telemetry::RejectReason;
 
 /// The `User-Agent` of every outgoing request, unless a source's `headers` set one: services

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::framing;
 use super::{BuildContext, Raw, Source, SourceError, SourceSettings};
-use crate::config::Problems;
+use crate::config::problems::Problems;
 use crate::telemetry as t;
 
 /// Settings of the stdin source (`kind = "stdin"`): none beyond the name.

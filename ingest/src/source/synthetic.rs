@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use super::realistic::{MAX_VOCABULARY, Realistic, Shape};
 use super::{BuildContext, Raw, Source, SourceError, SourceSettings};
-use crate::config::Problems;
+use crate::config::problems::Problems;
 
 /// Which words, hashtags and users a synthetic stream draws from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -88,8 +88,9 @@ pub use super::resume::{Resume, Resumer, Verdict, resume_url, resume_value};
 use super::{
     BuildContext, Positioned, Raw, RejectReason, Source, SourceError, SourceSettings, USER_AGENT,
 };
+use crate::config::problems::Problems;
+use crate::config::redact::REDACTED;
 use crate::config::redact::redact_url;
-use crate::config::{Problems, REDACTED};
 use crate::telemetry::{self as t, ReconnectReason};
 
 /// Bytes of an error answer's body shown in the log.
