@@ -27,9 +27,9 @@
 //! the gap (a document in `gaps`, counters, one log line) and continues from the oldest
 //! retained entry: it neither crash-loops nor skips silently.
 //!
-//! Layout: this file runs the loop; [`reader`] is what every kind of feed implements to open
-//! its stream and measure its lag (the kinds: [`crate::kind`]); [`checkpoint`] is what is
-//! saved; [`handle`] is what the outside sees.
+//! Layout: this file runs the loop; `reader` is what every kind of feed implements to open
+//! its stream and measure its lag (the kinds: [`crate::kind`]); `checkpoint` is what is
+//! saved; `handle` is what the outside sees.
 
 mod checkpoint;
 mod handle;
