@@ -5,8 +5,8 @@ The release build links its functions in this order (tailrace/build.rs), so the 
 pipeline runs sits together at the start of the binary's text instead of spread over all of
 it. The kernel maps a binary's code into a process in blocks around each page touched (fault-
 around, whole large folios), so scattered code makes most of the text resident: that is
-resident memory the process holds for the binary's whole life (docs/ARCHITECTURE.md, "The
-release build").
+resident memory the process holds for the binary's whole life (tailrace/build.rs; figures in
+docs/BENCHMARKS.md, "The release build").
 
 How: run a release build under valgrind's callgrind (Debian's `valgrind`) as `cargo run
 --release` runs it, on the realistic synthetic stream at 70 events/s, for --seconds; meanwhile

@@ -1,16 +1,34 @@
 //! Links the release binary with the functions a running pipeline executes first, in the
 //! order of `symbol-order.txt` (written by `scripts/symbol_order.py`): that code then sits
 //! together instead of spread over the whole text, and the process keeps less of the binary
-//! resident (docs/ARCHITECTURE.md, "The release build").
+//! resident.
+//!
+//! Why: a process keeps resident every page of the binary's code it has touched, and the kernel
+//! maps that code in blocks around each page touched (fault-around, whole large folios of the
+//! page cache). Linked in the compiler's order, the functions a pipeline runs are spread over all
+//! of the text, and most of the text stays resident for the process's whole life. The script
+//! lists every function that executed while the pipeline ran under callgrind, hottest first; its
+//! own docs say how it samples. The figures are in docs/BENCHMARKS.md ("The release build").
 //!
 //! Only where the linker is known to be LLD, which reads the order file: Rust's own
 //! `rust-lld`, the default for `x86_64-unknown-linux-gnu` since Rust 1.90, when no other
 //! linker is configured. Elsewhere the binary links as before.
 //! `TAILRACE_SYMBOL_ORDER=0` turns it off.
 //!
-//! The list names functions by their mangled names, whose hashes change with the crates'
-//! dependencies and the compiler: `symbol-order.stamp` says which `Cargo.lock` and `rustc`
-//! the list was taken with, and a release build with others warns that it is stale.
+//! The list names functions by their mangled names, whose hashes change with the compiler and
+//! with the crates' dependencies, and theirs in turn: a dependency added to `store` renames the
+//! functions of `store` and of every crate built on it. A function renamed since the list was
+//! taken is placed where the linker would have put it anyway, which costs resident memory, never
+//! correctness. `symbol-order.stamp` says which `Cargo.lock` and `rustc` the list was taken
+//! with, and a release build with others warns that it is stale: run the script again then,
+//! after large changes, and after a new Rust (it needs valgrind; the build does not).
+//! `scripts/text_resident.py PID` says how much of a running process's text is resident inside
+//! the ordered functions and outside them: most of it outside means the list is stale.
+//!
+//! The rest of the release profile is in the workspace's `Cargo.toml`: one codegen unit with fat
+//! link-time optimisation, so serde_json, the store, the feeds and the allocator are inlined
+//! into each other where every event passes. It makes the release build slower, a cost paid by
+//! `cargo build --release` and the Docker image, not by CI, which tests debug builds.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -47,7 +65,7 @@ fn main() {
         println!(
             "cargo:warning=tailrace/symbol-order.txt may be stale ({why}): the release binary \
              then keeps more of its code resident; run scripts/symbol_order.py again \
-             (docs/ARCHITECTURE.md, \"The release build\")"
+             (tailrace/build.rs)"
         );
     }
     println!(

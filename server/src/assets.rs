@@ -3,6 +3,11 @@
 //!
 //! The page's own contract (`server/static-dev/README.md`): `.js` must be `text/javascript`
 //! (browsers refuse a module script of another type), and the page loads nothing else.
+//!
+//! The page reads `/api/status` once, then two change streams: `stats` with
+//! `include_initial` (each feed's document, with its notification latency `notify_us`, and the
+//! `ingest` document of [`ingest::live`]) and `events` with the filter box.
+//! `tailrace/tests/page.rs` drives it in headless Chromium against the real binary.
 
 use axum::extract::Path;
 use axum::http::{StatusCode, header};

@@ -30,8 +30,16 @@
 //! [`follow::CHANNEL_WRITES`]: a client that reads slowly slows its own task, which reads the store
 //! later; nothing piles up in the server. A client that accepts nothing for
 //! `http.stream_stall_timeout_ms` is disconnected (it resumes with its last id), so it cannot
-//! hold a snapshot or a cursor open for ever. At most `http.max_streams` streams are open at
-//! once; beyond, a 503 says so.
+//! hold a snapshot or a cursor open for ever (hyper polls a body only when it can write, so a
+//! stalled client's queue would otherwise sit in memory until it closed the connection). At
+//! most `http.max_streams` streams are open at once; beyond, a 503 says so.
+//! `tailrace_change_streams_{open,buffered_bytes,refused_total,stalled_total,gaps_total}`
+//! count all this.
+//!
+//! Every mistake in a request is a 400 naming the parameter. A resume id ahead of the history
+//! is refused, so a client of a server that lost its data starts over. A quiet keyed stream
+//! whose filter skips entries still moves the client's resume point, in its keep-alive (an
+//! SSE block with only `id:`).
 
 use std::collections::HashMap;
 use std::sync::Arc;

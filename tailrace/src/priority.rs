@@ -1,15 +1,22 @@
 //! The async runtime's threads run a few nice steps below the store's own.
 //!
-//! Every commit of the embedded engine goes through one thread (the writer), and its memtable
-//! flushes and compactions through another (`maint`). The runtime's workers feed them: they
-//! read the sources, parse, validate and stamp events and derive their rollups, and they also
-//! run the feeds and serve HTTP. Flat out on a machine with fewer cores than runnable threads,
-//! the scheduler shares each core evenly, so the writer waited for a core behind workers
-//! preparing batches it could not take yet, and everything downstream then waited for the
-//! writer. Niced, the workers give way to the writer and `maint` when they compete for a core;
-//! when a core is free (a slow stream, a quiet machine) nothing changes, and a notification is
-//! not held back. The step, the measurement behind it and what it costs are in
-//! docs/ARCHITECTURE.md ("Threads and their priorities").
+//! A running `tailrace` has the async runtime's threads (one worker per core, and blocking
+//! threads as needed), the embedded engine's writer (`tailrace-writer`: every commit goes
+//! through it), its maintenance thread (`tailrace-maint`: memtable flushes and compactions) and
+//! the thread that builds its filter of stored keys (`tailrace-keys`), and the allocator's
+//! collector (`tailrace-alloc`). The runtime's workers feed the writer: they read the sources,
+//! parse, validate and stamp events and derive their rollups, and they also run the feeds and
+//! serve HTTP. Flat out on a machine with fewer cores than runnable threads, the scheduler
+//! shares each core evenly, so the writer waited for a core behind workers preparing batches it
+//! could not take yet, and everything downstream then waited for the writer. Niced, the workers
+//! give way to the writer and `maint` when they compete for a core; when a core is free (a slow
+//! stream, a quiet machine) nothing changes, and a notification is not held back.
+//!
+//! The cost: tailrace may share a CPU group (a cgroup, or a session's autogroup) with other busy
+//! processes, and its workers then get a third of their weight. Between groups the CPU is shared
+//! by group, whatever the nice values. What the step gained, and the alternatives measured
+//! against it (other steps, one worker, `SCHED_BATCH`, a raised writer):
+//! docs/results/writer-priority-2026-12-05.md.
 //!
 //! Linux only: there a thread's nice value is its own, so this lowers only the thread that
 //! asks. Elsewhere the same call would lower the whole process, store threads included, and

@@ -5,6 +5,26 @@
 //! and feature names). With the CI tool environment (`.ci/run` creates `target/ci-venv`) also:
 //! the official compose-spec JSON schema, hadolint, and a round trip of every dashboard through
 //! Grafana's typed model (grafana-foundation-sdk). Under `CI` that environment is required.
+//!
+//! No Docker engine, MongoDB server or Grafana runs on our machines, so each file is checked as
+//! far as a real tool allows. For real: the Prometheus configuration, the alert rules and every
+//! panel's PromQL, by a real Prometheus scraping the real pipeline (`tests/prometheus.rs`), and
+//! here every metric name a panel or an alert reads, against a real scrape. Statically, here:
+//! the dashboards (unique ids; panels name the provisioned datasource's uid, not a variable, so
+//! the PromQL in the JSON is what runs; Grafana's `timeInterval` equals the scrape interval,
+//! which `$__rate_interval` is computed from), the compose file (its `check-config` run by the
+//! real binary) and the Dockerfile (every COPY source present and not excluded by
+//! `.dockerignore`, every member crate and `include_str!` file copied, non-root `USER`,
+//! `EXPOSE 9750`, curl for the health check).
+//!
+//! That covers what breaks a `docker compose up` from a fresh clone: a file that is not where a
+//! mount or a COPY says, a service name or port that differs between two files, a key the engine
+//! or tailrace rejects, PromQL that returns nothing. What is not checked, and cannot be without
+//! Docker and a network: that the image tags exist and pull, that the image builds (its one real
+//! step is `cargo build --release --locked --features ingest/mongodb`, as a local build with the
+//! feature), that mongosh runs the replica-set script as written, and the panels' values on
+//! MongoDB. Debian's Docker Compose v1 (`docker-compose config`) is not used: it predates the
+//! compose spec, rejects some of its keys and checks nothing the schema and the parser miss.
 
 #![allow(clippy::unwrap_used)]
 

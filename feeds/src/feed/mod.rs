@@ -2,13 +2,34 @@
 //! event, and a checkpoint (position and statistics saved together) so a restart resumes
 //! where it stopped: no gap, and the bands continue.
 //!
+//! A checkpoint is **one** record, `{position or token, statistics state}`: after a restart
+//! the statistics continue exactly where they were and the stream resumes right after the
+//! position. Each statistic saves its state under its name; one whose saved state cannot be
+//! read (saved by another version) starts afresh with a warning while the others and the
+//! position are restored. A feed that dies between checkpoints replays what came after the last
+//! one: no gap and no duplicate, as the sequence check sees the same events in the same order.
+//!
+//! Statistics are folded in on every event; their snapshot (the `stats` document, the API, the
+//! gauges) is taken every `stats.publish_interval_ms` and the checkpoint saved every
+//! `stats.checkpoint_interval_ms` and when the feed stops. The two are apart because a
+//! checkpoint carries the whole top-k window as a durable commit. Both writes run in a task of
+//! their own, one tick's at a time, while the feed goes on with its events: a feed that waited
+//! for them would hold back every event committed meanwhile. A stop waits for the write under
+//! way, then saves its own.
+//!
+//! Completeness: the ingester stamps every event with a per-source sequence number, continued
+//! at startup from the newest stored event of that source or its `source:<name>` rollup, and the
+//! feeds count missing and duplicate numbers. A change feed computes the statistics a tailable
+//! feed does because the ingester copies each event's stamp, and every field a statistic reads,
+//! into the source's `source:<name>` rollup ([`crate::stats`]).
+//!
 //! When the store says the feed was overtaken (position lost / history lost), the feed records
 //! the gap (a document in `gaps`, counters, one log line) and continues from the oldest
 //! retained entry: it neither crash-loops nor skips silently.
 //!
-//! Layout: this file runs the loop; [`reader`] is what every kind of feed implements to open
-//! its stream and measure its lag (the kinds: [`crate::kind`]); [`checkpoint`] is what is
-//! saved; [`handle`] is what the outside sees.
+//! Layout: this file runs the loop; `reader` is what every kind of feed implements to open
+//! its stream and measure its lag (the kinds: [`crate::kind`]); `checkpoint` is what is
+//! saved; `handle` is what the outside sees.
 
 mod checkpoint;
 mod handle;

@@ -2,15 +2,41 @@
 //! with the configured durability, keeps the per-key counters of the `rollups` collection, and
 //! keeps every rejected record as a dead letter with its reason.
 //!
-//! Order matters: one task assigns per-source sequence numbers, and each later stage (the
-//! events, then the rollups: `Ingester::run`) takes the batches one after the other, so
-//! sequence order is commit order and a feed can prove completeness.
+//! Three stages, each a task (`Ingester::run`), joined by channels of one batch, so the store's
+//! writer always has the next commit queued:
+//! - **prepare** takes up to `ingest.batch_max_events` records (or what came within
+//!   `ingest.batch_max_wait_ms`), validates each, stamps it with its source's next sequence
+//!   number and derives its rollup updates;
+//! - **events** writes the batch's events and dead letters, in hand-over order (`order`): a
+//!   crash leaves each source a prefix of what it handed over, so a source resumed after its
+//!   newest stored record loses nothing;
+//! - **rollups** coalesces the counters of each key, writes the rollups and accounts for the
+//!   batch, while the events stage already writes the next batch's events (with two stages the
+//!   writer would sit idle between a batch's two commits). It hands its updates to the store by
+//!   value; should that write fail, it derives them again from the batch's events, with the
+//!   same names (`write_isolating_remade`).
 //!
-//! Layout: this file runs the loop; [`validate`] decides what is an event and what a dead
-//! letter keeps; [`rollups`] derives the `rollups` updates of each event; [`write`] writes
-//! a batch so that transient failures are retried and permanent ones isolated; `order` puts
-//! a batch's events and dead letters in hand-over order, so a crash loses no record;
-//! [`retention`] removes rollup counters that went idle.
+//! Each stage takes the batches in order, so sequence order is commit order, each key's rollups
+//! apply in order, and a feed can prove completeness. A batch of at most `JOINT_MAX_EVENTS`
+//! (64) events without dead letters commits its events and rollups together where the engine
+//! can ([`store::Capped::commits_with`]: the embedded engine), after every earlier batch's
+//! rollups: one commit, one sync and one wake-up of each reader instead of two. Otherwise the
+//! rollups follow their events, so a crash leaves them behind, never ahead; startup rebuilds
+//! them from the stored events (`recover_source`). On the embedded engine rollups written in
+//! turn go `acknowledged` whatever the configured level (`rollups_durability`): the next synced
+//! events commit makes them durable, and only a crash of the machine loses them, which restarts
+//! tailrace. A server can lose what it did not journal and restart on its own, so on MongoDB
+//! they keep the configured level.
+//!
+//! A transient store error is retried with backoff while backpressure holds the sources; a
+//! permanent one splits the batch until the refused record is alone, and it becomes a
+//! `store_rejected` dead letter ([`write`]).
+//!
+//! Layout: this file runs the loop; [`validate`] decides what is an event (keys are stored as
+//! sent) and what a dead letter keeps; [`rollups`] derives the `rollups` updates of each event;
+//! [`write`] writes a batch so that transient failures are retried and permanent ones
+//! isolated; `order` puts a batch's events and dead letters in hand-over order; [`retention`]
+//! removes rollup counters that went idle.
 
 mod order;
 pub mod retention;

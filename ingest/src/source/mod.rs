@@ -14,9 +14,11 @@
 //! points at them). A user's own source is any type implementing [`Source`] (see
 //! `examples/custom_source.rs`).
 //!
-//! Layout: [`synthetic`], [`http`], [`websocket`], [`file`], [`stdin`], [`command`]; the byte-stream sources
-//! share [`framing`] (bounded NDJSON lines), the http source's SSE mode uses [`sse`], and the
-//! sources that resume from a cursor in their events (websocket, http NDJSON) use [`resume`].
+//! Layout: [`synthetic`], [`http`], [`websocket`], [`file`], [`stdin`], [`command`]; the
+//! byte-stream sources share [`framing`] (bounded NDJSON lines), the http source's SSE mode
+//! uses [`sse`], and the sources that resume from a cursor in their events (websocket, http
+//! NDJSON) use [`resume`]. [`realistic`] is the long-tail generator behind the synthetic
+//! source's realistic vocabulary and the benches' default dataset.
 
 pub mod command;
 pub mod file;

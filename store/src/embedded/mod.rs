@@ -1,15 +1,60 @@
 //! The embedded engine: a segmented journal with an LSM tree for keyed state. No server.
 //!
-//! - **Writes** go through one writer ([`writer`]) that stages whatever is queued and writes
-//!   it as one record at the journal's tail (group commit): a commit is one sequential write
-//!   and, for `journaled`, one `fdatasync`, whatever the number of indexes and counters.
-//! - **Capped collections live in the journal**: a document is written once, in the record
-//!   of its commit; the writer keeps each collection's positions, sizes and seek points, and
-//!   per segment an index of the indexed fields' values (then the segment's `.idx` file).
-//!   Eviction moves the collection's oldest position; a segment is released once nothing
-//!   needs it ([`maint`]).
-//! - **Keyed collections, checkpoints** live in an LSM tree ([`tree`]) whose memtable is
-//!   flushed off the commit's path; the journal is its log.
+//! One process owns a data directory (`store.path`; an advisory lock on its `LOCK` file keeps a
+//! second one out). It holds:
+//!
+//! ```text
+//! journal/<n>.log  journal segments: every commit's record, in order
+//! journal/<n>.idx  a finished segment's index file: its field-value index, positions, sizes,
+//!                  seek points
+//! keyed/           the LSM tree: keyed documents, their write-time index, the feeds'
+//!                  checkpoints, capped documents moved out of released segments
+//! catalog.json     collections (kind, limits, indexes, validation rule) and what released
+//!                  segments no longer say
+//! ```
+//!
+//! - **Writes** go through one writer (`writer`) that stages whatever is queued and writes it
+//!   as one record at the journal's tail (group commit): a commit is one sequential write and,
+//!   for `journaled`, one `fdatasync`, whatever the number of indexes and counters. Callers
+//!   hand over documents already encoded and their indexed values already hashed, on their own
+//!   threads, so the writer thread, which every commit waits for, does the least. Hot keys'
+//!   documents stay decoded in a cache bounded by bytes (512 KiB, CLOCK-Pro: a long tail of keys
+//!   written once does not push out a source's summary). An update of a key the tree does not
+//!   hold skips the tree's read: a Bloom filter of every stored key (`known`) says so. In debug
+//!   builds the writer checks every read the cache or the filter saves against the tree, so the
+//!   whole test suite checks both.
+//! - **The journal** (`journal`; the record's layout in `format`): segments of 8 MiB
+//!   ([`Tuning::segment_bytes`]) whose space is allocated 1 MiB ahead of the tail, so a full
+//!   disk shows as a transient error before any record is written (`/readyz` says so, and
+//!   writes resume once there is room). Written with `O_DIRECT` where the filesystem allows, in
+//!   whole blocks of at least 4 KiB, so the device never does a read-modify-write of a sector
+//!   holding synced records. A record's entries are cut into blocks of ~32 KiB, each
+//!   LZ4-compressed where that pays; its header carries a CRC-32, its record number and its
+//!   predecessor's checksum, and it is padded to 512 bytes. A segment is synced before the next
+//!   one starts, so one sync covers every earlier write.
+//! - **Capped collections live in the journal**: a document is written once, in the record of
+//!   its commit, and read back from there (`read`). The writer keeps each collection's oldest
+//!   and next positions, each retained document's size (eviction by count and bytes is exact and
+//!   reads nothing) and a seek point every 64 KiB of journal, so a point read scans at most that
+//!   far. Eviction only moves the oldest position, which every record carries. Per segment, an
+//!   index maps a hash of (collection, field, value) to positions (`state`), so
+//!   `latest(field = value)` reads the newest segments first and stops at its limit. An index
+//!   added to an existing collection is built over the documents already stored.
+//! - **Keyed collections and checkpoints** live in an LSM tree (`tree`: the `lsm-tree` crate
+//!   without a journal of its own; the journal is its log, and recovery replays the records
+//!   after the last one its tables hold). Its memtable (2 MiB, [`Tuning::memtable_bytes`]) is
+//!   flushed, and the tree compacted, by the maintenance thread (`maint`), off the commit's
+//!   path: a key written a thousand times meanwhile is written once. A write-time index lets
+//!   `expire` find idle keys oldest first. Snapshots read the tree at one sequence number, with
+//!   the change token of that moment.
+//! - **The change log** is the journal's change entries; a change's sequence number is its
+//!   resume token. It keeps `store.oplog_max_entries` changes: an older token gets
+//!   `HistoryLost`.
+//! - **Release** (`maint`): the oldest segment is deleted once nothing needs it; the few
+//!   retained documents of a slowly evicted collection are moved into the tree first. The
+//!   catalog (`catalog`) is rewritten atomically before a segment's files go.
+//! - **Validation rules** ([`EmbeddedStore::set_validator`], MongoDB's query validators): a
+//!   document that does not match its collection's rule is refused with an error naming it.
 //! - **Durability**: `journaled`/`majority` sync the record before they answer;
 //!   `acknowledged` answers once it is written (it survives a process crash, not a power
 //!   loss nor a failed sync); `unacknowledged` returns once the write is queued.
@@ -20,11 +65,31 @@
 //! - **A failed sync** stops all writing (the disk may have dropped those writes, and Linux
 //!   reports it once); the next open cuts the journal where the last good sync ended.
 //! - **Tailing** never polls: each commit is broadcast in memory to live tails and change
-//!   streams; a reader that fell behind (or starts in the past) reads the journal until it
-//!   has caught up, then listens again.
+//!   streams, its documents shared, not copied ([`Capped::append_shared`]). A reader
+//!   subscribes before it reads the journal, catches up from it, then follows the broadcast. A
+//!   commit stays in the broadcast until every live reader took it: a reader 1,024 commits
+//!   behind reads the journal instead, and past [`Tuning::live_bytes`] (8 MiB) of held
+//!   documents, commits go out without their documents and changes, which such a reader reads
+//!   from the journal. Catching up reads steps of at most 512 entries or ~1 MiB; a tail decodes
+//!   its next two steps on storage threads while its consumer takes the current one.
+//! - **The earlier layout** (SQLite, `tailrace.db`) is converted at its first open (`migrate`),
+//!   the old files kept in `sqlite-backup/`.
 //! - **Files** go through one narrow interface ([`fs::Fs`]): the real file system, or a
 //!   simulated disk that the crash tests cut the power of before every call
 //!   (`store/tests/crash_points.rs`).
+//!
+//! ## Why this layout
+//!
+//! A commit must be one sequential append to one journal and one `fdatasync` per group, whatever
+//! the number of indexes and counters. fjall, the maintained LSM store, writes every commit
+//! through a buffered journal of its own (each sync writes back at least a 4 KiB page) and every
+//! byte again when its memtable is flushed. With `O_DIRECT` a commit writes exactly its padded
+//! record, and the journal *is* where events live: they are never written again. Keyed state,
+//! unbounded in key count on a long tail, goes to an LSM tree whose flushes write a hot key once
+//! per flush, not once per event, while the journal makes it durable in between. A B-tree store
+//! such as SQLite dirties a page per long-tail index and counter key. The measurements behind
+//! the choice are in `docs/results/journal-engine-2026-12-02.md`, today's figures in
+//! `docs/BENCHMARKS.md`.
 
 mod capped;
 mod catalog;

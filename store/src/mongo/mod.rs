@@ -13,7 +13,8 @@
 //!   `$inc`/`$set` documents, resume tokens; pure and unit-tested;
 //! - `capped.rs`: creation and checks, the writer task, acknowledgment times, the tail;
 //! - `keyed.rs`: keyed collections;
-//! - `changes.rs`: change streams; `oplog.rs`: the raw oplog.
+//! - `changes.rs`: change streams; `oplog.rs`: the raw oplog;
+//! - `probe.rs`: what the server supports, asked at connect.
 //!
 //! ## Positions: one writer per capped collection
 //! A position is the document's `_id`, an integer the engine assigns: at open it reads the
@@ -51,20 +52,81 @@
 //! filter skipped and on a quiet stream (MongoDB's post-batch token; in oplog mode, every
 //! entry read, periodic no-ops included), so a checkpoint stays fresh without new changes.
 //!
-//! ## Failures
+//! An oplog position is `(ts, operation index, end)`: an `applyOps` entry (a transaction) holds
+//! several operations at one `ts`, and a whole entry (`ChangeStart::Now`, `newest_change`, a
+//! snapshot's token) compares equal to its last operation and after all of them, so a stream
+//! resumed from one never replays part of a transaction.
+//!
+//! ## What the server supports is asked of the server
+//! At connect, `probe.rs` asks (about a dozen round trips): `hello` (a set name, and the
+//! `setVersion` a real member reports), a change stream on the database, `local.oplog.rs` in
+//! `listCollections`, an update in a transaction, a snapshot read (it must come back with
+//! `atClusterTime`), and, on scratch collections dropped afterwards, documents with `$`-prefixed
+//! and dotted keys and a nested array, a capped collection of one document after more inserts,
+//! a tailable cursor that stays open, and five corners of the query language compared with
+//! [`crate::Filter`]. A network failure fails the connect; any other refusal is an answer, kept
+//! with the reply ([`Store::capabilities`]). What a missing capability changes:
+//!
+//! | missing | the engine then | the pipeline |
+//! |---|---|---|
+//! | change streams | `changes()` fails with `Unsupported` | a `changes` feed is refused at startup, naming the alternatives; `/api/changes` on a keyed collection answers 501 |
+//! | an oplog | `oplog()` fails with `Unsupported` | an `oplog` feed is refused at startup, saying how to create `local.oplog.rs` |
+//! | transactions | a multi-key update runs without one (each key atomic, the batch not) | logged once |
+//! | snapshot reads | `Keyed::snapshot` fails with `Unsupported` | `include_initial` on a keyed collection answers 501 |
+//! | before images | change streams without pre-images; `collMod` is never sent | `old_val` absent |
+//! | server filters | document filters run in tailrace, with the embedded engine's meaning | — |
+//! | tailable cursors that stay open | tails read batches of 1,000 and wait 50 ms per `getMore` | — |
+//! | documents as sent, capped bounds, majority | nothing: the server's own behaviour | logged once, with its cost |
+//!
+//! The contract suite (`store/tests/mongodb.rs`, on libtest-mimic) reads the same probe and
+//! reports a check that needs something missing as ignored, labelled `[needs …]`.
+//!
+//! ## Writes that cannot be undone
 //! The driver retries a read or write once after a network error or a step-down (retryable
-//! writes) and resumes change streams on resumable errors. A server that does not recognise
-//! a retried insert (FerretDB) refuses it as a duplicate `_id` when the first attempt stored
-//! documents: the documents it holds as sent at the insert's own positions are taken as
-//! stored, once. An insert that fails without saying how far it got is settled from the newest
-//! position on the server before the next one. Keyed upserts go out as `update` commands,
-//! which the driver does not retry; a caller that sends them again names each one
-//! ([`crate::WriteId`]), and the engine keeps the newest name applied beside each document
-//! (`_tailrace_writer`, `_tailrace_seq`, left out of every read). An update sent again after
-//! a request that did not succeed is guarded by it and skips what landed before (in a
-//! transaction, the names are read first). Beyond that, tails and change streams re-open
-//! after their last position with backoff; operations return [`StoreError::Engine`] with the
-//! driver's message.
+//! writes) and resumes change streams on resumable errors. Beyond that:
+//! - **Capped inserts** are ordered, and no transaction can hold one, so the server keeps the
+//!   documents before one it refuses: the append answers [`StoreError::PartlyWritten`] and the
+//!   ingester writes none of them again. After a failure that does not say how far it got (a
+//!   lost connection), the newest position on the server does (one writer per collection);
+//!   when even that cannot be read, the next group starting with the same documents takes the
+//!   ones the server holds as stored. A server that does not recognise the driver's retry
+//!   (FerretDB) refuses it as a duplicate `_id` at the group's own positions: the documents held
+//!   there as sent are taken as stored, once; another document there (a second writer) is
+//!   refused.
+//! - **Keyed upserts** go out as one ordered `update` command per 32 keys (in one transaction
+//!   where the server runs them); a write error names how many statements were applied
+//!   (`PartlyWritten`). The driver does not retry an `update` whose reply is lost, and the
+//!   ingester sends the batch again, so each update is named ([`crate::WriteId`]: a writer
+//!   drawn when the ingester starts, a sequence number per update) and the engine keeps the
+//!   newest name applied beside each document (`_tailrace_writer`, `_tailrace_seq`, left out of
+//!   every read). Only updates named at or below the newest one sent in a request that did not
+//!   succeed are guarded, so the write every event takes stays a plain upsert. Without a
+//!   transaction a guarded statement matches only a document that does not show its name, so a
+//!   repeat is refused as a duplicate `_id` and counted as applied; in a transaction the names
+//!   are read first and what landed is left out. Names guard one writer's retries, not two
+//!   writers interleaving.
+//! - Tails and change streams re-open after their last position with backoff (a tail or the
+//!   oplog watcher on any `getMore` error that is neither a bad request nor a missing feature);
+//!   operations return [`StoreError::Engine`] with the driver's message.
+//!
+//! Errors are mapped by meaning (`convert.rs`): CommandNotFound (59), CommandNotSupported (115),
+//! NotImplemented (238), 40573 (a change stream off a replica set) and 40324 (an unknown
+//! pipeline stage) are [`StoreError::Unsupported`]; FailedToParse (9) stays `Invalid`.
+//!
+//! ## FerretDB
+//! FerretDB 1.24 on SQLite runs in CI (`scripts/ferretdb.sh`). Besides what the probe finds
+//! missing, the engine works around, without changing what it sends to MongoDB: `createIndexes`
+//! of existing indexes drops the connection (only missing ones are created); an `update` holds a
+//! database connection per statement until it answers (hence 32 keys a command); a waiting
+//! `getMore` holds a connection per 10 ms of its wait (hence the short wait of polling tails); a
+//! tailable `find` reads the whole capped collection, so a polling tail queries once per write
+//! of this process, at most every 200 ms, and otherwise up to a second apart; a collection a
+//! first upsert creates while a tail reads can hang the database (`checkpoints` is created at
+//! connect); an update's oplog entry holds the whole document in `$set`, taken as the exact
+//! image. What remains is slow: writers queue for SQLite's one write lock, and oplog reads,
+//! `update`s and `_id` lookups scan their collections (`config/ferretdb.toml` keeps rollups to a
+//! low-cardinality field; figures in `docs/BENCHMARKS.md`). Its background capped cleanup hung
+//! a database in the end-to-end tests, which run it off (`tailrace/tests/ferretdb.rs`).
 //!
 //! ```no_run
 //! # async fn demo() -> store::Result<()> {
