@@ -15,12 +15,13 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, Response};
+use common::{Metrics, T, log_line, log_text, logs, metric, recorder};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use ingest::ingester::{Handed, IngestOptions, IngestStats, Ingester};
@@ -31,13 +32,10 @@ use ingest::source::{
     BuildContext, Positioned, Raw, RejectReason, Source, SourceSettings, USER_AGENT,
 };
 use ingest::telemetry::{DUPLICATES_DROPPED, SOURCE_EVENTS_SKIPPED};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::{Value, json};
 use store::embedded::{EmbeddedOptions, EmbeddedStore};
 use store::{CappedSpec, Durability, Start, Store};
 use tokio::sync::{mpsc, watch};
-
-const T: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------------------------------
 // A scripted server
@@ -142,85 +140,6 @@ async fn handle(State(s): State<Arc<Server>>, req: axum::extract::Request) -> Re
         resp = resp.header(k, v);
     }
     resp.body(Body::from_stream(body)).unwrap()
-}
-
-// ---------------------------------------------------------------------------------------
-// Captured logs
-// ---------------------------------------------------------------------------------------
-
-struct Logs {
-    text: Mutex<String>,
-    changed: watch::Sender<()>,
-}
-
-fn logs() -> &'static Logs {
-    static LOGS: OnceLock<&'static Logs> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs: &'static Logs = Box::leak(Box::new(Logs {
-            text: Mutex::new(String::new()),
-            changed: watch::channel(()).0,
-        }));
-        struct W(&'static Logs);
-        impl Write for W {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0
-                    .text
-                    .lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(buf));
-                self.0.changed.send_replace(());
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let _ = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_ansi(false)
-            .with_writer(move || W(logs))
-            .try_init();
-        logs
-    })
-}
-
-fn log_text() -> String {
-    logs().text.lock().unwrap().clone()
-}
-
-/// Waits until the log has a line containing every one of `parts`.
-async fn log_line(parts: &[&str]) -> String {
-    let mut rx = logs().changed.subscribe();
-    let find = || {
-        log_text()
-            .lines()
-            .find(|l| parts.iter().all(|p| l.contains(p)))
-            .map(str::to_owned)
-    };
-    tokio::time::timeout(T, async {
-        loop {
-            if let Some(l) = find() {
-                return l;
-            }
-            rx.changed().await.unwrap();
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("no log line with {parts:?} within {T:?}:\n{}", log_text()))
-}
-
-/// The process's metrics recorder (installed before any source that counts starts).
-fn recorder() -> &'static PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE.get_or_init(|| {
-        let h = PrometheusBuilder::new().install_recorder().unwrap();
-        ingest::telemetry::describe();
-        h
-    })
-}
-
-fn metric(name: &str, labels: &[(&str, &str)]) -> f64 {
-    common::Metrics::parse(&recorder().render()).sum(name, labels)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -797,7 +716,7 @@ async fn named_events_are_chosen_counted_and_ids_echoed_verbatim() {
         14.0,
         "names 17 to 23, twice each, are `other`"
     );
-    let labels = common::Metrics::parse(&recorder().render())
+    let labels = Metrics::parse(&recorder().render())
         .samples
         .iter()
         .filter(|(n, l, _)| n == SOURCE_EVENTS_SKIPPED && l["source"] == "masto")

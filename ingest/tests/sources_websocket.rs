@@ -14,17 +14,16 @@ mod common;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use common::{T, log_line, log_text, logs, metric, recorder};
 use futures::stream::BoxStream;
 use futures::{SinkExt, StreamExt};
 use ingest::source::websocket::{Resume, WebSocketOptions, WebSocketSource};
 use ingest::source::{Raw, RejectReason, Source, USER_AGENT};
 use ingest::telemetry::DUPLICATES_DROPPED;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -35,8 +34,6 @@ use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, 
 use tokio_tungstenite::tungstenite::http::{HeaderMap, StatusCode};
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-
-const T: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------------------------------
 // A scripted server
@@ -204,88 +201,8 @@ async fn close(mut ws: Ws, why: &str) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Captured logs and metrics
+// Metrics
 // ---------------------------------------------------------------------------------------
-
-struct Logs {
-    text: Mutex<String>,
-    changed: watch::Sender<()>,
-}
-
-fn logs() -> &'static Logs {
-    static LOGS: OnceLock<&'static Logs> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs: &'static Logs = Box::leak(Box::new(Logs {
-            text: Mutex::new(String::new()),
-            changed: watch::channel(()).0,
-        }));
-        struct W(&'static Logs);
-        impl Write for W {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0
-                    .text
-                    .lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(buf));
-                self.0.changed.send_replace(());
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        // Everything at trace, except tungstenite's handshake module: at trace it prints the
-        // raw upgrade request, header values and query included (see the report: the binary's
-        // log filter must keep it at debug or above).
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(
-                "trace,tungstenite::handshake=debug",
-            ))
-            .with_ansi(false)
-            .with_writer(move || W(logs))
-            .try_init();
-        logs
-    })
-}
-
-fn log_text() -> String {
-    logs().text.lock().unwrap().clone()
-}
-
-/// Waits until the log has a line containing every one of `parts`.
-async fn log_line(parts: &[&str]) -> String {
-    let mut rx = logs().changed.subscribe();
-    let find = || {
-        log_text()
-            .lines()
-            .find(|l| parts.iter().all(|p| l.contains(p)))
-            .map(str::to_owned)
-    };
-    tokio::time::timeout(T, async {
-        loop {
-            if let Some(l) = find() {
-                return l;
-            }
-            rx.changed().await.unwrap();
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("no log line with {parts:?} within {T:?}:\n{}", log_text()))
-}
-
-/// The process's metrics recorder (installed before any source starts).
-fn recorder() -> &'static PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE.get_or_init(|| {
-        let h = PrometheusBuilder::new().install_recorder().unwrap();
-        ingest::telemetry::describe();
-        h
-    })
-}
-
-fn metric(name: &str, labels: &[(&str, &str)]) -> f64 {
-    common::Metrics::parse(&recorder().render()).sum(name, labels)
-}
 
 fn reconnects(source: &str, reason: &str) -> f64 {
     metric(
