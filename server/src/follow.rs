@@ -247,32 +247,18 @@ fn object(v: Value) -> Map<String, Value> {
 /// A capped collection's document as an `initial` or `change` event.
 fn record_event(kind: &'static str, collection: &str, r: Record) -> Event {
     let key = r.position.0.to_string();
-    let mut data = Map::new();
+    let mut data = r.into_json(collection);
     if kind == "change" {
+        // A capped collection only ever inserts.
         data.insert("op".into(), Value::from("insert"));
-    }
-    data.insert("collection".into(), Value::from(collection));
-    data.insert("key".into(), Value::from(key.as_str()));
-    data.insert("doc".into(), Value::Object(Arc::unwrap_or_clone(r.doc)));
-    if let Some(at) = r.committed_at_us {
-        data.insert("committed_at_us".into(), Value::from(at));
     }
     Event::new(kind, data).with_id(key)
 }
 
 /// A keyed collection's change as a `change` event, its token as the id.
 fn change_event(c: Change) -> Event {
-    let mut data = object(json!({
-        "op": c.op.as_str(),
-        "collection": c.collection,
-        "key": c.key,
-        "doc": c.after,
-        "committed_at_us": c.committed_at_us,
-    }));
-    if let Some(before) = c.before {
-        data.insert("before".into(), Value::Object(Arc::unwrap_or_clone(before)));
-    }
-    Event::new("change", data).with_id(c.token.0)
+    let id = c.token.0.clone();
+    Event::new("change", c.into_json()).with_id(id)
 }
 
 /// What the stream follows, and from where it (re)opens.

@@ -53,6 +53,7 @@ mod stamp;
 mod telemetry;
 mod types;
 pub mod update;
+mod wire;
 
 pub use capabilities::{Capabilities, Capability, Support};
 pub use contract::{Capped, ChangeStream, Keyed, RecordStream, Store};

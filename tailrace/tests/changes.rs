@@ -783,6 +783,13 @@ async fn tail_cli_feed_ids_rollup_pages_and_page_files() {
         e.data["position"].as_u64().map(|p| p.to_string()),
         "{e:?}"
     );
+    // ... and the record's own fields written as /api/changes writes them (store::wire).
+    assert_eq!(e.data["collection"], json!("events"), "{e:?}");
+    assert_eq!(e.data["key"].as_str(), e.id.as_deref(), "{e:?}");
+    assert!(e.data["doc"].is_object(), "{e:?}");
+    let key = e.data["key"].as_str().unwrap().to_string();
+    let same = t.json(&format!("/api/events/{key}")).await;
+    assert_eq!(e.data["doc"], same["doc"], "the same document either way");
 
     // /api/rollups in pages of 3: no key twice, in order, the Link header to the next page.
     // The pipeline runs on meanwhile and may add a language: the pages hold every key that

@@ -80,7 +80,8 @@ impl FeedHandle {
         out
     }
 
-    /// Every event the feed holds from now on, as JSON (`{feed, position, op?, doc}`); a slow
+    /// Every event the feed holds from now on, as JSON: the record's or change's fields as
+    /// `store` writes them (`collection`, `key`, `doc`, `op`, ...) with `feed` and `position`; a slow
     /// subscriber misses events (the receiver reports how many) but never slows the feed.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Value>> {
         self.events.subscribe()

@@ -505,17 +505,15 @@ impl Feed {
         let position = item.position();
         self.last_event_us = now;
         if self.handle.events.receiver_count() > 0 {
-            let mut out = json!({"feed": self.name, "position": position});
-            match &item {
-                Item::Record(r) => out["doc"] = Value::Object(Document::clone(&r.doc)),
-                Item::Change(c) => {
-                    out["op"] = json!(c.op.as_str());
-                    out["collection"] = json!(c.collection);
-                    out["key"] = json!(c.key);
-                    out["doc"] = json!(c.after);
-                }
-            }
-            let _ = self.handle.events.send(Arc::new(out));
+            // The record's or change's own fields as `/api/changes` writes them, then the
+            // feed's.
+            let mut out = match &item {
+                Item::Record(r) => r.clone().into_json(self.reader.collection().unwrap_or("")),
+                Item::Change(c) => c.clone().into_json(),
+            };
+            out.insert("feed".into(), json!(self.name));
+            out.insert("position".into(), json!(position));
+            let _ = self.handle.events.send(Arc::new(Value::Object(out)));
         }
         self.position = Some(position);
     }

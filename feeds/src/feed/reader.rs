@@ -23,6 +23,12 @@ pub trait Reader: Send + Sync + 'static {
         None
     }
 
+    /// The capped collection its records come from, for kinds that read one (a change names
+    /// its own collection).
+    fn collection(&self) -> Option<&str> {
+        None
+    }
+
     /// The stream, right after `after` (from the oldest entry when `None`).
     fn open(&self, store: &dyn Store, after: Option<&FeedPosition>) -> Opened;
 

@@ -75,6 +75,10 @@ impl Reader for Tail {
         "tailable"
     }
 
+    fn collection(&self) -> Option<&str> {
+        Some(self.0.name())
+    }
+
     fn open(&self, _store: &dyn Store, after: Option<&FeedPosition>) -> Opened {
         let start = match after {
             Some(FeedPosition::Tail(p)) => Start::After(*p),
