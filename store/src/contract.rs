@@ -172,6 +172,16 @@ pub trait Capped: Send + Sync + 'static {
         false
     }
 
+    /// Whether a synced commit of this collection makes every earlier commit of `keyed`
+    /// durable too (one log, synced in order): an unsynced write to `keyed` is then lost only
+    /// together with every later write of this collection, in a crash that restarts the
+    /// process, never while it runs on. `false` by default: a server can lose writes it did
+    /// not journal and carry on.
+    fn syncs_earlier_commits_of(&self, keyed: &dyn Keyed) -> bool {
+        let _ = keyed;
+        false
+    }
+
     /// Appends `docs` and applies `updates` to `keyed` (as [`Keyed::update`] does), in one
     /// commit where [`Capped::commits_with`] says so: both are written or neither is, and tails
     /// and change streams see them at once. The ingester writes each batch's events and their

@@ -285,6 +285,20 @@ async fn a_live_tail_shares_the_appended_documents() {
     }
 }
 
+/// A synced commit of a capped collection syncs every earlier commit of the same store's
+/// keyed collections (one journal), which lets the ingester write rollups unsynced; a keyed
+/// collection of another store (another journal) gets no such promise.
+#[tokio::test]
+async fn a_synced_commit_syncs_earlier_keyed_commits_of_its_own_store_only() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (store_a, store_b) = (open(&a), open(&b));
+    let events = store_a.capped("events", &spec(1_000, &[])).await.unwrap();
+    let own = store_a.keyed("rollups").await.unwrap();
+    let other = store_b.keyed("rollups").await.unwrap();
+    assert!(events.syncs_earlier_commits_of(own.as_ref()));
+    assert!(!events.syncs_earlier_commits_of(other.as_ref()));
+}
+
 /// A live tail gets a commit stamped when it was published, after its record was written and
 /// synced: later than the commit's start, which the journal keeps and a read back carries,
 /// and no later than the writer's return. Feeds measure notification latency from it.

@@ -685,7 +685,10 @@ impl Ingester {
             again.name(&mut updates);
             updates
         };
-        let rollups_d = rollups_durability(self.options.durability, self.engine);
+        let rollups_d = rollups_durability(
+            self.options.durability,
+            self.events.syncs_earlier_commits_of(self.rollups.as_ref()),
+        );
         let rollups = write_isolating_remade("rollups", updates, remake, &self.health, |updates| {
             let rollups = self.rollups.clone();
             async move { rollups.update(updates.into_vec(), rollups_d).await }
@@ -838,16 +841,18 @@ fn interim_durability(d: Durability) -> Durability {
 
 /// The durability of a batch's rollups, written after its events. Rollups that fell behind
 /// the events are rebuilt from the stored events when tailrace starts (`recover_source`).
-/// The embedded engine loses a commit only together with the process (a power cut, an OS
-/// crash: tailrace restarts and rebuilds), and a later batch's synced events commit makes the
-/// rollups before it durable too (one WAL, synced in order): the rollups need no sync of their
-/// own, and a crash leaves at most the last three batches' to rebuild (the rollups stage runs
-/// up to two batches behind the events stage). That halves the syncs of a slow stream (one per event instead of two). A server (MongoDB) can lose writes it did not
-/// journal and restart while tailrace runs on, with nothing to rebuild them: there the rollups
-/// keep the configured durability.
-fn rollups_durability(d: Durability, engine: &str) -> Durability {
-    match (engine, d) {
-        ("embedded", Durability::Journaled | Durability::Majority) => Durability::Acknowledged,
+/// Where a later synced events commit makes the rollups before it durable too
+/// ([`store::Capped::syncs_earlier_commits_of`]: the embedded engine, one journal synced in
+/// order), an unsynced rollups commit is lost only with the process (a power cut, an OS
+/// crash: tailrace restarts and rebuilds), so the rollups need no sync of their own, and a
+/// crash leaves at most the last three batches' to rebuild (the rollups stage runs up to two
+/// batches behind the events stage). That halves the syncs of a slow stream (one per event
+/// instead of two). A server (MongoDB) can lose writes it did not journal and restart while
+/// tailrace runs on, with nothing to rebuild them: there the rollups keep the configured
+/// durability.
+fn rollups_durability(d: Durability, synced_by_later_events: bool) -> Durability {
+    match (synced_by_later_events, d) {
+        (true, Durability::Journaled | Durability::Majority) => Durability::Acknowledged,
         (_, d) => d,
     }
 }

@@ -88,6 +88,11 @@ impl Capped for EmbeddedCapped {
         self.same_store(keyed)
     }
 
+    fn syncs_earlier_commits_of(&self, keyed: &dyn Keyed) -> bool {
+        // One journal, synced in order: a commit is synced with every one before it.
+        self.same_store(keyed)
+    }
+
     async fn append_with_updates(
         &self,
         docs: Arc<[Arc<Document>]>,
