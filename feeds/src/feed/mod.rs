@@ -112,8 +112,7 @@ pub enum FeedError {
     /// The store's server cannot serve this kind of feed (found by its capability probe).
     #[error(
         "feed {feed} (kind = \"{kind}\") needs {capability}, which the store's server does not \
-         support: {reason}; {}",
-        alternatives(kind, *oplog)
+         support: {reason}; {instead}"
     )]
     Unsupported {
         /// The feed.
@@ -124,8 +123,8 @@ pub enum FeedError {
         capability: Capability,
         /// Why the server is thought to lack it (its reply).
         reason: String,
-        /// Whether the server has an oplog (so the `oplog` kind is an alternative).
-        oplog: bool,
+        /// What to do instead ([`Reader::instead`]).
+        instead: &'static str,
     },
     /// The feed's latency histogram could not be created.
     #[error("feed {feed}: latency histogram: {source}")]
@@ -135,26 +134,6 @@ pub enum FeedError {
         /// Why.
         source: hdrhistogram::CreationError,
     },
-}
-
-/// What to do instead, for [`FeedError::Unsupported`].
-fn alternatives(kind: &str, oplog: bool) -> &'static str {
-    match (kind, oplog) {
-        ("changes", true) => {
-            "use kind = \"oplog\" (the same changes, read from this server's local.oplog.rs), \
-             or run tailrace on a MongoDB replica set"
-        }
-        ("changes", false) => {
-            "run tailrace on a MongoDB replica set (a single-node one will do: mongod --replSet \
-             rs0, then rs.initiate()), or drop this feed (the tailable kind works on any server)"
-        }
-        ("oplog", _) => {
-            "the oplog is local.oplog.rs of a replica-set member; on FerretDB, start it with \
-             --repl-set-name and create it once: db.getSiblingDB(\"local\").createCollection(\
-             \"oplog.rs\", {capped: true, size: 268435456})"
-        }
-        _ => "the tailable kind works on any server",
-    }
 }
 
 /// A feed ready to run.
@@ -267,7 +246,7 @@ impl Feed {
                 kind,
                 capability,
                 reason: reason.to_string(),
-                oplog: caps.oplog.is_yes(),
+                instead: reader.instead(&caps),
             });
         }
         let gaps = store.keyed("gaps").await.map_err(err)?;

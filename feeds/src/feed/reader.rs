@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
-use store::{Capability, Change, Document, Record, ResumeToken, Store, StoreError};
+use store::{Capabilities, Capability, Change, Document, Record, ResumeToken, Store, StoreError};
 
 use super::FeedPosition;
 
@@ -21,6 +21,13 @@ pub trait Reader: Send + Sync + 'static {
     /// collections (checked when the feed starts).
     fn needs(&self) -> Option<Capability> {
         None
+    }
+
+    /// What to do instead when the store's server lacks what [`Reader::needs`] (the end of
+    /// the startup error), given what the server does support.
+    fn instead(&self, caps: &Capabilities) -> &'static str {
+        let _ = caps;
+        "the tailable kind works on any server"
     }
 
     /// The capped collection its records come from, for kinds that read one (a change names

@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashSet};
 use async_trait::async_trait;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use store::{Capability, ChangeFilter, ChangeOp, ChangeStart, Store};
+use store::{Capabilities, Capability, ChangeFilter, ChangeOp, ChangeStart, Store};
 
 use super::{CappedByName, FeedSettings};
 use crate::feed::{FeedPosition, Item, Lag, Opened, Reader};
@@ -164,6 +164,20 @@ impl Reader for ChangeReader {
         })
     }
 
+    fn instead(&self, caps: &Capabilities) -> &'static str {
+        if self.log_level {
+            "the oplog is local.oplog.rs of a replica-set member; on FerretDB, start it with \
+             --repl-set-name and create it once: db.getSiblingDB(\"local\").createCollection(\
+             \"oplog.rs\", {capped: true, size: 268435456})"
+        } else if caps.oplog.is_yes() {
+            "use kind = \"oplog\" (the same changes, read from this server's local.oplog.rs), \
+             or run tailrace on a MongoDB replica set"
+        } else {
+            "run tailrace on a MongoDB replica set (a single-node one will do: mongod --replSet \
+             rs0, then rs.initiate()), or drop this feed (the tailable kind works on any server)"
+        }
+    }
+
     fn open(&self, store: &dyn Store, after: Option<&FeedPosition>) -> Opened {
         let start = match after {
             Some(FeedPosition::Token(t)) => ChangeStart::After(t.clone()),
@@ -198,5 +212,29 @@ impl Reader for ChangeReader {
 
     async fn oldest_entry_us(&self, store: &dyn Store) -> Option<i64> {
         store.oldest_change_at().await.ok()?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use store::Support;
+
+    /// The startup error's advice follows what the server has: the `oplog` kind where the
+    /// server has an oplog, a replica set where it has neither.
+    #[test]
+    fn a_change_feed_the_server_cannot_serve_is_told_what_it_can() {
+        let no = || Support::No {
+            reason: "probed".into(),
+        };
+        let mut caps = Capabilities::all();
+        caps.change_streams = no();
+        let changes = ChangeReader::changes(ChangeFilter::default());
+        assert!(changes.instead(&caps).contains("kind = \"oplog\""));
+        caps.oplog = no();
+        assert!(changes.instead(&caps).contains("replica set"));
+        assert!(!changes.instead(&caps).contains("kind = \"oplog\""));
+        let oplog = ChangeReader::oplog(ChangeFilter::default());
+        assert!(oplog.instead(&caps).contains("--repl-set-name"));
     }
 }
