@@ -9,7 +9,7 @@ use super::super::Inner;
 use super::super::tailable::{Step, Tailable};
 use super::writer::CappedShared;
 use super::{oldest_id, position_of, to_record};
-use crate::{Position, RecordStream, Start, StoreError};
+use crate::{Position, RecordStream, Result, Start, StoreError};
 
 /// How long a tail waits for this process's writer to learn a document's acknowledgment time
 /// before yielding it with `committed_at_us: None`.
@@ -66,14 +66,7 @@ pub(super) fn tail_stream(
             {
                 // The cursor is open (its first batch read): if the document right after
                 // `last` was still there now, it was there when the cursor started.
-                let oldest = oldest_id(&shared.coll, &shared.name).await?;
-                if let Some(o) = oldest.filter(|o| *o > l + 1) {
-                    Err(StoreError::PositionLost {
-                        collection: shared.name.clone(),
-                        after: Position(l),
-                        oldest: Position(o),
-                    })?;
-                }
+                check_next_kept(&shared, l).await?;
             }
             let batch = cursor_loop.batch();
             let mut first = query.is_none();
@@ -91,14 +84,7 @@ pub(super) fn tail_stream(
                             // is no loss).
                             first = false;
                             if let Some(l) = last.filter(|l| position > l + 1) {
-                                let oldest = oldest_id(&shared.coll, &shared.name).await?;
-                                if let Some(o) = oldest.filter(|o| *o > l + 1) {
-                                    Err(StoreError::PositionLost {
-                                        collection: shared.name.clone(),
-                                        after: Position(l),
-                                        oldest: Position(o),
-                                    })?;
-                                }
+                                check_next_kept(&shared, l).await?;
                             }
                         }
                         if last.is_some_and(|l| position <= l) {
@@ -134,4 +120,17 @@ pub(super) fn tail_stream(
             }
         }
     })
+}
+
+/// `PositionLost` when the document after `last` has been evicted: the oldest one kept is
+/// further on.
+async fn check_next_kept(shared: &CappedShared, last: u64) -> Result<()> {
+    match oldest_id(&shared.coll, &shared.name).await? {
+        Some(oldest) if oldest > last + 1 => Err(StoreError::PositionLost {
+            collection: shared.name.clone(),
+            after: Position(last),
+            oldest: Position(oldest),
+        }),
+        _ => Ok(()),
+    }
 }
