@@ -157,7 +157,7 @@ fn main() -> ExitCode {
         // It ran but did not stop cleanly; each problem was logged, saying what was lost.
         Err(e) if is_unclean(&e) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::from(2)
         }
     }
@@ -180,6 +180,21 @@ fn init_logs(format: LogFormat, filter: tracing_subscriber::EnvFilter) {
             logs.with_ansi(colour).init();
         }
     }
+}
+
+/// The error and its causes on one line, each said once: most of tailrace's errors already
+/// name their cause in their own message ("store: data directory … is in use …"), which
+/// `{:#}` would repeat after it.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !out.contains(&cause) {
+            out.push_str(": ");
+            out.push_str(&cause);
+        }
+    }
+    out
 }
 
 fn is_unclean(e: &anyhow::Error) -> bool {
@@ -255,5 +270,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 (None, None) => anyhow::bail!("name a feed, or a collection with --collection"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A cause already in the message is not said again; one that is not, is.
+    #[test]
+    fn an_error_says_each_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("store: {0}")]
+        struct Wraps(#[source] std::io::Error);
+        let locked = std::io::Error::other("data directory d is in use");
+        let e = anyhow::Error::new(Wraps(locked));
+        assert_eq!(one_line(&e), "store: data directory d is in use");
+        let e = anyhow::Error::new(std::io::Error::other("disk full")).context("writing");
+        assert_eq!(one_line(&e), "writing: disk full");
     }
 }
