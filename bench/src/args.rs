@@ -16,10 +16,11 @@ pub struct BenchArgs {
     /// Directory for the JSON results and SVG plots (created if missing).
     #[arg(long, default_value = "bench-results")]
     pub out: PathBuf,
-    /// Storage engine (default: store.engine of the config, i.e. embedded).
-    #[arg(long, value_enum)]
-    pub engine: Option<EngineArg>,
-    /// MongoDB connection string, with --engine mongodb (default: store.uri of the config).
+    /// Storage engine, one of the store's registered engines (default: store.engine of the
+    /// config, i.e. embedded).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(store::Engine::NAMES))]
+    pub engine: Option<String>,
+    /// Connection string of an engine that has one (`uri`: mongodb); default: the config's.
     #[arg(long)]
     pub uri: Option<String>,
     /// Embedded engine: put the data (and the fdatasync probe) on the disk of this directory;
@@ -141,11 +142,60 @@ impl Scenario {
     }
 }
 
-/// `--engine`.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EngineArg {
-    /// The journal engine, in-process (no server).
-    Embedded,
-    /// A MongoDB replica set at --uri (needs a build with the `mongodb` feature).
-    Mongodb,
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use ingest::config::{Config, Engine};
+    use store::mongo::MongoSettings;
+
+    use super::BenchArgs;
+    use crate::Bench;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn bench(args: &[&str]) -> crate::Result<Bench> {
+        let out = tempfile::tempdir().map_err(crate::io_err("a temporary directory"))?;
+        let out = out.path().join("out");
+        let mut argv = vec!["bench", "writes", "--out", out.to_str().unwrap_or_default()];
+        argv.extend(args);
+        let cli =
+            Cli::try_parse_from(argv).map_err(|e| crate::BenchError::Scenario(e.to_string()))?;
+        Bench::new(Config::default(), cli.bench)
+    }
+
+    /// `--engine` takes the names the store registers, and `--uri` is a key of an engine's
+    /// own settings: set where the engine has it, refused where it does not.
+    #[test]
+    fn engine_and_uri_go_through_the_engines_settings() {
+        let b = bench(&["--engine", "mongodb", "--uri", "mongodb://h:1/"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            b.config.store.engine,
+            Engine::Mongodb(MongoSettings::at("mongodb://h:1/"))
+        );
+        assert!(!b.local_disk());
+        let b = bench(&[]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(b.engine_name(), "embedded");
+        assert!(b.local_disk());
+        let e = bench(&["--uri", "mongodb://h:1/"])
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("--uri: engine embedded has no key uri")),
+            "{e:?}"
+        );
+        let e = bench(&["--engine", "postgres"])
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("embedded") && e.contains("mongodb")),
+            "the engines are listed: {e:?}"
+        );
+    }
 }

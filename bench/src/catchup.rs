@@ -35,7 +35,7 @@ use super::plot::{self, Line};
 use super::report::{Report, Series, Table, Target};
 use super::writes::events_like;
 use super::{Bench, BenchError, Result, Scenario, new_report};
-use ingest::config::Config;
+use ingest::config::{Config, Engine};
 use ingest::pipeline::{Pipeline, Running};
 use ingest::source::{Raw, Source};
 
@@ -240,14 +240,18 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         ),
     );
     let mut config = bench.store_config("catchup");
-    config.store.oplog_max_entries = config
-        .store
-        .oplog_max_entries
-        .max((n + warm) * OPLOG_PER_EVENT + 10_000);
+    // The embedded engine's change log must reach back past the feeds' checkpoints.
+    let mut oplog_max_entries = None;
+    if let Engine::Embedded(s) = &mut config.store.engine {
+        s.oplog_max_entries = s
+            .oplog_max_entries
+            .max((n + warm) * OPLOG_PER_EVENT + 10_000);
+        oplog_max_entries = Some(s.oplog_max_entries);
+    }
     report.params = json!({
         "behind": n, "warm_up_events": warm, "dataset": dataset.describe(),
         "load_durability": "acknowledged", "batch_max_events": bench.config.ingest.batch_max_events,
-        "events_max_docs": n + warm + 1000, "oplog_max_entries": config.store.oplog_max_entries,
+        "events_max_docs": n + warm + 1000, "oplog_max_entries": oplog_max_entries,
         "feeds": bench.config.feeds.iter().map(|f| json!({"name": f.name, "kind": f.kind()})).collect::<Vec<_>>(),
         "stats": bench.config.stats, "sampled_every_ms": SAMPLE_EVERY.as_millis() as u64,
         "timeout_secs": timeout.as_secs(),

@@ -55,9 +55,9 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use store::{Store, StoreError};
 
-pub use args::{BenchArgs, EngineArg, Scenario};
+pub use args::{BenchArgs, Scenario};
 
-use ingest::config::{Config, StoreEngine};
+use ingest::config::{Config, Engine};
 use ingest::pipeline::{self, PipelineError};
 use report::Report;
 
@@ -126,14 +126,19 @@ pub struct Bench {
 impl Bench {
     /// Prepares a run: applies the engine options, creates the results and data directories.
     pub fn new(mut config: Config, args: BenchArgs) -> Result<Bench> {
-        if let Some(engine) = args.engine {
-            config.store.engine = match engine {
-                EngineArg::Embedded => StoreEngine::Embedded,
-                EngineArg::Mongodb => StoreEngine::Mongodb,
-            };
+        // Another engine than the config's starts from that engine's defaults.
+        if let Some(name) = &args.engine
+            && name != config.store.engine.name()
+        {
+            config.store.engine = Engine::named(name)
+                .ok_or_else(|| BenchError::Scenario(format!("--engine {name}: no such engine")))?;
         }
         if let Some(uri) = &args.uri {
-            config.store.uri = uri.clone();
+            config
+                .store
+                .engine
+                .set("uri", uri.clone().into())
+                .map_err(|e| BenchError::Scenario(format!("--uri: {e}")))?;
         }
         let out = args.out.clone();
         std::fs::create_dir_all(&out).map_err(io_err(format!("creating {}", out.display())))?;
@@ -167,14 +172,15 @@ impl Bench {
         })
     }
 
-    /// `embedded` or `mongodb`.
+    /// The engine's name (`embedded`, `mongodb`).
     pub fn engine_name(&self) -> &'static str {
-        self.config.store.engine.as_str()
+        self.config.store.engine.name()
     }
 
-    /// Whether the engine is the embedded one (floors on the local disk mean something).
-    pub fn embedded(&self) -> bool {
-        self.config.store.engine == StoreEngine::Embedded
+    /// Whether the engine writes to a local directory (floors on the local disk mean
+    /// something next to it).
+    pub fn local_disk(&self) -> bool {
+        self.config.store.engine.settings().data_dir().is_some()
     }
 
     /// The data directory of one scenario's store (fresh: nothing from an earlier scenario).
@@ -195,7 +201,10 @@ impl Bench {
     /// from it.
     pub fn store_config(&self, name: &str) -> Config {
         let mut c = self.config.clone();
-        c.store.path = self.data_dir(name);
+        c.store
+            .engine
+            .settings_mut()
+            .use_scratch(&self.data_dir(name));
         c.store.database = format!(
             "{}_{}_{}",
             c.store.database,

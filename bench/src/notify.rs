@@ -432,7 +432,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
     let d = bench.config.store.durability;
     let n_floor = bench.iterations(1000, 20);
     let mut kinds = vec![Kind::Tailable, Kind::Changes];
-    if !bench.embedded() {
+    if !bench.local_disk() {
         kinds.push(Kind::Oplog);
     }
     kinds.push(Kind::Http);
@@ -581,7 +581,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             }),
         });
     }
-    if bench.embedded() {
+    if bench.local_disk() {
         for kind in [Kind::Tailable, Kind::Changes] {
             if let Some(s) = report
                 .series

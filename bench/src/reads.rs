@@ -149,7 +149,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         "the first cold read took {} (it also opens a reader connection); later cold reads find some pages already cached",
         fmt_us(first_cold)
     ));
-    if !bench.embedded() {
+    if !bench.local_disk() {
         report.notes.push(
             "MongoDB: dropping this machine's page cache affects the server only if it runs here"
                 .into(),

@@ -43,10 +43,11 @@ use super::measure::{Samples, fmt_rate, fmt_us, thousands};
 use super::plot::{self, Line};
 use super::report::{Report, Series, Table, Target};
 use super::{Bench, BenchError, Result, Scenario, io_err, new_report};
-use ingest::config::{Config, SourceConfig, SourceKind, StoreEngine};
+use ingest::config::{Config, Engine, SourceConfig, SourceKind};
 use ingest::source::file::FileConfig;
 use ingest::source::realistic;
 use ingest::source::synthetic::Generator;
+use store::embedded::EmbeddedSettings;
 
 /// A field no event has: the top-k then counts nothing (issue 10's "top-k disabled").
 const NO_FIELD: &str = "no_such_field";
@@ -174,10 +175,8 @@ fn write_file(path: &Path, n: u64, vocabulary: Option<u64>) -> Result<(usize, u6
 /// directory, a free port, the embedded engine and (maybe) no top-k field.
 fn child_config(bench: &Bench, dir: &Path, events: &Path, topk: bool) -> Config {
     let mut c = bench.config.clone();
-    c.store.engine = StoreEngine::Embedded;
-    c.store.path = dir.join("data");
-    // Nothing of the MongoDB settings is used, and a URI may hold a password: not written.
-    c.store.uri = Config::default().store.uri;
+    // The embedded engine's settings only: a MongoDB URI may hold a password, not written.
+    c.store.engine = Engine::Embedded(EmbeddedSettings::at(dir.join("data")));
     c.http.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     c.sources = vec![SourceConfig {
         name: "replay".into(),

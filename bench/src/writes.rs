@@ -198,7 +198,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             a.latency_us.p50 / sqlite_indexed_p50
         ));
     }
-    if !bench.embedded() {
+    if !bench.local_disk() {
         report.notes.push(
             "the fdatasync floor is this machine's disk; a remote MongoDB server syncs its own"
                 .into(),

@@ -16,14 +16,14 @@
 use std::sync::OnceLock;
 
 use figment::Figment;
-use figment::providers::{Format, Serialized, Toml};
+use figment::providers::{Format, Toml};
 use ingest::config::{Config, ConfigError};
 use libfuzzer_sys::fuzz_target;
 
 fn load(text: &str) -> Result<Config, ConfigError> {
     // The defaults are serialized once (they are the same for every input).
     static DEFAULTS: OnceLock<Figment> = OnceLock::new();
-    let defaults = DEFAULTS.get_or_init(|| Figment::from(Serialized::defaults(Config::default())));
+    let defaults = DEFAULTS.get_or_init(|| Figment::from(Config::defaults()));
     Config::from_figment(defaults.clone().merge(Toml::string(text)))
 }
 

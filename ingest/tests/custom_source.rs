@@ -287,7 +287,8 @@ async fn runs_through_the_library_pipeline() {
     let (url, _log) = stand_in(|n| Answer::ok(ten_five_new(n))).await;
     let dir = tempfile::tempdir().unwrap();
     let mut config = ingest::config::Config::default();
-    config.store.path = dir.path().to_path_buf();
+    config.store.engine =
+        ingest::config::Engine::Embedded(store::embedded::EmbeddedSettings::at(dir.path()));
     config.sources.clear();
     let source = example::PollingSource {
         name: "polling".into(),

@@ -12,8 +12,10 @@
 //!
 //! Engines: [`embedded::EmbeddedStore`] (a segmented journal, with an LSM tree for keyed
 //! state; the default, no server), and
-//! `mongo::MongoStore` (MongoDB through the official driver; cargo feature `mongodb`). The
-//! contract test suite in `tests/contract/` runs against every engine.
+//! `mongo::MongoStore` (MongoDB through the official driver; cargo feature `mongodb`), each
+//! registered in [`Engine`] with its `[store]` settings ([`EngineSettings`]: keys, rules,
+//! open, data location). The contract test suite in `tests/contract/` runs against every
+//! engine.
 //!
 //! Reading for clients ([`Capped::tail_matching`], [`Capped::newest_matching`],
 //! [`Keyed::snapshot`], change streams with a [`ChangeFilter::filter`]) takes a document
@@ -44,11 +46,20 @@ mod capabilities;
 pub mod clock;
 mod contract;
 pub mod embedded;
+mod engine;
 mod error;
 pub mod filter;
 #[cfg(feature = "mongodb")]
 pub mod mongo;
+/// Without the `mongodb` feature, only the engine's settings: `engine = "mongodb"` is still
+/// read, and opening it says how to get a build that has it.
+#[cfg(not(feature = "mongodb"))]
+pub mod mongo {
+    mod settings;
+    pub use settings::MongoSettings;
+}
 pub mod names;
+pub mod redact;
 mod stamp;
 mod telemetry;
 mod types;
@@ -57,6 +68,7 @@ mod wire;
 
 pub use capabilities::{Capabilities, Capability, Support};
 pub use contract::{Capped, ChangeStream, Keyed, RecordStream, Store};
+pub use engine::{Engine, EngineSettings, OpenWith};
 pub use error::{Result, StoreError};
 pub use filter::Filter;
 pub use names::MAX_KEY_BYTES;

@@ -214,7 +214,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run => {
-            let engine = config.store.engine.as_str();
+            let engine = config.store.engine.name();
             let metrics = tailrace::exporter::install(engine).map_err(anyhow::Error::msg)?;
             let shutdown = CancellationToken::new();
             tokio::spawn(tailrace::run::cancel_on_signal(shutdown.clone()));

@@ -153,7 +153,7 @@ async fn upkeep(metrics: PrometheusHandle, stop: CancellationToken) {
 /// `custom` sources beside the configured ones, and stops it in order on Ctrl-C / SIGTERM,
 /// or when every source has ended. (The library alone: [`ingest::pipeline::Pipeline`].)
 pub async fn run_with_sources(c: Config, custom: Vec<Box<dyn Source>>) -> Result<(), RunError> {
-    let metrics = crate::exporter::install(c.store.engine.as_str()).map_err(RunError::Telemetry)?;
+    let metrics = crate::exporter::install(c.store.engine.name()).map_err(RunError::Telemetry)?;
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     run(c, metrics, custom, shutdown).await

@@ -246,10 +246,7 @@ fn run_to_exit(env: &[(String, String)]) -> (std::process::ExitStatus, String) {
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("TAILRACE_")) {
         cmd.env_remove(k);
     }
-    for (k, v) in common::base_env(dir.path()) {
-        cmd.env(k, v);
-    }
-    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    cmd.envs(common::env_with(dir.path(), env));
     let mut child = cmd.spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

@@ -57,16 +57,10 @@ pub fn parse<E: Entry>(value: &Value) -> Result<E, Box<EntryError>> {
 fn parse_inner<E: Entry>(value: &Value) -> Result<E, (figment::Error, String)> {
     let no_kind = String::new();
     let Value::Dict(tag, dict) = value else {
-        let actual = match value {
-            Value::String(_, s) => Actual::Str(s.clone()),
-            Value::Char(_, c) => Actual::Char(*c),
-            Value::Bool(_, b) => Actual::Bool(*b),
-            Value::Num(..) => Actual::Other("a number".into()),
-            Value::Empty(..) => Actual::Unit,
-            Value::Array(..) => Actual::Seq,
-            Value::Dict(..) => Actual::Map,
-        };
-        return Err((Kind::InvalidType(actual, "a table".into()).into(), no_kind));
+        return Err((
+            Kind::InvalidType(actual(value), "a table".into()).into(),
+            no_kind,
+        ));
     };
     let name: String = match dict.get("name") {
         Some(v) => v
@@ -99,6 +93,19 @@ fn parse_inner<E: Entry>(value: &Value) -> Result<E, (figment::Error, String)> {
             }
             Err((e, kind))
         }
+    }
+}
+
+/// What a value is, for an error that expected a table.
+pub(super) fn actual(value: &Value) -> Actual {
+    match value {
+        Value::String(_, s) => Actual::Str(s.clone()),
+        Value::Char(_, c) => Actual::Char(*c),
+        Value::Bool(_, b) => Actual::Bool(*b),
+        Value::Num(..) => Actual::Other("a number".into()),
+        Value::Empty(..) => Actual::Unit,
+        Value::Array(..) => Actual::Seq,
+        Value::Dict(..) => Actual::Map,
     }
 }
 

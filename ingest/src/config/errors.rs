@@ -128,6 +128,22 @@ pub(super) fn value_origin(figment: &Figment, path: &[String]) -> Option<String>
     })?
 }
 
+/// Gives an error found after the layers were merged (in a table read by its kind) the
+/// metadata of the value it is about, so that it says where that value came from, and gets
+/// the hints of an environment variable, as an error of the layered read does.
+pub(super) fn with_origin(figment: &Figment, mut error: figment::Error) -> figment::Error {
+    if error.metadata.is_none() {
+        let value = (1..=error.path.len())
+            .rev()
+            .find_map(|len| find_value(figment, &error.path[..len]));
+        if let Some(value) = value {
+            error.metadata = figment.get_metadata(value.tag()).cloned();
+            error.profile = value.tag().profile();
+        }
+    }
+    error
+}
+
 /// `sources[1].url` back to `["sources", "1", "url"]`.
 pub(super) fn key_path(key: &str) -> Vec<String> {
     key.split(['.', '[', ']'])
@@ -351,13 +367,26 @@ pub(super) fn describe_figment_error(figment: &Figment, error: &figment::Error) 
     message
 }
 
-/// One line for an error inside a `[[sources]]` / `[[feeds]]` table whose path already starts
-/// with the table (`sources.1.url`): like [`describe_figment_error`], but a missing key says
-/// which kind requires it, and the allowed keys include `name` and `kind`.
+/// The table an error is inside, when it is a tagged one: a `[[sources]]` / `[[feeds]]` table
+/// (`kind`) or `[store]` (`engine`).
+pub(super) struct Tagged<'a> {
+    /// The key that names the table's kind (`kind`, `engine`).
+    pub key: &'a str,
+    /// Its value (`http`, `mongodb`).
+    pub value: &'a str,
+    /// The keys every table of the section allows, before the kind's own (`name`, `kind`).
+    pub leading: &'a [&'a str],
+    /// How many segments of an error's path name the table (`sources.1`: 2, `store`: 1).
+    pub depth: usize,
+}
+
+/// One line for an error inside a tagged table (the error's path already starts with the
+/// table: `sources.1.url`, `store.uri`): like [`describe_figment_error`], but a missing key
+/// says which kind requires it, and the allowed keys include the section's own.
 pub(super) fn describe_entry_error(
     figment: &Figment,
     error: &figment::Error,
-    kind: Option<&str>,
+    tagged: Option<&Tagged<'_>>,
 ) -> String {
     let key = dotted_key(&error.path);
     let origin = || {
@@ -366,15 +395,26 @@ pub(super) fn describe_entry_error(
             .map(|o| format!(" (from {o})"))
             .unwrap_or_default()
     };
-    match &error.kind {
-        Kind::MissingField(field) if kind.is_some() => {
-            let kind = kind.unwrap_or_default();
-            format!("{key}.{field}: required for kind = {kind:?}{}", origin())
+    match (&error.kind, tagged) {
+        (Kind::MissingField(field), Some(t)) => {
+            format!(
+                "{key}.{field}: required for {} = {:?}{}",
+                t.key,
+                t.value,
+                origin()
+            )
         }
-        Kind::UnknownField(field, allowed) if kind.is_some() => {
-            let mut all = vec!["name", "kind"];
+        (Kind::UnknownField(field, allowed), Some(t)) => {
+            let in_path = error.path.last() == Some(field);
+            let at_top = error.path.len() == t.depth + usize::from(in_path);
+            // A nested table's own keys (`filter.ops`) are not the section's.
+            let mut all = if at_top {
+                t.leading.to_vec()
+            } else {
+                Vec::new()
+            };
             all.extend(allowed.iter().copied());
-            let full = if error.path.last() == Some(field) {
+            let full = if in_path {
                 key
             } else {
                 format!("{key}.{field}")
@@ -395,14 +435,13 @@ pub(super) fn describe_entry_error(
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use figment::providers::{Format, Serialized, Toml};
+    use figment::providers::{Format, Toml};
 
     use super::*;
     use crate::config::Config;
 
     fn problems(toml: &str) -> Vec<String> {
-        let figment =
-            Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(toml));
+        let figment = Figment::from(Config::defaults()).merge(Toml::string(toml));
         Config::from_figment(figment).unwrap_err().problems()
     }
 

@@ -4,13 +4,17 @@
 
 use std::path::Path;
 
+use figment::error::Kind;
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 use serde::Deserialize;
 
 use super::env::{ENV_IGNORED, ENV_METADATA_NAME, ENV_PREFIX, ENV_SEPARATOR, env_var_name};
-use super::errors::{ConfigError, describe_entry_error, key_path, single_line, value_origin};
+use super::errors::{
+    ConfigError, Tagged, describe_entry_error, key_path, single_line, value_origin, with_origin,
+};
+use super::store::StoreError;
 use super::validate::{self, Loaded, Problem};
 use super::{
     Config, FeedConfig, HttpConfig, IngestConfig, LogConfig, SourceConfig, StatsConfig,
@@ -49,8 +53,7 @@ struct Tree {
     http: HttpConfig,
     #[serde(default)]
     log: LogConfig,
-    #[serde(default)]
-    store: StoreConfig,
+    store: Option<Value>,
     #[serde(default)]
     ingest: IngestConfig,
     #[serde(default)]
@@ -73,11 +76,24 @@ impl Config {
         Config::from_figment(Config::figment(path))
     }
 
+    /// The built-in defaults as a layer. The default engine's own keys are left out: they are
+    /// its settings' defaults, and a file that names another engine would find them unknown.
+    pub fn defaults() -> Serialized<serde_json::Value> {
+        let config = Config::default();
+        let mut tree = serde_json::to_value(&config).unwrap_or_default();
+        if let Some(store) = tree.get_mut("store").and_then(|s| s.as_object_mut()) {
+            for key in config.store.engine.keys() {
+                store.remove(&key);
+            }
+        }
+        Serialized::defaults(tree)
+    }
+
     /// The layered sources without extracting them: defaults, the file (if any, taken as
     /// given, not searched for in parent directories), then the environment. Does not check
     /// that the file exists; [`Config::load`] does.
     pub fn figment(path: Option<&Path>) -> Figment {
-        let figment = Figment::from(Serialized::defaults(Config::default()));
+        let figment = Figment::from(Config::defaults());
         let figment = match path {
             Some(path) => figment.merge(Toml::file_exact(path)),
             None => figment,
@@ -91,12 +107,16 @@ impl Config {
         let tree: Tree = figment
             .extract()
             .map_err(|e| ConfigError::from_figment(&figment, e))?;
+        let store = match &tree.store {
+            Some(value) => read_store(&figment, value)?,
+            None => StoreConfig::default(),
+        };
         let sources = read_entries::<SourceConfig>(&figment, "sources", &tree.sources);
         let feeds = read_entries::<FeedConfig>(&figment, "feeds", &tree.feeds);
         let mut config = Config {
             http: tree.http,
             log: tree.log,
-            store: tree.store,
+            store,
             ingest: tree.ingest,
             stats: tree.stats,
             sources: Vec::new(),
@@ -130,6 +150,31 @@ impl Config {
     }
 }
 
+/// Reads `[store]` by its engine; what cannot be read is one error line.
+fn read_store(figment: &Figment, value: &Value) -> Result<StoreConfig, ConfigError> {
+    StoreConfig::from_value(value).map_err(|e| {
+        let StoreError { mut error, engine } = *e;
+        error.path.insert(0, "store".to_owned());
+        let error = with_origin(figment, error);
+        let leading = StoreConfig::leading_keys();
+        let tagged = engine.as_deref().map(|value| Tagged {
+            key: "engine",
+            value,
+            leading: &leading,
+            depth: 1,
+        });
+        let mut line = describe_entry_error(figment, &error, tagged.as_ref());
+        if let (Kind::UnknownField(field, _), Some(engine)) = (&error.kind, &engine)
+            && let Some(other) = StoreConfig::engine_with_key(engine, field)
+        {
+            line.push_str(&format!(" ({field} is a key of engine = {other:?})"));
+        }
+        ConfigError::Load {
+            problems: vec![single_line(&line)],
+        }
+    })
+}
+
 /// Reads each table of `section` by its kind; a table that cannot be read becomes its error
 /// line (dotted key, what is wrong, where it came from).
 fn read_entries<E: entries::Entry>(
@@ -147,7 +192,13 @@ fn read_entries<E: entries::Entry>(
                 let mut path = vec![section.to_owned(), i.to_string()];
                 path.append(&mut error.path);
                 error.path = path;
-                Loaded::Unreadable(describe_entry_error(figment, &error, kind.as_deref()))
+                let tagged = kind.as_deref().map(|value| Tagged {
+                    key: "kind",
+                    value,
+                    leading: &["name", "kind"],
+                    depth: 2,
+                });
+                Loaded::Unreadable(describe_entry_error(figment, &error, tagged.as_ref()))
             }
         })
         .collect()

@@ -19,7 +19,8 @@
 //! the `[[feeds]]` table in [`feeds`]), the statistics' in
 //! [`feeds::stats::StatsConfig`] (crate `feeds`). [`load`] layers and reads the sources,
 //! [`validate`] checks the rules serde cannot express, [`errors`] renders problems,
-//! [`redact`] hides secrets for printing, [`interpolate`] resolves `${VAR}` in header values,
+//! [`store`] reads `[store]` by its engine, [`redact`] hides secrets for printing,
+//! [`interpolate`] resolves `${VAR}` in header values,
 //! [`entries`] reads and writes `[[sources]]` / `[[feeds]]` tables.
 
 pub mod entries;
@@ -30,12 +31,12 @@ pub mod interpolate;
 pub mod load;
 pub mod problems;
 pub mod redact;
+pub mod store;
 #[cfg(test)]
 mod tests;
 pub mod validate;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -50,16 +51,19 @@ pub use errors::ConfigError;
 pub use interpolate::interpolate_env;
 pub use problems::Problems;
 pub use redact::REDACTED;
+pub use store::{
+    DeadLettersConfig, Engine, EventsCollectionConfig, SharedStoreConfig, StoreConfig,
+};
 
 pub use crate::source::{SourceConfig, SourceKind};
 /// The statistics every feed computes: the feeds crate's own type.
 pub use ::feeds::stats::StatsConfig;
 /// A kind of change a change feed can select (insert | update | replace | delete): the
 /// store's own type.
-pub use store::ChangeOp;
+pub use ::store::ChangeOp;
 /// How long a write waits before it is acknowledged (MongoDB's write concerns): the store's
 /// own type, so the configured value is the one the engines use.
-pub use store::Durability;
+pub use ::store::Durability;
 
 /// Collections with a fixed size (capped) that a `tailable` feed can follow.
 pub const CAPPED_COLLECTIONS: [&str; 2] = ["events", "dead_letters"];
@@ -92,7 +96,7 @@ impl Config {
     /// replaced with `***`; each source kind hides its own secrets.
     pub fn redacted(&self) -> Config {
         let mut config = self.clone();
-        config.store.uri = redact::redact_url(&config.store.uri);
+        config.store.engine.settings_mut().redact();
         for source in &mut config.sources {
             source.settings_mut().redact();
         }
@@ -126,90 +130,6 @@ pub struct LogConfig {
     /// pipeline shows it is alive without a metrics scraper; 0 disables it.
     #[serde(default = "default_status_interval_secs")]
     pub status_interval_secs: u64,
-}
-
-/// Which storage engine holds the collections.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum StoreEngine {
-    /// In-process engine writing files under `store.path`; needs nothing else running.
-    Embedded,
-    /// A MongoDB replica set at `store.uri` (change streams need a replica set).
-    Mongodb,
-}
-
-impl StoreEngine {
-    /// The lowercase name used in the config file and in metric labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StoreEngine::Embedded => "embedded",
-            StoreEngine::Mongodb => "mongodb",
-        }
-    }
-}
-
-impl std::fmt::Display for StoreEngine {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The store.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct StoreConfig {
-    /// The storage engine: `embedded` (no dependencies) or `mongodb`.
-    #[serde(default = "default_engine")]
-    pub engine: StoreEngine,
-    /// Embedded engine: directory of the database files (created if missing).
-    #[serde(default = "default_store_path")]
-    pub path: PathBuf,
-    /// MongoDB engine: connection string; needs a replica set for change streams.
-    #[serde(default = "default_uri")]
-    pub uri: String,
-    /// Database name holding the collections (both engines).
-    #[serde(default = "default_database")]
-    pub database: String,
-    /// Write concern of every write; trades latency for what survives a crash.
-    #[serde(default = "default_durability")]
-    pub durability: Durability,
-    /// Embedded engine: how many entries the op log (change feed history) keeps; a feed
-    /// that falls further behind must resynchronise. At least 1000.
-    #[serde(default = "default_oplog_max_entries")]
-    pub oplog_max_entries: u64,
-    /// The capped collection of ingested events.
-    #[serde(default)]
-    pub events: EventsCollectionConfig,
-    /// The capped collection of rejected events (too large, unparsable), for inspection.
-    #[serde(default)]
-    pub dead_letters: DeadLettersConfig,
-}
-
-/// The capped `events` collection.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct EventsCollectionConfig {
-    /// Newest documents kept; older ones are evicted. At least 1.
-    #[serde(default = "default_events_max_docs")]
-    pub max_docs: u64,
-    /// Total size bound in bytes; whichever bound is hit first evicts. At least 4096.
-    #[serde(default = "default_events_max_bytes")]
-    pub max_bytes: u64,
-    /// Fields (dotted paths) indexed so that `latest(field = value)` is a lookup, not a scan.
-    #[serde(default = "default_events_indexes")]
-    pub indexes: Vec<String>,
-}
-
-/// The capped `dead_letters` collection.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct DeadLettersConfig {
-    /// Newest rejected events kept. At least 1.
-    #[serde(default = "default_dead_letters_max_docs")]
-    pub max_docs: u64,
-    /// Total size bound in bytes. At least 4096.
-    #[serde(default = "default_dead_letters_max_bytes")]
-    pub max_bytes: u64,
 }
 
 /// Batching between the sources and the store writer.
@@ -260,39 +180,6 @@ fn default_stream_stall_timeout_ms() -> u64 {
 }
 fn default_status_interval_secs() -> u64 {
     10
-}
-fn default_engine() -> StoreEngine {
-    StoreEngine::Embedded
-}
-fn default_store_path() -> PathBuf {
-    PathBuf::from("data")
-}
-fn default_uri() -> String {
-    "mongodb://localhost:27017/?replicaSet=rs0".to_owned()
-}
-fn default_database() -> String {
-    "tailrace".to_owned()
-}
-fn default_durability() -> Durability {
-    Durability::Journaled
-}
-fn default_oplog_max_entries() -> u64 {
-    1_000_000
-}
-fn default_events_max_docs() -> u64 {
-    100_000
-}
-fn default_events_max_bytes() -> u64 {
-    64 * 1024 * 1024
-}
-fn default_events_indexes() -> Vec<String> {
-    vec!["user.screen_name".into(), "user.id".into(), "id".into()]
-}
-fn default_dead_letters_max_docs() -> u64 {
-    10_000
-}
-fn default_dead_letters_max_bytes() -> u64 {
-    16 * 1024 * 1024
 }
 /// 1,024: on long-tail data each event dirties its own pages of every index, and a commit
 /// writes each dirty page once however many of its events share it, so larger batches write
@@ -353,40 +240,6 @@ impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
             status_interval_secs: default_status_interval_secs(),
-        }
-    }
-}
-
-impl Default for StoreConfig {
-    fn default() -> Self {
-        StoreConfig {
-            engine: default_engine(),
-            path: default_store_path(),
-            uri: default_uri(),
-            database: default_database(),
-            durability: default_durability(),
-            oplog_max_entries: default_oplog_max_entries(),
-            events: EventsCollectionConfig::default(),
-            dead_letters: DeadLettersConfig::default(),
-        }
-    }
-}
-
-impl Default for EventsCollectionConfig {
-    fn default() -> Self {
-        EventsCollectionConfig {
-            max_docs: default_events_max_docs(),
-            max_bytes: default_events_max_bytes(),
-            indexes: default_events_indexes(),
-        }
-    }
-}
-
-impl Default for DeadLettersConfig {
-    fn default() -> Self {
-        DeadLettersConfig {
-            max_docs: default_dead_letters_max_docs(),
-            max_bytes: default_dead_letters_max_bytes(),
         }
     }
 }

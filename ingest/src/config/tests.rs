@@ -17,6 +17,8 @@ use crate::source::file::{FileConfig, Pace};
 use crate::source::http::{HttpConfig, HttpFormat};
 use crate::source::synthetic::SyntheticConfig;
 use crate::source::{SourceConfig, SourceKind};
+use ::store::embedded::EmbeddedSettings;
+use ::store::mongo::MongoSettings;
 use std::collections::BTreeSet;
 
 /// The annotated reference configuration shipped in the repository.
@@ -24,9 +26,7 @@ const REFERENCE: &str = include_str!("../../../config/tailrace.toml");
 
 /// Defaults + this TOML (no environment: safe outside a jail).
 fn with_toml(toml: &str) -> Result<Config, ConfigError> {
-    Config::from_figment(
-        Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(toml)),
-    )
+    Config::from_figment(Figment::from(Config::defaults()).merge(Toml::string(toml)))
 }
 
 /// The error message of loading defaults + this TOML.
@@ -109,6 +109,21 @@ fn reference_file_spells_out_every_key() {
         "keys missing from config/tailrace.toml: {missing:?}"
     );
     assert!(defaults.len() > 30, "suspiciously few keys: {defaults:?}");
+    // The other engines' keys are there too, commented out (a key of another engine is
+    // refused).
+    for name in Engine::NAMES {
+        let engine = Engine::named(name).unwrap();
+        for key in engine.keys() {
+            let documented = REFERENCE.lines().any(|line| {
+                let line = line.trim_start_matches(['#', ' ']);
+                line.starts_with(&format!("{key} = "))
+            });
+            assert!(
+                documented,
+                "store.{key} of engine {name} missing from config/tailrace.toml"
+            );
+        }
+    }
 }
 
 #[test]
@@ -134,7 +149,10 @@ fn env_overrides_defaults() {
         jail.set_env("TAILRACE_STATS__PERIOD", "30");
         jail.set_env("TAILRACE_INGEST__ROLLUP_FIELDS", r#"["lang"]"#);
         let config = Config::load(None).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(config.store.engine, StoreEngine::Mongodb);
+        assert_eq!(
+            config.store.engine,
+            Engine::Mongodb(MongoSettings::default())
+        );
         assert_eq!(config.http.listen, SocketAddr::from(([127, 0, 0, 1], 0)));
         assert_eq!(config.stats.period, 30);
         assert_eq!(config.ingest.rollup_fields, ["lang"]);
@@ -185,11 +203,26 @@ fn env_values_that_look_like_other_types() {
     Jail::expect_with(|jail| {
         jail.clear_env();
         let uri = "mongodb://u:p@h1:27017,h2:27017/?replicaSet=rs0&w=majority";
-        jail.set_env("TAILRACE_STORE__URI", uri);
         jail.set_env("TAILRACE_STORE__PATH", "/var/lib/tailrace");
         let config = Config::load(None).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(config.store.uri, uri);
-        assert_eq!(config.store.path, Path::new("/var/lib/tailrace"));
+        assert_eq!(
+            config.store.engine,
+            Engine::Embedded(EmbeddedSettings::at("/var/lib/tailrace"))
+        );
+        jail.set_env("TAILRACE_STORE__ENGINE", "mongodb");
+        jail.set_env("TAILRACE_STORE__URI", uri);
+        let message = load_err(None);
+        assert_eq!(
+            message,
+            "unknown key store.path (allowed: engine, database, durability, events, \
+             dead_letters, uri) (from env TAILRACE_STORE__PATH) (path is a key of engine = \
+             \"embedded\")"
+        );
+        jail.clear_env();
+        jail.set_env("TAILRACE_STORE__ENGINE", "mongodb");
+        jail.set_env("TAILRACE_STORE__URI", uri);
+        let config = Config::load(None).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(config.store.engine, Engine::Mongodb(MongoSettings::at(uri)));
 
         jail.set_env("TAILRACE_STORE__DATABASE", "123");
         let message = load_err(None);
@@ -228,8 +261,8 @@ fn unknown_key_in_file_names_dotted_key_and_file() {
         let message = load_err(Some("tailrace.toml"));
         assert_eq!(
             message,
-            "unknown key store.enigne (allowed: engine, path, uri, database, durability, \
-             oplog_max_entries, events, dead_letters) (from file tailrace.toml)"
+            "unknown key store.enigne (allowed: engine, database, durability, events, \
+             dead_letters, path, oplog_max_entries) (from file tailrace.toml)"
         );
         Ok(())
     });
@@ -450,7 +483,10 @@ fn header_values_interpolate_environment_variables() {
 #[test]
 fn limits() {
     let mut config = Config::default();
-    config.store.oplog_max_entries = 999;
+    config.store.engine = Engine::Embedded(EmbeddedSettings {
+        oplog_max_entries: 999,
+        ..EmbeddedSettings::default()
+    });
     config.store.events.max_docs = 0;
     config.store.dead_letters.max_bytes = 4095;
     config.ingest.batch_max_events = 10_001;
@@ -489,23 +525,57 @@ fn limits() {
 #[test]
 fn mongodb_engine_needs_a_mongodb_uri() {
     let mut config = Config::default();
-    config.store.engine = StoreEngine::Mongodb;
-    config.store.uri = String::new();
+    config.store.engine = Engine::Mongodb(MongoSettings::at(""));
     assert_eq!(
         problems(&config),
         [
             "store.uri: required for engine = \"mongodb\" (e.g. \"mongodb://localhost:27017/?replicaSet=rs0\")"
         ]
     );
-    config.store.uri = "postgres://u:secret@h/db".into();
+    config.store.engine = Engine::Mongodb(MongoSettings::at("postgres://u:secret@h/db"));
     let found = problems(&config);
     assert_eq!(
         found,
         ["store.uri: must start with mongodb:// or mongodb+srv:// (got scheme \"postgres\")"]
     );
-    // The embedded engine ignores the uri.
-    config.store.engine = StoreEngine::Embedded;
-    assert_eq!(problems(&config), Vec::<String>::new());
+    config.store.engine = Engine::Embedded(EmbeddedSettings::at(""));
+    assert_eq!(
+        problems(&config),
+        ["store.path: required for engine = \"embedded\" (a directory, e.g. \"data\")"]
+    );
+}
+
+/// A key of another engine is refused, saying whose it is; one of no engine lists the keys.
+#[test]
+fn a_key_of_another_engine_says_which_engine_has_it() {
+    assert_eq!(
+        toml_err("[store]\nuri = \"mongodb://h/\"\n"),
+        "unknown key store.uri (allowed: engine, database, durability, events, dead_letters, \
+         path, oplog_max_entries) (from TOML source string) (uri is a key of engine = \
+         \"mongodb\")"
+    );
+    assert_eq!(
+        toml_err("[store]\nengine = \"mongodb\"\noplog_max_entries = 5000\n"),
+        "unknown key store.oplog_max_entries (allowed: engine, database, durability, events, \
+         dead_letters, uri) (from TOML source string) (oplog_max_entries is a key of engine = \
+         \"embedded\")"
+    );
+    let c = with_toml("[store]\nengine = \"mongodb\"\nuri = \"mongodb://h/\"\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        c.store.engine,
+        Engine::Mongodb(MongoSettings::at("mongodb://h/"))
+    );
+    assert_eq!(
+        c.store.database, "tailrace",
+        "the shared keys keep their defaults"
+    );
+    // A nested table's unknown key lists that table's keys only.
+    assert_eq!(
+        toml_err("[store.events]\nmax_doc = 1\n"),
+        "unknown key store.events.max_doc (allowed: max_docs, max_bytes, indexes) \
+         (from TOML source string)"
+    );
 }
 
 #[test]
@@ -904,8 +974,9 @@ fn kind_defaults_are_filled_in_when_loading() {
 #[test]
 fn redacted_hides_secrets_only() {
     let mut config = Config::default();
-    config.store.uri =
-        "mongodb://admin:s3cr%40t@db1:27017,db2:27017/?replicaSet=rs0&w=majority".into();
+    config.store.engine = Engine::Mongodb(MongoSettings::at(
+        "mongodb://admin:s3cr%40t@db1:27017,db2:27017/?replicaSet=rs0&w=majority",
+    ));
     let http = HttpConfig {
         headers: BTreeMap::from([("authorization".to_owned(), "Bearer abc".to_owned())]),
         ..HttpConfig::new("https://bot:tok@example.com/stream?user=a@b")
@@ -913,8 +984,10 @@ fn redacted_hides_secrets_only() {
     config.sources.push(source("web", SourceKind::Http(http)));
     let redacted = config.redacted();
     assert_eq!(
-        redacted.store.uri,
-        "mongodb://admin:***@db1:27017,db2:27017/?replicaSet=rs0&w=majority"
+        redacted.store.engine,
+        Engine::Mongodb(MongoSettings::at(
+            "mongodb://admin:***@db1:27017,db2:27017/?replicaSet=rs0&w=majority"
+        ))
     );
     let SourceKind::Http(h) = &redacted.sources[1].kind else {
         panic!("{:?}", redacted.sources[1]);
@@ -931,7 +1004,7 @@ fn redacted_hides_secrets_only() {
     };
     assert_eq!(h.headers["authorization"], "Bearer abc");
     let mut restored = redacted.clone();
-    restored.store.uri = config.store.uri.clone();
+    restored.store.engine = config.store.engine.clone();
     restored.sources[1] = config.sources[1].clone();
     assert_eq!(restored, config);
 }
@@ -1154,8 +1227,8 @@ fn every_example_loads_and_builds() {
             );
             let stem = name.trim_end_matches(".toml");
             assert_eq!(
-                c.store.path,
-                Path::new("data").join(stem),
+                c.store.engine,
+                Engine::Embedded(EmbeddedSettings::at(Path::new("data").join(stem))),
                 "{name}: its own data directory"
             );
             assert_eq!(
@@ -1224,7 +1297,7 @@ fn the_ferretdb_config_loads_and_asks_for_no_change_stream() {
         jail.clear_env();
         jail.create_file("ferretdb.toml", &text)?;
         let c = Config::load(Some(Path::new("ferretdb.toml"))).unwrap();
-        assert_eq!(c.store.engine, StoreEngine::Mongodb);
+        assert_eq!(c.store.engine.name(), "mongodb");
         let kinds: Vec<&str> = c.feeds.iter().map(|f| f.kind()).collect();
         assert_eq!(kinds, ["tailable", "oplog"]);
         assert!(!c.ingest.rollup_fields.iter().any(|f| f == "hashtags"));

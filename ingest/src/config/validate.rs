@@ -4,8 +4,8 @@
 
 use std::collections::BTreeSet;
 
-use super::problems::{Problems, scheme_of};
-use super::{Config, ConfigError, FeedConfig, SourceConfig, StoreEngine};
+use super::problems::Problems;
+use super::{Config, ConfigError, FeedConfig, SourceConfig};
 
 /// One problem of a configuration.
 pub(super) enum Problem {
@@ -116,31 +116,8 @@ impl Config {
 
 fn validate_store(c: &Config, p: &mut Problems) {
     let s = &c.store;
-    match s.engine {
-        StoreEngine::Embedded => {
-            if s.path.as_os_str().is_empty() {
-                p.push(
-                    "store.path",
-                    "required for engine = \"embedded\" (a directory, e.g. \"data\")",
-                );
-            }
-        }
-        StoreEngine::Mongodb => {
-            if s.uri.trim().is_empty() {
-                p.push(
-                    "store.uri",
-                    "required for engine = \"mongodb\" (e.g. \"mongodb://localhost:27017/?replicaSet=rs0\")",
-                );
-            } else if !(s.uri.starts_with("mongodb://") || s.uri.starts_with("mongodb+srv://")) {
-                p.push(
-                    "store.uri",
-                    format!(
-                        "must start with mongodb:// or mongodb+srv:// (got {})",
-                        scheme_of(&s.uri)
-                    ),
-                );
-            }
-        }
+    for (key, message) in s.engine.settings().problems() {
+        p.push(format!("store.{key}"), message);
     }
     if s.database.is_empty() {
         p.push("store.database", "must not be empty");
@@ -153,7 +130,6 @@ fn validate_store(c: &Config, p: &mut Problems) {
             ),
         );
     }
-    p.at_least("store.oplog_max_entries", s.oplog_max_entries, 1000);
     p.at_least("store.events.max_docs", s.events.max_docs, 1);
     p.at_least("store.events.max_bytes", s.events.max_bytes, 4096);
     p.field_paths("store.events.indexes", &s.events.indexes);

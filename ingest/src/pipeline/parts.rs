@@ -4,10 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use store::embedded::{EmbeddedOptions, EmbeddedStore};
-use store::{Capped, CappedSpec, Keyed, STAMP_SOURCE_PATH, Store, StoreError};
+use store::{Capped, CappedSpec, Keyed, OpenWith, STAMP_SOURCE_PATH, Store, StoreError};
 
-use crate::config::{Config, StoreEngine};
+use crate::config::Config;
 use crate::ingester::IngestOptions;
 use crate::source;
 
@@ -31,9 +30,6 @@ pub enum PipelineError {
         /// Why.
         message: String,
     },
-    /// The configured engine is not in this build.
-    #[error("store.engine = {0}: {1}")]
-    Engine(&'static str, String),
 }
 
 /// The collections a pipeline writes and reads, opened as configured.
@@ -88,29 +84,11 @@ pub fn ingest_options(c: &Config) -> IngestOptions {
 
 /// Opens the configured engine.
 pub async fn open_store(c: &Config) -> Result<Arc<dyn Store>, PipelineError> {
-    match c.store.engine {
-        StoreEngine::Embedded => {
-            let opts = EmbeddedOptions {
-                oplog_max_entries: c.store.oplog_max_entries,
-                queue_capacity: c.ingest.queue_capacity,
-            };
-            Ok(Arc::new(EmbeddedStore::open_async(&c.store.path, opts).await?))
-        }
-        #[cfg(feature = "mongodb")]
-        StoreEngine::Mongodb => {
-            let opts = store::mongo::MongoOptions {
-                queue_capacity: c.ingest.queue_capacity,
-                ..store::mongo::MongoOptions::default()
-            };
-            let mongo = store::mongo::MongoStore::connect(&c.store.uri, &c.store.database, opts).await?;
-            Ok(Arc::new(mongo))
-        }
-        #[cfg(not(feature = "mongodb"))]
-        StoreEngine::Mongodb => Err(PipelineError::Engine(
-            "mongodb",
-            "this build has no MongoDB engine; rebuild with `cargo build --release --features mongodb`".into(),
-        )),
-    }
+    let with = OpenWith {
+        database: c.store.database.clone(),
+        queue_capacity: c.ingest.queue_capacity,
+    };
+    Ok(c.store.engine.settings().open(&with).await?)
 }
 
 /// The capped `dead_letters` collection as configured (indexed by source and reason).
@@ -138,13 +116,5 @@ pub fn events_spec(c: &Config) -> CappedSpec {
 
 /// Where the data lives, for humans.
 pub fn data_location(c: &Config) -> String {
-    match c.store.engine {
-        StoreEngine::Embedded => std::path::absolute(&c.store.path)
-            .unwrap_or_else(|_| c.store.path.clone())
-            .display()
-            .to_string(),
-        StoreEngine::Mongodb => {
-            format!("{} (database {})", c.redacted().store.uri, c.store.database)
-        }
-    }
+    c.store.engine.settings().location(&c.store.database)
 }

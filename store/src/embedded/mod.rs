@@ -103,6 +103,7 @@ mod migrate;
 mod read;
 mod recover;
 pub mod schema;
+mod settings;
 mod state;
 mod tree;
 mod writer;
@@ -118,6 +119,7 @@ use serde_json::Value;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 pub use journal::{IoCounts, TailState};
+pub use settings::EmbeddedSettings;
 
 use crate::{
     Capped, CappedSpec, ChangeFilter, ChangeStart, ChangeStream, Durability, Filter, Keyed, Result,

@@ -151,6 +151,7 @@ mod convert;
 mod keyed;
 mod oplog;
 mod probe;
+mod settings;
 mod tailable;
 mod token;
 
@@ -179,6 +180,7 @@ use convert::{bson_to_json, engine_err, json_to_bson, write_concern};
 use keyed::{MongoKeyed, ensure_keyed};
 
 pub(crate) use convert::map_error;
+pub use settings::MongoSettings;
 
 /// The collection holding feed checkpoints: `{_id: feed, body, ts}`.
 pub(crate) const CHECKPOINTS: &str = "checkpoints";

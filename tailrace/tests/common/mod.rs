@@ -42,6 +42,21 @@ pub fn base_env(data: &Path) -> Vec<(String, String)> {
     ]
 }
 
+/// `base_env(data)` plus `extra` (later entries win). With another engine than the embedded
+/// one, without the data directory: `store.path` is a key of the embedded engine only, and a
+/// key of another engine is refused.
+pub fn env_with(data: &Path, extra: &[(String, String)]) -> Vec<(String, String)> {
+    let other_engine = extra
+        .iter()
+        .any(|(k, v)| k == "TAILRACE_STORE__ENGINE" && v != "embedded");
+    let mut env = base_env(data);
+    if other_engine {
+        env.retain(|(k, _)| k != "TAILRACE_STORE__PATH");
+    }
+    env.extend(extra.iter().cloned());
+    env
+}
+
 impl Tailrace {
     /// Starts the binary with `base_env(data)` plus `extra` (later entries win), and waits
     /// until `/readyz` answers 200.
@@ -52,8 +67,11 @@ impl Tailrace {
     /// Like [`Tailrace::start`] with explicit arguments.
     pub async fn start_with(data: &Path, extra: &[(&str, &str)], args: &[&str]) -> Tailrace {
         let bin = env!("CARGO_BIN_EXE_tailrace");
-        let mut env = base_env(data);
-        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let extra: Vec<(String, String)> = extra
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let env = env_with(data, &extra);
         let mut cmd = Command::new(bin);
         cmd.args(args)
             .stdin(Stdio::null())
