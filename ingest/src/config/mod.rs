@@ -51,9 +51,7 @@ pub use errors::ConfigError;
 pub use interpolate::interpolate_env;
 pub use problems::Problems;
 pub use redact::REDACTED;
-pub use store::{
-    DeadLettersConfig, Engine, EventsCollectionConfig, SharedStoreConfig, StoreConfig,
-};
+pub use store::{DeadLettersConfig, Engine, EventsCollectionConfig, StoreConfig};
 
 pub use crate::source::{SourceConfig, SourceKind};
 /// The statistics every feed computes: the feeds crate's own type.

@@ -15,19 +15,15 @@ use super::Durability;
 pub use ::store::Engine;
 
 /// The store.
-#[derive(Debug, Clone, PartialEq, Default)]
+///
+/// Deserializing reads the shared keys only: [`StoreConfig::from_value`] reads the engine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     /// The storage engine and its own settings: `engine = "embedded"` (no dependencies, files
     /// under `path`) or `"mongodb"` (a server at `uri`).
+    #[serde(skip_deserializing, flatten, serialize_with = "write_engine")]
     pub engine: Engine,
-    /// The keys every engine shares.
-    pub shared: SharedStoreConfig,
-}
-
-/// The keys of `[store]` every engine has.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct SharedStoreConfig {
     /// Database name holding the collections.
     pub database: String,
     /// Write concern of every write; trades latency for what survives a crash.
@@ -36,20 +32,6 @@ pub struct SharedStoreConfig {
     pub events: EventsCollectionConfig,
     /// The capped collection of rejected events (too large, unparsable), for inspection.
     pub dead_letters: DeadLettersConfig,
-}
-
-impl std::ops::Deref for StoreConfig {
-    type Target = SharedStoreConfig;
-
-    fn deref(&self) -> &SharedStoreConfig {
-        &self.shared
-    }
-}
-
-impl std::ops::DerefMut for StoreConfig {
-    fn deref_mut(&mut self) -> &mut SharedStoreConfig {
-        &mut self.shared
-    }
 }
 
 /// The capped `events` collection.
@@ -74,9 +56,10 @@ pub struct DeadLettersConfig {
     pub max_bytes: u64,
 }
 
-impl Default for SharedStoreConfig {
+impl Default for StoreConfig {
     fn default() -> Self {
-        SharedStoreConfig {
+        StoreConfig {
+            engine: Engine::default(),
             database: "tailrace".to_owned(),
             durability: Durability::Journaled,
             events: EventsCollectionConfig::default(),
@@ -111,7 +94,7 @@ const ENGINE: &str = "engine";
 fn shared_keys() -> &'static [&'static str] {
     // An unknown field's error carries the struct's declared fields; asking for one is the
     // way serde exposes them without a second list to keep in step.
-    match SharedStoreConfig::deserialize(&Value::from(Dict::from([(
+    match StoreConfig::deserialize(&Value::from(Dict::from([(
         "\u{0}".to_owned(),
         Value::from(0),
     )]))) {
@@ -157,10 +140,10 @@ impl StoreConfig {
             .filter(|(k, _)| *k != ENGINE)
             .map(|(k, v)| (k.clone(), v.clone()))
             .partition(|(k, _)| shared_keys.contains(&k.as_str()));
-        let shared = SharedStoreConfig::deserialize(&Value::Dict(*tag, shared))
+        let mut config = StoreConfig::deserialize(&Value::Dict(*tag, shared))
             .map_err(|e| fail(e, Some(&name)))?;
         let tagged = Value::Dict(*tag, Dict::from([(name.clone(), Value::Dict(*tag, own))]));
-        let engine = Engine::deserialize(&tagged).map_err(|mut e| {
+        config.engine = Engine::deserialize(&tagged).map_err(|mut e| {
             if matches!(e.kind, Kind::UnknownVariant(..)) {
                 e.path = vec![ENGINE.to_owned()];
                 return fail(e, None);
@@ -171,7 +154,7 @@ impl StoreConfig {
             }
             fail(e, Some(&name))
         })?;
-        Ok(StoreConfig { engine, shared })
+        Ok(config)
     }
 
     /// The keys `[store]` allows before the engine's own: `engine` and the shared ones.
@@ -191,29 +174,23 @@ impl StoreConfig {
     }
 }
 
-impl Serialize for StoreConfig {
-    /// Flat, as users write it: `engine`, the engine's keys, the shared keys.
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let own = match serde_json::to_value(&self.engine).map_err(S::Error::custom)? {
-            serde_json::Value::Object(tagged) => tagged
-                .into_iter()
-                .next()
-                .and_then(|(_, body)| match body {
-                    serde_json::Value::Object(keys) => Some(keys),
-                    _ => None,
-                })
-                .unwrap_or_default(),
-            _ => Default::default(),
-        };
-        let shared = match serde_json::to_value(&self.shared).map_err(S::Error::custom)? {
-            serde_json::Value::Object(keys) => keys,
-            _ => Default::default(),
-        };
-        let mut map = s.serialize_map(Some(1 + own.len() + shared.len()))?;
-        map.serialize_entry(ENGINE, self.engine.name())?;
-        for (k, v) in own.iter().chain(shared.iter()) {
-            map.serialize_entry(k, v)?;
-        }
-        map.end()
+/// The engine written flat, as users write it: `engine` and the engine's keys.
+fn write_engine<S: Serializer>(engine: &Engine, s: S) -> Result<S::Ok, S::Error> {
+    let own = match serde_json::to_value(engine).map_err(S::Error::custom)? {
+        serde_json::Value::Object(tagged) => tagged
+            .into_iter()
+            .next()
+            .and_then(|(_, body)| match body {
+                serde_json::Value::Object(keys) => Some(keys),
+                _ => None,
+            })
+            .unwrap_or_default(),
+        _ => Default::default(),
+    };
+    let mut map = s.serialize_map(Some(1 + own.len()))?;
+    map.serialize_entry(ENGINE, engine.name())?;
+    for (k, v) in &own {
+        map.serialize_entry(k, v)?;
     }
+    map.end()
 }
