@@ -58,6 +58,7 @@ pub(super) async fn index() -> Json<Value> {
             "/api/events/latest?field=F&value=V&limit=N": "the N newest events whose indexed field F equals V",
             "/api/events/{position}": "one event by position",
             "/api/rollups?prefix=P&limit=N&after=K": "per-key counters whose key starts with P (e.g. hashtags:), by key, N per page (default 100); the next page starts after the last key K",
+            "POST /api/aggregate": "a MongoDB aggregation pipeline over one collection's stored documents: {\"collection\": \"events\" (or dead_letters, rollups, stats), \"pipeline\": [{\"$match\": ...}, {\"$group\": ...}]}; stages $match $sort $limit $skip $project $unwind $group $count $sortByCount; the answer says where each stage ran, documents read, time taken",
             "/metrics": "Prometheus metrics",
             "/": "the live page",
         }

@@ -10,6 +10,7 @@ mod api;
 mod assets;
 pub mod changes;
 mod follow;
+mod query;
 pub mod wire;
 
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use std::sync::atomic::AtomicBool;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use feeds::FeedHandle;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
@@ -56,6 +57,8 @@ pub struct AppState {
     pub info: Arc<Value>,
     /// How many change streams may be open at once, and how long one may stall.
     pub streams: StreamLimits,
+    /// What one query (`/api/aggregate`) may hold in memory.
+    pub query: store::query::Limits,
 }
 
 impl AppState {
@@ -80,6 +83,9 @@ impl AppState {
             health: p.health().clone(),
             info: Arc::new(info),
             streams,
+            query: store::query::Limits {
+                max_bytes: p.config().http.query_max_bytes,
+            },
         }
     }
 
@@ -106,6 +112,7 @@ impl AppState {
             health: Arc::new(StoreHealth::new()),
             info: Arc::new(info),
             streams,
+            query: store::query::Limits::default(),
         }
     }
 }
@@ -127,6 +134,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/events/latest", get(api::latest))
         .route("/api/events/{position}", get(api::event))
         .route("/api/rollups", get(api::rollups))
+        .route("/api/aggregate", post(query::aggregate))
         .with_state(state)
 }
 

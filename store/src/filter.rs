@@ -92,7 +92,7 @@
 #[cfg(test)]
 #[path = "../tests/contract/filter_cases.rs"]
 mod cases;
-mod matching;
+pub(crate) mod matching;
 mod parse;
 
 use std::cmp::Ordering;

@@ -59,6 +59,7 @@ pub mod mongo {
     pub use settings::MongoSettings;
 }
 pub mod names;
+pub mod query;
 pub mod redact;
 mod stamp;
 mod telemetry;

@@ -118,6 +118,10 @@ pub struct HttpConfig {
     /// cannot hold a snapshot or a cursor open for ever; it resumes with its last event id.
     #[serde(default = "default_stream_stall_timeout_ms")]
     pub stream_stall_timeout_ms: u64,
+    /// What one query (`POST /api/aggregate`) may hold in memory, in bytes (its groups, a
+    /// sort's buffer, sets); a query past it is refused. At least 1 MiB.
+    #[serde(default = "default_query_max_bytes")]
+    pub query_max_bytes: usize,
 }
 
 /// Pipeline logging.
@@ -176,6 +180,10 @@ fn default_max_streams() -> usize {
 fn default_stream_stall_timeout_ms() -> u64 {
     30_000
 }
+/// 100 MiB: MongoDB's bound on one stage without `allowDiskUse`.
+fn default_query_max_bytes() -> usize {
+    100 << 20
+}
 fn default_status_interval_secs() -> u64 {
     10
 }
@@ -230,6 +238,7 @@ impl Default for HttpConfig {
             listen: default_listen(),
             max_streams: default_max_streams(),
             stream_stall_timeout_ms: default_stream_stall_timeout_ms(),
+            query_max_bytes: default_query_max_bytes(),
         }
     }
 }

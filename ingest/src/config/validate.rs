@@ -52,6 +52,11 @@ pub(super) fn problems<'a>(
         c.http.stream_stall_timeout_ms,
         1000,
     );
+    p.at_least(
+        "http.query_max_bytes",
+        c.http.query_max_bytes as u64,
+        1 << 20,
+    );
     for (field, message) in c.stats.problems() {
         p.push(format!("stats.{field}"), message);
     }

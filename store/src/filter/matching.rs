@@ -164,7 +164,7 @@ fn scalar_cmp(a: &Value, b: &Value) -> Option<Ordering> {
 
 /// Deep equality with MongoDB's rules: numbers by value across integer and float, arrays
 /// element by element, objects key by key in order.
-fn values_equal(a: &Value, b: &Value) -> bool {
+pub(crate) fn values_equal(a: &Value, b: &Value) -> bool {
     match (a, b) {
         (Value::Array(x), Value::Array(y)) => {
             x.len() == y.len() && x.iter().zip(y).all(|(p, q)| values_equal(p, q))
@@ -197,7 +197,7 @@ fn num(n: &Number) -> Num {
 /// Exact numeric order (an `i64` against an `f64` without rounding either), NaN below every
 /// number and equal to itself, as in MongoDB. JSON cannot carry NaN; the rule keeps the order
 /// total anyway.
-fn number_cmp(a: &Number, b: &Number) -> Ordering {
+pub(crate) fn number_cmp(a: &Number, b: &Number) -> Ordering {
     match (num(a), num(b)) {
         (Num::Int(x), Num::Int(y)) => x.cmp(&y),
         (Num::Int(x), Num::Float(y)) => int_float_cmp(x, y),

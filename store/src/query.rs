@@ -1,0 +1,435 @@
+//! Queries in MongoDB's aggregation language, evaluated in-process over documents an engine
+//! reads (the stored window of a capped collection, a keyed collection's snapshot).
+//!
+//! A client sends a pipeline such as
+//! `[{"$match": {"lang": "ja"}}, {"$unwind": "$hashtags"}, {"$sortByCount": "$hashtags"}, {"$limit": 10}]`.
+//! [`Pipeline::parse`] checks it and refuses anything outside the subset below with a
+//! [`QueryError`] naming the stage and the operator; nothing is silently ignored. The same
+//! JSON is what MongoDB's `aggregate` takes, so a pipeline answered here means the same on a
+//! MongoDB server.
+//!
+//! # The subset
+//!
+//! | stage | form |
+//! |---|---|
+//! | `$match` | a filter in MongoDB query syntax ([`crate::Filter`]) |
+//! | `$sort` | `{"field": 1 \| -1, ...}`, MongoDB's order across types, missing as null |
+//! | `$limit`, `$skip` | a non-negative integer (`$limit` positive) |
+//! | `$project` | inclusion (`{"a": 1, "b.c": 1, "_id": 0}`, with computed fields `{"x": <expr>}`) or exclusion (`{"a": 0}`) |
+//! | `$unwind` | `"$path"` or `{"path": "$path", "preserveNullAndEmptyArrays": bool}` |
+//! | `$group` | `{"_id": <expr>, "name": {<acc>: <expr>}, ...}`; accumulators `$sum $avg $min $max $first $last $addToSet $push $count` |
+//! | `$count` | `"name"` |
+//! | `$sortByCount` | `<expr>`: groups, counts, and sorts by count (ties by `_id`) |
+//!
+//! Expressions are in [`expr`]: field paths, literals, objects, `$toDate`, `$dateTrunc` by
+//! second, minute, hour or day, `$divide`.
+//!
+//! # Bounds
+//!
+//! A pipeline comes from an HTTP client. At most [`MAX_STAGES`] stages; expressions nest at
+//! most 32 deep. What a query holds at once (the groups, a sort's buffer, a set's values) is
+//! counted in approximate bytes, and a query past its bound ([`Limits::max_bytes`]) is refused
+//! with an error saying so, as MongoDB refuses a stage past 100 MB without `allowDiskUse`.
+
+mod eval;
+mod expr;
+mod read;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::Filter;
+use expr::Expr;
+
+pub use eval::{Answer, StageRun};
+pub use read::{AggregateError, Input, aggregate};
+
+/// The most stages a pipeline may have.
+pub const MAX_STAGES: usize = 64;
+
+/// Why a pipeline was refused or failed: where (`[2].$group.n.$median`) and what.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct QueryError {
+    /// A path into the pipeline: the stage's index and name, then keys; empty for the whole.
+    pub path: String,
+    /// What is wrong and what is allowed there.
+    pub message: String,
+}
+
+impl QueryError {
+    pub(crate) fn at(path: &str, message: impl Into<String>) -> QueryError {
+        QueryError {
+            path: path.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for QueryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+impl std::error::Error for QueryError {}
+
+/// What a query may hold.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Approximate bytes of groups, sort buffers and sets held at once.
+    pub max_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        // MongoDB's bound on one stage without allowDiskUse.
+        Limits {
+            max_bytes: 100 << 20,
+        }
+    }
+}
+
+/// One `$group` accumulator.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Acc {
+    Sum(Expr),
+    Avg(Expr),
+    Min(Expr),
+    Max(Expr),
+    First(Expr),
+    Last(Expr),
+    AddToSet(Expr),
+    Push(Expr),
+    Count,
+}
+
+/// A `$project`.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Projection {
+    /// Keep these paths (and `_id` unless excluded), plus computed fields.
+    Include {
+        paths: Vec<Vec<String>>,
+        computed: Vec<(String, Expr)>,
+        id: bool,
+    },
+    /// Drop these paths.
+    Exclude(Vec<Vec<String>>),
+}
+
+/// One parsed stage.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Stage {
+    Match(Filter),
+    Sort(Vec<(Vec<String>, bool)>),
+    Limit(u64),
+    Skip(u64),
+    Project(Projection),
+    Unwind { path: Vec<String>, keep_empty: bool },
+    Group { id: Expr, accs: Vec<(String, Acc)> },
+    Count(String),
+    SortByCount(Expr),
+}
+
+impl Stage {
+    /// The stage's name as written (`$match`).
+    pub(super) fn name(&self) -> &'static str {
+        match self {
+            Stage::Match(_) => "$match",
+            Stage::Sort(_) => "$sort",
+            Stage::Limit(_) => "$limit",
+            Stage::Skip(_) => "$skip",
+            Stage::Project(_) => "$project",
+            Stage::Unwind { .. } => "$unwind",
+            Stage::Group { .. } => "$group",
+            Stage::Count(_) => "$count",
+            Stage::SortByCount(_) => "$sortByCount",
+        }
+    }
+}
+
+/// A validated pipeline: the client's JSON and its parsed stages.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pipeline {
+    json: Value,
+    stages: Vec<Stage>,
+}
+
+/// Every stage name supported, for errors.
+const STAGES: &str =
+    "$match, $sort, $limit, $skip, $project, $unwind, $group, $count, $sortByCount";
+
+impl Pipeline {
+    /// Parses and checks a pipeline (a JSON array of one-key stage objects).
+    pub fn parse(json: &Value) -> Result<Pipeline, QueryError> {
+        let Some(items) = json.as_array() else {
+            return Err(QueryError::at(
+                "",
+                "a pipeline is an array of stages, e.g. [{\"$match\": {}}]",
+            ));
+        };
+        if items.len() > MAX_STAGES {
+            return Err(QueryError::at(
+                "",
+                format!("at most {MAX_STAGES} stages (got {})", items.len()),
+            ));
+        }
+        let mut stages = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let at = format!("[{i}]");
+            let Some((name, arg)) = item
+                .as_object()
+                .filter(|o| o.len() == 1)
+                .and_then(|o| o.iter().next())
+            else {
+                return Err(QueryError::at(
+                    &at,
+                    "a stage is an object with one key, the stage's name",
+                ));
+            };
+            let at = format!("[{i}].{name}");
+            stages.push(parse_stage(name, arg, &at)?);
+        }
+        Ok(Pipeline {
+            json: json.clone(),
+            stages,
+        })
+    }
+
+    /// The pipeline as the client sent it (what a MongoDB server is given).
+    pub fn as_json(&self) -> &Value {
+        &self.json
+    }
+
+    /// The stages' names, in order.
+    pub fn stage_names(&self) -> Vec<&'static str> {
+        self.stages.iter().map(Stage::name).collect()
+    }
+
+    /// Runs the pipeline over `docs`, in tailrace.
+    pub fn run<I>(&self, docs: I, limits: Limits) -> Result<Answer, QueryError>
+    where
+        I: IntoIterator<Item = crate::Document>,
+    {
+        eval::run(&self.stages, docs, limits)
+    }
+}
+
+fn parse_stage(name: &str, arg: &Value, at: &str) -> Result<Stage, QueryError> {
+    Ok(match name {
+        "$match" => Stage::Match(Filter::parse(arg).map_err(|e| {
+            let inner = if e.path.is_empty() {
+                at.to_owned()
+            } else {
+                format!("{at}.{}", e.path)
+            };
+            QueryError::at(&inner, e.message)
+        })?),
+        "$sort" => {
+            let Some(o) = arg.as_object().filter(|o| !o.is_empty()) else {
+                return Err(QueryError::at(at, "takes {\"field\": 1 or -1, ...}"));
+            };
+            let mut keys = Vec::with_capacity(o.len());
+            for (k, v) in o {
+                let asc = match v.as_i64() {
+                    Some(1) => true,
+                    Some(-1) => false,
+                    _ => return Err(QueryError::at(&format!("{at}.{k}"), "must be 1 or -1")),
+                };
+                keys.push((expr::field_path(k, &format!("{at}.{k}"))?, asc));
+            }
+            Stage::Sort(keys)
+        }
+        "$limit" => Stage::Limit(
+            arg.as_u64()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| QueryError::at(at, "must be a positive integer"))?,
+        ),
+        "$skip" => Stage::Skip(
+            arg.as_u64()
+                .ok_or_else(|| QueryError::at(at, "must be a non-negative integer"))?,
+        ),
+        "$project" => Stage::Project(parse_projection(arg, at)?),
+        "$unwind" => {
+            let (path, keep_empty) = match arg {
+                Value::String(s) => (s.as_str(), false),
+                Value::Object(o) => {
+                    if let Some(k) = o
+                        .keys()
+                        .find(|k| !["path", "preserveNullAndEmptyArrays"].contains(&k.as_str()))
+                    {
+                        return Err(QueryError::at(
+                            at,
+                            format!(
+                                "option {k} is not supported (supported: path, preserveNullAndEmptyArrays)"
+                            ),
+                        ));
+                    }
+                    let path = o
+                        .get("path")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| QueryError::at(at, "path is required (\"$field\")"))?;
+                    let keep = match o.get("preserveNullAndEmptyArrays") {
+                        None => false,
+                        Some(Value::Bool(b)) => *b,
+                        Some(_) => {
+                            return Err(QueryError::at(
+                                &format!("{at}.preserveNullAndEmptyArrays"),
+                                "must be true or false",
+                            ));
+                        }
+                    };
+                    (path, keep)
+                }
+                _ => {
+                    return Err(QueryError::at(
+                        at,
+                        "takes \"$field\" or {\"path\": \"$field\"}",
+                    ));
+                }
+            };
+            let Some(rest) = path.strip_prefix('$') else {
+                return Err(QueryError::at(
+                    at,
+                    format!("{path:?}: a field path starts with $"),
+                ));
+            };
+            Stage::Unwind {
+                path: expr::field_path(rest, at)?,
+                keep_empty,
+            }
+        }
+        "$group" => {
+            let Some(o) = arg.as_object() else {
+                return Err(QueryError::at(
+                    at,
+                    "takes {\"_id\": <expr>, \"name\": {<accumulator>: <expr>}, ...}",
+                ));
+            };
+            let id = Expr::parse(
+                o.get("_id").ok_or_else(|| {
+                    QueryError::at(at, "_id is required (null for one group of all)")
+                })?,
+                &format!("{at}._id"),
+            )?;
+            let mut accs = Vec::new();
+            for (k, v) in o.iter().filter(|(k, _)| *k != "_id") {
+                let inner = format!("{at}.{k}");
+                if k.contains('.') || k.starts_with('$') {
+                    return Err(QueryError::at(
+                        &inner,
+                        "an output field's name cannot contain a dot or start with $",
+                    ));
+                }
+                let Some((op, e)) = v
+                    .as_object()
+                    .filter(|o| o.len() == 1)
+                    .and_then(|o| o.iter().next())
+                else {
+                    return Err(QueryError::at(&inner, "takes {<accumulator>: <expr>}"));
+                };
+                let ex = || Expr::parse(e, &format!("{inner}.{op}"));
+                let acc = match op.as_str() {
+                    "$sum" => Acc::Sum(ex()?),
+                    "$avg" => Acc::Avg(ex()?),
+                    "$min" => Acc::Min(ex()?),
+                    "$max" => Acc::Max(ex()?),
+                    "$first" => Acc::First(ex()?),
+                    "$last" => Acc::Last(ex()?),
+                    "$addToSet" => Acc::AddToSet(ex()?),
+                    "$push" => Acc::Push(ex()?),
+                    "$count" if e.as_object().is_some_and(|o| o.is_empty()) => Acc::Count,
+                    "$count" => return Err(QueryError::at(&format!("{inner}.$count"), "takes {}")),
+                    other => {
+                        return Err(QueryError::at(
+                            &inner,
+                            format!(
+                                "accumulator {other} is not supported (supported: $sum, $avg, $min, $max, $first, $last, $addToSet, $push, $count)"
+                            ),
+                        ));
+                    }
+                };
+                accs.push((k.clone(), acc));
+            }
+            Stage::Group { id, accs }
+        }
+        "$count" => match arg.as_str() {
+            Some(n) if !n.is_empty() && !n.starts_with('$') && !n.contains('.') => {
+                Stage::Count(n.to_owned())
+            }
+            _ => {
+                return Err(QueryError::at(
+                    at,
+                    "takes a field name (not empty, no $ or dot)",
+                ));
+            }
+        },
+        "$sortByCount" => Stage::SortByCount(Expr::parse(arg, at)?),
+        other => {
+            return Err(QueryError::at(
+                at,
+                format!("stage {other} is not supported (supported: {STAGES})"),
+            ));
+        }
+    })
+}
+
+fn parse_projection(arg: &Value, at: &str) -> Result<Projection, QueryError> {
+    let Some(o) = arg.as_object().filter(|o| !o.is_empty()) else {
+        return Err(QueryError::at(
+            at,
+            "takes {\"field\": 1, ...} or {\"field\": 0, ...}",
+        ));
+    };
+    let flag = |v: &Value| match v {
+        Value::Bool(b) => Some(*b),
+        Value::Number(n) if n.as_f64() == Some(0.0) => Some(false),
+        Value::Number(n) if n.as_f64() == Some(1.0) => Some(true),
+        _ => None,
+    };
+    let mut id = true;
+    let (mut include, mut exclude, mut computed) = (Vec::new(), Vec::new(), Vec::new());
+    for (k, v) in o {
+        let inner = format!("{at}.{k}");
+        let path = expr::field_path(k, &inner)?;
+        match flag(v) {
+            Some(keep) if k == "_id" => id = keep,
+            Some(true) => include.push(path),
+            Some(false) => exclude.push(path),
+            None if k.contains('.') => {
+                return Err(QueryError::at(
+                    &inner,
+                    "a computed field's name cannot contain a dot",
+                ));
+            }
+            None => computed.push((k.clone(), Expr::parse(v, &inner)?)),
+        }
+    }
+    if !exclude.is_empty() {
+        if !include.is_empty() || !computed.is_empty() {
+            return Err(QueryError::at(
+                at,
+                "cannot mix inclusion and exclusion (except for _id)",
+            ));
+        }
+        if !id {
+            exclude.push(vec!["_id".to_owned()]);
+        }
+        return Ok(Projection::Exclude(exclude));
+    }
+    if include.is_empty() && computed.is_empty() && !id {
+        return Ok(Projection::Exclude(vec![vec!["_id".to_owned()]]));
+    }
+    Ok(Projection::Include {
+        paths: include,
+        computed,
+        id,
+    })
+}

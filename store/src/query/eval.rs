@@ -1,0 +1,724 @@
+//! Running a parsed pipeline: documents are pushed through the stages one at a time; `$sort`,
+//! `$group`, `$count` and `$sortByCount` hold what they need and pass it on when the input
+//! ends. A `$limit` that is full stops the reading.
+
+use std::cmp::Ordering;
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::{Map, Number, Value};
+
+use super::expr::{date_millis, lookup};
+use super::{Acc, Limits, Projection, QueryError, Stage};
+use crate::Document;
+use crate::filter::matching::number_cmp;
+
+/// A query's answer, and how it was reached.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Answer {
+    /// The documents out of the last stage.
+    pub docs: Vec<Value>,
+    /// Each stage: where it ran and how many documents came out of it.
+    pub stages: Vec<StageRun>,
+    /// Documents read from the collection.
+    pub read: u64,
+    /// Time spent evaluating, in microseconds.
+    pub took_us: u64,
+}
+
+/// Where one stage ran, and what came out.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StageRun {
+    /// `$match`, `$group`, ...
+    pub stage: &'static str,
+    /// `tailrace` (evaluated in-process) or `server` (run by a database server).
+    pub ran: &'static str,
+    /// Documents out of it.
+    pub out: u64,
+}
+
+/// Whether reading goes on.
+#[derive(PartialEq)]
+enum Flow {
+    More,
+    Done,
+}
+
+struct Run<'a> {
+    stages: &'a [Stage],
+    states: Vec<State>,
+    out: Vec<u64>,
+    results: Vec<Value>,
+    held: usize,
+    limits: Limits,
+}
+
+enum State {
+    None,
+    Skip(u64),
+    Limit(u64),
+    Buffer(Vec<Document>),
+    Groups(Groups),
+    Count(u64),
+}
+
+#[derive(Default)]
+struct Groups {
+    index: HashMap<String, usize>,
+    groups: Vec<(Value, Vec<AccState>)>,
+}
+
+pub(super) fn run<I>(stages: &[Stage], docs: I, limits: Limits) -> Result<Answer, QueryError>
+where
+    I: IntoIterator<Item = Document>,
+{
+    let started = Instant::now();
+    let states = stages
+        .iter()
+        .map(|s| match s {
+            Stage::Skip(n) => State::Skip(*n),
+            Stage::Limit(n) => State::Limit(*n),
+            Stage::Sort(_) => State::Buffer(Vec::new()),
+            Stage::Group { .. } | Stage::SortByCount(_) => State::Groups(Groups::default()),
+            Stage::Count(_) => State::Count(0),
+            _ => State::None,
+        })
+        .collect();
+    let mut run = Run {
+        stages,
+        states,
+        out: vec![0; stages.len()],
+        results: Vec::new(),
+        held: 0,
+        limits,
+    };
+    let mut read = 0;
+    for doc in docs {
+        read += 1;
+        if run.push(0, doc)? == Flow::Done {
+            break;
+        }
+    }
+    run.finish(0)?;
+    Ok(Answer {
+        docs: run.results,
+        stages: stages
+            .iter()
+            .zip(run.out)
+            .map(|(s, out)| StageRun {
+                stage: s.name(),
+                ran: "tailrace",
+                out,
+            })
+            .collect(),
+        read,
+        took_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+    })
+}
+
+impl Run<'_> {
+    fn err(&self, i: usize, message: impl Into<String>) -> QueryError {
+        QueryError::at(&format!("[{i}].{}", self.stages[i].name()), message)
+    }
+
+    fn hold(&mut self, i: usize, bytes: usize) -> Result<(), QueryError> {
+        self.held = self.held.saturating_add(bytes);
+        if self.held > self.limits.max_bytes {
+            return Err(self.err(
+                i,
+                format!(
+                    "holds more than the query bound of {} bytes (groups, sort buffer, sets); narrow it with $match or a time range first",
+                    self.limits.max_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Passes `doc` out of stage `i - 1` into stage `i`.
+    fn emit(&mut self, i: usize, doc: Document) -> Result<Flow, QueryError> {
+        self.out[i - 1] += 1;
+        if i == self.stages.len() {
+            self.results.push(Value::Object(doc));
+            return Ok(Flow::More);
+        }
+        self.push(i, doc)
+    }
+
+    fn push(&mut self, i: usize, mut doc: Document) -> Result<Flow, QueryError> {
+        if i == self.stages.len() {
+            self.results.push(Value::Object(doc));
+            return Ok(Flow::More);
+        }
+        let stages = self.stages;
+        match &stages[i] {
+            Stage::Match(f) => {
+                if f.matches(&doc) {
+                    return self.emit(i + 1, doc);
+                }
+                Ok(Flow::More)
+            }
+            Stage::Skip(_) => {
+                if let State::Skip(n) = &mut self.states[i]
+                    && *n > 0
+                {
+                    *n -= 1;
+                    return Ok(Flow::More);
+                }
+                self.emit(i + 1, doc)
+            }
+            Stage::Limit(_) => {
+                let State::Limit(n) = &mut self.states[i] else {
+                    return Ok(Flow::Done);
+                };
+                if *n == 0 {
+                    return Ok(Flow::Done);
+                }
+                *n -= 1;
+                let last = *n == 0;
+                let flow = self.emit(i + 1, doc)?;
+                Ok(if last { Flow::Done } else { flow })
+            }
+            Stage::Project(p) => {
+                let projected = project(p, &doc).map_err(|e| self.err(i, e))?;
+                self.emit(i + 1, projected)
+            }
+            Stage::Unwind { path, keep_empty } => {
+                let keep_empty = *keep_empty;
+                match get_path(&doc, path).cloned() {
+                    Some(Value::Array(items)) if !items.is_empty() => {
+                        for item in items {
+                            let mut copy = doc.clone();
+                            set_path(&mut copy, path, item);
+                            if self.emit(i + 1, copy)? == Flow::Done {
+                                return Ok(Flow::Done);
+                            }
+                        }
+                        Ok(Flow::More)
+                    }
+                    Some(Value::Array(_)) => {
+                        if keep_empty {
+                            remove_path(&mut doc, path);
+                            return self.emit(i + 1, doc);
+                        }
+                        Ok(Flow::More)
+                    }
+                    None | Some(Value::Null) if !keep_empty => Ok(Flow::More),
+                    _ => self.emit(i + 1, doc),
+                }
+            }
+            Stage::Sort(_) => {
+                let bytes = size_of_doc(&doc);
+                self.hold(i, bytes)?;
+                if let State::Buffer(b) = &mut self.states[i] {
+                    b.push(doc);
+                }
+                Ok(Flow::More)
+            }
+            Stage::Count(_) => {
+                if let State::Count(n) = &mut self.states[i] {
+                    *n += 1;
+                }
+                Ok(Flow::More)
+            }
+            Stage::Group { id, accs } => {
+                let key = id
+                    .eval(&doc)
+                    .map_err(|e| self.err(i, e))?
+                    .unwrap_or(Value::Null);
+                let accs: Vec<&Acc> = accs.iter().map(|(_, a)| a).collect();
+                self.group(i, key, &accs, &doc)
+            }
+            Stage::SortByCount(e) => {
+                let key = e
+                    .eval(&doc)
+                    .map_err(|e| self.err(i, e))?
+                    .unwrap_or(Value::Null);
+                self.group(i, key, &[&Acc::Count], &doc)
+            }
+        }
+    }
+
+    fn group(
+        &mut self,
+        i: usize,
+        key: Value,
+        accs: &[&Acc],
+        doc: &Document,
+    ) -> Result<Flow, QueryError> {
+        let canon = canonical(&key);
+        let State::Groups(g) = &mut self.states[i] else {
+            return Ok(Flow::More);
+        };
+        let (slot, new_bytes) = match g.index.get(&canon) {
+            Some(&slot) => (slot, 0),
+            None => {
+                let bytes = canon.len() * 2 + 64 + 48 * accs.len();
+                g.index.insert(canon, g.groups.len());
+                g.groups
+                    .push((key, accs.iter().map(|a| AccState::new(a)).collect()));
+                (g.groups.len() - 1, bytes)
+            }
+        };
+        let mut grown = new_bytes;
+        for (state, acc) in g.groups[slot].1.iter_mut().zip(accs) {
+            grown += state
+                .add(acc, doc)
+                .map_err(|e| QueryError::at(&format!("[{i}]"), e))?;
+        }
+        self.hold(i, grown)?;
+        Ok(Flow::More)
+    }
+
+    /// The input has ended at stage `i`: what it holds goes on, then the next stage ends.
+    fn finish(&mut self, i: usize) -> Result<(), QueryError> {
+        if i == self.stages.len() {
+            return Ok(());
+        }
+        let state = std::mem::replace(&mut self.states[i], State::None);
+        let stages = self.stages;
+        let mut held: Vec<Document> = match (&stages[i], state) {
+            (Stage::Sort(keys), State::Buffer(mut docs)) => {
+                sort_docs(&mut docs, keys);
+                docs
+            }
+            (Stage::Count(name), State::Count(n)) if n > 0 => {
+                let mut d = Map::new();
+                d.insert(name.clone(), Value::from(n));
+                vec![d]
+            }
+            (Stage::Group { accs, .. }, State::Groups(g)) => g
+                .groups
+                .into_iter()
+                .map(|(key, states)| {
+                    let mut d = Map::new();
+                    d.insert("_id".into(), key);
+                    for ((name, _), s) in accs.iter().zip(states) {
+                        d.insert(name.clone(), s.finish());
+                    }
+                    d
+                })
+                .collect(),
+            (Stage::SortByCount(_), State::Groups(g)) => {
+                let mut docs: Vec<Document> = g
+                    .groups
+                    .into_iter()
+                    .map(|(key, states)| {
+                        let mut d = Map::new();
+                        d.insert("_id".into(), key);
+                        let n = states
+                            .into_iter()
+                            .next()
+                            .map_or(Value::from(0), AccState::finish);
+                        d.insert("count".into(), n);
+                        d
+                    })
+                    .collect();
+                // By count, most first; ties by _id, so that answers repeat.
+                sort_docs(
+                    &mut docs,
+                    &[(vec!["count".into()], false), (vec!["_id".into()], true)],
+                );
+                docs
+            }
+            _ => Vec::new(),
+        };
+        for doc in held.drain(..) {
+            if self.emit(i + 1, doc)? == Flow::Done {
+                break;
+            }
+        }
+        self.finish(i + 1)
+    }
+}
+
+fn sort_docs(docs: &mut [Document], keys: &[(Vec<String>, bool)]) {
+    docs.sort_by(|a, b| {
+        for (path, asc) in keys {
+            let (x, y) = (sort_value(a, path, *asc), sort_value(b, path, *asc));
+            let ord = compare_opt(x.as_ref(), y.as_ref());
+            let ord = if *asc { ord } else { ord.reverse() };
+            if ord != Ordering::Equal {
+                return ord;
+            }
+        }
+        Ordering::Equal
+    });
+}
+
+/// The value a `$sort` key orders a document by: an array sorts by its smallest element
+/// ascending and its largest descending, as in MongoDB; an empty array before null.
+fn sort_value(doc: &Document, path: &[String], asc: bool) -> Option<Value> {
+    match lookup(doc, path) {
+        Some(Value::Array(items)) => {
+            let pick = if asc {
+                Ordering::Less
+            } else {
+                Ordering::Greater
+            };
+            let best = items
+                .into_iter()
+                .reduce(|best, v| if compare(&v, &best) == pick { v } else { best });
+            Some(best.unwrap_or(Value::Array(Vec::new())))
+        }
+        other => other,
+    }
+}
+
+/// MongoDB's order of values of any type (missing as null).
+fn compare_opt(a: Option<&Value>, b: Option<&Value>) -> Ordering {
+    compare(a.unwrap_or(&Value::Null), b.unwrap_or(&Value::Null))
+}
+
+fn rank(v: &Value) -> u8 {
+    match v {
+        Value::Array(a) if a.is_empty() => 0,
+        Value::Null => 1,
+        Value::Number(_) => 2,
+        Value::String(_) => 3,
+        Value::Object(_) if date_millis(v).is_some() => 8,
+        Value::Object(_) => 4,
+        Value::Array(_) => 5,
+        Value::Bool(_) => 7,
+    }
+}
+
+/// MongoDB's comparison order across types: null, numbers, strings, objects, arrays,
+/// booleans, dates.
+pub(super) fn compare(a: &Value, b: &Value) -> Ordering {
+    let (ra, rb) = (rank(a), rank(b));
+    if ra != rb {
+        return ra.cmp(&rb);
+    }
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => number_cmp(x, y),
+        (Value::String(x), Value::String(y)) => x.as_bytes().cmp(y.as_bytes()),
+        (Value::Bool(x), Value::Bool(y)) => x.cmp(y),
+        (Value::Object(_), Value::Object(_)) if ra == 8 => date_millis(a).cmp(&date_millis(b)),
+        (Value::Object(x), Value::Object(y)) => {
+            for ((kx, vx), (ky, vy)) in x.iter().zip(y) {
+                let ord = compare(vx, vy).then_with(|| kx.cmp(ky));
+                if ord != Ordering::Equal {
+                    return ord;
+                }
+            }
+            x.len().cmp(&y.len())
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            for (p, q) in x.iter().zip(y) {
+                let ord = compare(p, q);
+                if ord != Ordering::Equal {
+                    return ord;
+                }
+            }
+            x.len().cmp(&y.len())
+        }
+        _ => Ordering::Equal,
+    }
+}
+
+/// A group key as text: equal keys (1 and 1.0 alike, as MongoDB groups them) give equal text.
+fn canonical(v: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(v, &mut out);
+    out
+}
+
+fn write_canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => {
+                out.push_str(&format!("n{}", f as i64))
+            }
+            _ => out.push_str(&format!("n{n}")),
+        },
+        Value::Array(items) => {
+            out.push('[');
+            for i in items {
+                write_canonical(i, out);
+                out.push(',');
+            }
+            out.push(']');
+        }
+        Value::Object(o) => {
+            out.push('{');
+            for (k, v) in o {
+                out.push_str(&serde_json::to_string(k).unwrap_or_default());
+                out.push(':');
+                write_canonical(v, out);
+                out.push(',');
+            }
+            out.push('}');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// Approximate bytes a value holds in memory.
+fn size_of(v: &Value) -> usize {
+    match v {
+        Value::String(s) => 32 + s.len(),
+        Value::Array(a) => 32 + a.iter().map(size_of).sum::<usize>(),
+        Value::Object(o) => size_of_doc(o),
+        _ => 16,
+    }
+}
+
+fn size_of_doc(o: &Document) -> usize {
+    48 + o
+        .iter()
+        .map(|(k, v)| 32 + k.len() + size_of(v))
+        .sum::<usize>()
+}
+
+enum AccState {
+    Sum(Sum),
+    Avg(f64, u64),
+    Pick(Option<Value>),
+    First(Option<Value>),
+    Last(Value),
+    Set(HashSet<String>, Vec<Value>),
+    Push(Vec<Value>),
+    Count(u64),
+}
+
+#[derive(Clone, Copy)]
+enum Sum {
+    Int(i64),
+    Float(f64),
+}
+
+impl AccState {
+    fn new(acc: &Acc) -> AccState {
+        match acc {
+            Acc::Sum(_) => AccState::Sum(Sum::Int(0)),
+            Acc::Avg(_) => AccState::Avg(0.0, 0),
+            Acc::Min(_) | Acc::Max(_) => AccState::Pick(None),
+            Acc::First(_) => AccState::First(None),
+            Acc::Last(_) => AccState::Last(Value::Null),
+            Acc::AddToSet(_) => AccState::Set(HashSet::new(), Vec::new()),
+            Acc::Push(_) => AccState::Push(Vec::new()),
+            Acc::Count => AccState::Count(0),
+        }
+    }
+
+    /// Adds one document; the bytes it grew by.
+    fn add(&mut self, acc: &Acc, doc: &Document) -> Result<usize, String> {
+        match (self, acc) {
+            (AccState::Sum(s), Acc::Sum(e)) => {
+                if let Some(Value::Number(n)) = e.eval(doc)? {
+                    *s = add(*s, &n);
+                }
+            }
+            (AccState::Avg(sum, n), Acc::Avg(e)) => {
+                if let Some(Value::Number(x)) = e.eval(doc)? {
+                    *sum += x.as_f64().unwrap_or(0.0);
+                    *n += 1;
+                }
+            }
+            (AccState::Pick(best), Acc::Min(e) | Acc::Max(e)) => {
+                let want = if matches!(acc, Acc::Min(_)) {
+                    Ordering::Less
+                } else {
+                    Ordering::Greater
+                };
+                match e.eval(doc)? {
+                    None | Some(Value::Null) => {}
+                    Some(v) => {
+                        let grow = size_of(&v);
+                        if best.as_ref().is_none_or(|b| compare(&v, b) == want) {
+                            *best = Some(v);
+                            return Ok(grow);
+                        }
+                    }
+                }
+            }
+            (AccState::First(first @ None), Acc::First(e)) => {
+                let v = e.eval(doc)?.unwrap_or(Value::Null);
+                let grow = size_of(&v);
+                *first = Some(v);
+                return Ok(grow);
+            }
+            (AccState::Last(last), Acc::Last(e)) => {
+                *last = e.eval(doc)?.unwrap_or(Value::Null);
+                return Ok(size_of(last));
+            }
+            (AccState::Set(seen, values), Acc::AddToSet(e)) => {
+                if let Some(v) = e.eval(doc)? {
+                    let key = canonical(&v);
+                    let grow = key.len() + size_of(&v) + 32;
+                    if seen.insert(key) {
+                        values.push(v);
+                        return Ok(grow);
+                    }
+                }
+            }
+            (AccState::Push(values), Acc::Push(e)) => {
+                if let Some(v) = e.eval(doc)? {
+                    let grow = size_of(&v);
+                    values.push(v);
+                    return Ok(grow);
+                }
+            }
+            (AccState::Count(n), Acc::Count) => *n += 1,
+            _ => {}
+        }
+        Ok(0)
+    }
+
+    fn finish(self) -> Value {
+        match self {
+            AccState::Sum(Sum::Int(i)) => Value::from(i),
+            AccState::Sum(Sum::Float(f)) => Number::from_f64(f).map_or(Value::Null, Value::Number),
+            AccState::Avg(_, 0) => Value::Null,
+            AccState::Avg(sum, n) => {
+                Number::from_f64(sum / n as f64).map_or(Value::Null, Value::Number)
+            }
+            AccState::Pick(v) => v.unwrap_or(Value::Null),
+            AccState::First(v) => v.unwrap_or(Value::Null),
+            AccState::Last(v) => v,
+            AccState::Set(_, values) | AccState::Push(values) => Value::Array(values),
+            AccState::Count(n) => Value::from(n),
+        }
+    }
+}
+
+/// `$sum`'s addition: integers stay integers until one overflows or a float comes.
+fn add(s: Sum, n: &Number) -> Sum {
+    match (s, n.as_i64()) {
+        (Sum::Int(a), Some(b)) => a
+            .checked_add(b)
+            .map_or(Sum::Float(a as f64 + b as f64), Sum::Int),
+        (Sum::Int(a), None) => Sum::Float(a as f64 + n.as_f64().unwrap_or(0.0)),
+        (Sum::Float(a), _) => Sum::Float(a + n.as_f64().unwrap_or(0.0)),
+    }
+}
+
+/// A value by a path through objects only (what `$unwind` replaces).
+fn get_path<'a>(doc: &'a Document, path: &[String]) -> Option<&'a Value> {
+    let (first, rest) = path.split_first()?;
+    let mut v = doc.get(first)?;
+    for p in rest {
+        v = v.as_object()?.get(p)?;
+    }
+    Some(v)
+}
+
+fn set_path(doc: &mut Document, path: &[String], value: Value) {
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
+    let mut o = doc;
+    for p in parents {
+        let Some(Value::Object(next)) = o.get_mut(p) else {
+            return;
+        };
+        o = next;
+    }
+    o.insert(last.clone(), value);
+}
+
+fn remove_path(doc: &mut Document, path: &[String]) {
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
+    let mut o = doc;
+    for p in parents {
+        let Some(Value::Object(next)) = o.get_mut(p) else {
+            return;
+        };
+        o = next;
+    }
+    o.remove(last);
+}
+
+fn project(p: &Projection, doc: &Document) -> Result<Document, String> {
+    Ok(match p {
+        Projection::Exclude(paths) => {
+            let mut out = doc.clone();
+            for path in paths {
+                exclude(&mut out, path);
+            }
+            out
+        }
+        Projection::Include {
+            paths,
+            computed,
+            id,
+        } => {
+            let mut out = Map::new();
+            if *id && let Some(v) = doc.get("_id") {
+                out.insert("_id".into(), v.clone());
+            }
+            for path in paths {
+                include(doc, path, &mut out);
+            }
+            for (name, e) in computed {
+                if let Some(v) = e.eval(doc)? {
+                    out.insert(name.clone(), v);
+                }
+            }
+            out
+        }
+    })
+}
+
+/// Copies what `path` reaches in `from` into `to`, keeping the shape (through arrays of
+/// objects too, element by element).
+fn include(from: &Document, path: &[String], to: &mut Document) {
+    let Some((first, rest)) = path.split_first() else {
+        return;
+    };
+    let Some(v) = from.get(first) else {
+        return;
+    };
+    if rest.is_empty() {
+        to.insert(first.clone(), v.clone());
+        return;
+    }
+    match v {
+        Value::Object(inner) => {
+            let slot = to
+                .entry(first.clone())
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Value::Object(target) = slot {
+                include(inner, rest, target);
+            }
+        }
+        Value::Array(items) => {
+            let projected: Vec<Value> = items
+                .iter()
+                .filter_map(|i| i.as_object())
+                .map(|o| {
+                    let mut t = Map::new();
+                    include(o, rest, &mut t);
+                    Value::Object(t)
+                })
+                .collect();
+            to.insert(first.clone(), Value::Array(projected));
+        }
+        _ => {}
+    }
+}
+
+fn exclude(doc: &mut Document, path: &[String]) {
+    let Some((first, rest)) = path.split_first() else {
+        return;
+    };
+    if rest.is_empty() {
+        doc.remove(first);
+        return;
+    }
+    match doc.get_mut(first) {
+        Some(Value::Object(inner)) => exclude(inner, rest),
+        Some(Value::Array(items)) => {
+            for i in items.iter_mut() {
+                if let Value::Object(o) = i {
+                    exclude(o, rest);
+                }
+            }
+        }
+        _ => {}
+    }
+}

@@ -1,0 +1,226 @@
+#![allow(clippy::unwrap_used)]
+
+use serde_json::{Value, json};
+
+use super::{Limits, Pipeline};
+use crate::Document;
+
+fn docs() -> Vec<Document> {
+    [
+        json!({"_id": 1, "lang": "ja", "user": {"id": 7}, "hashtags": ["rust", "db"], "n": 3, "t": 1_765_000_000_123_i64}),
+        json!({"_id": 2, "lang": "en", "user": {"id": 8}, "hashtags": ["rust"], "n": 1.5, "t": 1_765_000_030_000_i64}),
+        json!({"_id": 3, "lang": "ja", "user": {"id": 7}, "hashtags": [], "n": "x", "t": 1_765_000_075_000_i64}),
+        json!({"_id": 4, "lang": "🌍", "user": {"id": 9}, "n": null, "t": 1_765_000_200_000_i64}),
+        json!({"_id": 5, "lang": "en", "user": {"id": 8}, "hashtags": ["db", "ℝust"], "n": 2, "t": 1_765_000_200_001_i64}),
+    ]
+    .into_iter()
+    .map(|v| v.as_object().cloned().unwrap())
+    .collect()
+}
+
+fn run(pipeline: Value) -> Vec<Value> {
+    let p = Pipeline::parse(&pipeline).unwrap_or_else(|e| panic!("{pipeline}: {e}"));
+    p.run(docs(), Limits::default())
+        .unwrap_or_else(|e| panic!("{pipeline}: {e}"))
+        .docs
+}
+
+fn refused(pipeline: Value) -> String {
+    match Pipeline::parse(&pipeline) {
+        Ok(p) => match p.run(docs(), Limits::default()) {
+            Ok(a) => panic!("{pipeline} answered {:?}", a.docs),
+            Err(e) => e.to_string(),
+        },
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn count_by_language_sorted() {
+    assert_eq!(
+        run(
+            json!([{"$group": {"_id": "$lang", "n": {"$sum": 1}}}, {"$sort": {"n": -1, "_id": 1}}])
+        ),
+        [
+            json!({"_id": "en", "n": 2}),
+            json!({"_id": "ja", "n": 2}),
+            json!({"_id": "🌍", "n": 1})
+        ]
+    );
+}
+
+#[test]
+fn top_hashtags_with_unwind_and_sort_by_count() {
+    assert_eq!(
+        run(json!([{"$unwind": "$hashtags"}, {"$sortByCount": "$hashtags"}, {"$limit": 2}])),
+        [
+            json!({"_id": "db", "count": 2}),
+            json!({"_id": "rust", "count": 2})
+        ]
+    );
+    // Empty arrays and missing fields are dropped, unless asked to be kept.
+    assert_eq!(
+        run(json!([{"$unwind": "$hashtags"}, {"$count": "n"}])),
+        [json!({"n": 5})]
+    );
+    assert_eq!(
+        run(
+            json!([{"$unwind": {"path": "$hashtags", "preserveNullAndEmptyArrays": true}}, {"$count": "n"}])
+        ),
+        [json!({"n": 7})]
+    );
+}
+
+#[test]
+fn accumulators_follow_mongodb() {
+    let out = run(json!([{"$group": {
+        "_id": null,
+        "sum": {"$sum": "$n"}, "avg": {"$avg": "$n"}, "min": {"$min": "$n"}, "max": {"$max": "$n"},
+        "first": {"$first": "$lang"}, "last": {"$last": "$lang"},
+        "users": {"$addToSet": "$user.id"}, "count": {"$count": {}}, "ids": {"$push": "$_id"}
+    }}]));
+    // $sum and $avg skip non-numbers; $min/$max skip null and compare across types
+    // (numbers before strings).
+    assert_eq!(
+        out,
+        [
+            json!({"_id": null, "sum": 6.5, "avg": 6.5 / 3.0, "min": 1.5, "max": "x",
+                "first": "ja", "last": "en", "users": [7, 8, 9], "count": 5, "ids": [1, 2, 3, 4, 5]})
+        ]
+    );
+    // Integers stay integers; 1 and 1.0 are one group.
+    assert_eq!(
+        run(
+            json!([{"$match": {"_id": {"$in": [1, 5]}}}, {"$group": {"_id": "$user.id", "s": {"$sum": "$n"}}}, {"$sort": {"_id": 1}}])
+        ),
+        [json!({"_id": 7, "s": 3}), json!({"_id": 8, "s": 2})]
+    );
+    let one = vec![json!({"k": 1}), json!({"k": 1.0})]
+        .into_iter()
+        .map(|v| v.as_object().cloned().unwrap())
+        .collect::<Vec<_>>();
+    let p = Pipeline::parse(&json!([{"$group": {"_id": "$k", "n": {"$sum": 1}}}])).unwrap();
+    assert_eq!(p.run(one, Limits::default()).unwrap().docs.len(), 1);
+}
+
+#[test]
+fn time_buckets_by_minute() {
+    let minute = json!({"$dateTrunc": {"date": {"$toDate": "$t"}, "unit": "minute"}});
+    assert_eq!(
+        run(json!([{"$group": {"_id": minute, "n": {"$sum": 1}}}, {"$sort": {"_id": 1}}])),
+        [
+            // 05:46:40.123
+            json!({"_id": {"$date": "2025-12-06T05:46:00.000Z"}, "n": 1}),
+            // 05:47:10, 05:47:55
+            json!({"_id": {"$date": "2025-12-06T05:47:00.000Z"}, "n": 2}),
+            // 05:50:00.000, 05:50:00.001
+            json!({"_id": {"$date": "2025-12-06T05:50:00.000Z"}, "n": 2}),
+        ]
+    );
+    // Microseconds (the stamp's received_us) are divided into milliseconds first.
+    let from_us = json!({"$dateTrunc": {"date": {"$toDate": {"$divide": [{"$literal": 1_765_000_000_123_000_i64}, 1000]}}, "unit": "hour", "binSize": 2}});
+    assert_eq!(
+        run(json!([{"$limit": 1}, {"$project": {"_id": 0, "h": from_us}}])),
+        [json!({"h": {"$date": "2025-12-06T04:00:00.000Z"}})]
+    );
+}
+
+#[test]
+fn project_sort_skip_limit() {
+    assert_eq!(
+        run(
+            json!([{"$sort": {"t": -1}}, {"$skip": 1}, {"$limit": 2}, {"$project": {"user.id": 1, "_id": 0}}])
+        ),
+        [json!({"user": {"id": 9}}), json!({"user": {"id": 7}})]
+    );
+    assert_eq!(
+        run(json!([{"$match": {"_id": 2}}, {"$project": {"hashtags": 0, "t": 0, "user": 0}}])),
+        [json!({"_id": 2, "lang": "en", "n": 1.5})]
+    );
+}
+
+#[test]
+fn a_limit_stops_the_reading() {
+    let p = Pipeline::parse(&json!([{"$match": {"lang": "ja"}}, {"$limit": 1}])).unwrap();
+    let a = p.run(docs(), Limits::default()).unwrap();
+    assert_eq!(a.read, 1);
+    assert_eq!(a.docs, [json!(docs()[0])]);
+    assert_eq!(
+        a.stages
+            .iter()
+            .map(|s| (s.stage, s.ran, s.out))
+            .collect::<Vec<_>>(),
+        [("$match", "tailrace", 1), ("$limit", "tailrace", 1)]
+    );
+}
+
+#[test]
+fn outside_the_subset_is_refused_by_name() {
+    assert_eq!(
+        refused(json!([{"$match": {}}, {"$lookup": {}}])),
+        "[1].$lookup: stage $lookup is not supported (supported: $match, $sort, $limit, $skip, $project, $unwind, $group, $count, $sortByCount)"
+    );
+    assert!(
+        refused(json!([{"$group": {"_id": null, "m": {"$median": "$n"}}}]))
+            .starts_with("[0].$group.m: accumulator $median is not supported")
+    );
+    assert!(
+        refused(json!([{"$group": {"_id": {"$week": "$t"}}}]))
+            .starts_with("[0].$group._id: expression operator $week is not supported")
+    );
+    assert!(refused(json!([{"$match": {"n": {"$regex": "x"}}}])).starts_with("[0].$match.n"));
+    assert!(refused(json!([{"$sort": {"n": 2}}])).starts_with("[0].$sort.n: must be 1 or -1"));
+    assert!(
+        refused(json!([{"$group": {"_id": {"$dateTrunc": {"date": "$t", "unit": "week"}}}}]))
+            .contains("unit")
+    );
+    assert!(refused(json!({"$match": {}})).starts_with("a pipeline is an array"));
+    assert!(
+        refused(json!([{"$match": {}, "$limit": 1}]))
+            .starts_with("[0]: a stage is an object with one key")
+    );
+    // A date operator on what is not a date fails the query, naming why.
+    assert!(
+        refused(json!([{"$group": {"_id": {"$dateTrunc": {"date": "$lang", "unit": "day"}}}}]))
+            .contains("needs a date, found a string")
+    );
+}
+
+#[test]
+fn deep_nesting_and_group_bombs_are_refused() {
+    let mut e = json!("$n");
+    for _ in 0..100 {
+        e = json!({"$toDate": e});
+    }
+    assert!(refused(json!([{"$group": {"_id": e}}])).contains("nested deeper than"));
+    // Every document its own group of a large key: past the bound, refused.
+    let big: Vec<Document> = (0..2_000)
+        .map(|i| {
+            json!({"k": format!("{i:0>1000}")})
+                .as_object()
+                .cloned()
+                .unwrap()
+        })
+        .collect();
+    let p = Pipeline::parse(&json!([{"$group": {"_id": "$k"}}])).unwrap();
+    let e = p
+        .run(big.clone(), Limits { max_bytes: 1 << 20 })
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("[0].$group: holds more than the query bound of 1048576 bytes"),
+        "{e}"
+    );
+    assert_eq!(
+        p.run(
+            big,
+            Limits {
+                max_bytes: 16 << 20
+            }
+        )
+        .unwrap()
+        .docs
+        .len(),
+        2_000
+    );
+}

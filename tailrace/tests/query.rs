@@ -1,0 +1,193 @@
+//! `POST /api/aggregate` on the running binary: the questions a stream's collector asks
+//! (counts by language, top hashtags, events per minute), answered over the stored window,
+//! and the pipelines it must refuse with a 400 while it stays up.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::Tailrace;
+use serde_json::{Value, json};
+
+/// 300 events of ~4 KB: languages ja, en and 🌍 in turn, hashtags from a long tail with two
+/// hot ones.
+fn events() -> String {
+    let langs = ["ja", "en", "🌍"];
+    (0..300)
+        .map(|i| {
+            let mut tags = vec![format!("tail{i}")];
+            if i % 2 == 0 {
+                tags.push("rust".into());
+            }
+            if i % 3 == 0 {
+                tags.push("Ünïcode".into());
+            }
+            let text = "🦀 ünïcode text ".repeat(200);
+            json!({"id": i, "lang": langs[i % 3], "hashtags": tags, "user": {"id": i % 7}, "text": text})
+                .to_string()
+                + "\n"
+        })
+        .collect()
+}
+
+async fn post(t: &Tailrace, body: &Value) -> (u16, Value) {
+    let client = ingest::source::http::client().build().unwrap();
+    let resp = client
+        .post(format!("http://{}/api/aggregate", t.addr))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn answer(t: &Tailrace, collection: &str, pipeline: Value) -> Value {
+    let (status, body) = post(t, &json!({"collection": collection, "pipeline": pipeline})).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stored_window_answers_aggregations() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("events.ndjson");
+    std::fs::write(&file, events()).unwrap();
+    let sources = format!(
+        r#"[{{ name = "f", kind = "file", path = "{}", follow = true }}]"#,
+        file.display()
+    );
+    let t = Tailrace::start(
+        &dir.path().join("data"),
+        &[
+            ("TAILRACE_SOURCES", &sources),
+            ("TAILRACE_HTTP__QUERY_MAX_BYTES", "1048576"),
+        ],
+    )
+    .await;
+    t.wait_until("300 events written", Duration::from_secs(60), async |t| {
+        t.json("/api/status").await["ingest"]["written"].as_u64() >= Some(300)
+    })
+    .await;
+
+    // How many events in each language?
+    let a = answer(
+        &t,
+        "events",
+        json!([{"$group": {"_id": "$lang", "n": {"$sum": 1}}}, {"$sort": {"_id": 1}}]),
+    )
+    .await;
+    assert_eq!(
+        a["docs"],
+        json!([{"_id": "en", "n": 100}, {"_id": "ja", "n": 100}, {"_id": "🌍", "n": 100}])
+    );
+    assert_eq!(a["read"], 300);
+    assert_eq!(
+        a["stages"][0],
+        json!({"stage": "$group", "ran": "tailrace", "out": 3})
+    );
+
+    // The top hashtags of the window, in Japanese only.
+    let a = answer(
+        &t,
+        "events",
+        json!([{"$match": {"lang": "ja"}}, {"$unwind": "$hashtags"}, {"$sortByCount": "$hashtags"}, {"$limit": 2}]),
+    )
+    .await;
+    assert_eq!(
+        a["docs"],
+        json!([{"_id": "Ünïcode", "count": 100}, {"_id": "rust", "count": 50}])
+    );
+
+    // Events per minute of receipt: every event lands in some minute, and the counts add up.
+    let a = answer(
+        &t,
+        "events",
+        json!([{"$group": {
+            "_id": {"$dateTrunc": {"date": {"$toDate": {"$divide": ["$_tailrace.received_us", 1000]}}, "unit": "minute"}},
+            "n": {"$sum": 1}}}]),
+    )
+    .await;
+    let total: u64 = a["docs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["n"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, 300, "{a}");
+    assert!(
+        a["docs"][0]["_id"]["$date"]
+            .as_str()
+            .unwrap()
+            .ends_with(":00.000Z"),
+        "{a}"
+    );
+
+    // Distinct users, and the per-source summary in the rollups.
+    let a = answer(
+        &t,
+        "events",
+        json!([{"$group": {"_id": "$user.id"}}, {"$count": "users"}]),
+    )
+    .await;
+    assert_eq!(a["docs"], json!([{"users": 7}]));
+    let a = answer(
+        &t,
+        "rollups",
+        json!([{"$match": {"_id": "source:f"}}, {"$project": {"_id": 1}}]),
+    )
+    .await;
+    assert_eq!(a["docs"], json!([{"_id": "source:f"}]));
+
+    // Refused with a 400 that names the problem; the process stays up.
+    for (body, says) in [
+        (
+            json!({"collection": "events", "pipeline": [{"$lookup": {}}]}),
+            "pipeline[0].$lookup: stage $lookup is not supported",
+        ),
+        (
+            json!({"collection": "nope", "pipeline": []}),
+            "collection: \"nope\" is not one of",
+        ),
+        (json!({"collection": "events"}), "missing field `pipeline`"),
+        // A sort of the whole window holds every document: past the 1 MiB configured.
+        (
+            json!({"collection": "events", "pipeline": [{"$sort": {"id": -1}}]}),
+            "pipeline[0].$sort: holds more than the query bound of 1048576 bytes",
+        ),
+    ] {
+        let (status, body) = post(&t, &body).await;
+        let text = body.to_string();
+        let short = &text[..text.floor_char_boundary(400)];
+        assert_eq!(status, 400, "{short}");
+        assert!(
+            body["error"].as_str().unwrap_or_default().contains(says),
+            "{short}"
+        );
+    }
+    // 100,000 levels of nesting, written as text (a JSON value that deep would overflow
+    // this test's own stack when dropped).
+    let depth = 100_000;
+    let deep = format!(
+        r#"{{"collection": "events", "pipeline": [{{"$group": {{"_id": {}"$id"{}}}}}]}}"#,
+        r#"{"$toDate": "#.repeat(depth),
+        "}".repeat(depth)
+    );
+    let client = ingest::source::http::client().build().unwrap();
+    let resp = client
+        .post(format!("http://{}/api/aggregate", t.addr))
+        .header("content-type", "application/json")
+        .body(deep)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    assert_eq!(t.get("/healthz").await.0, 200);
+}
