@@ -2,7 +2,8 @@
 //!
 //! [`run`] (the pipeline with the HTTP server, the status line and signals, and its ordered
 //! shutdown), [`status`] (what the user sees), [`dead_letters`] (`tailrace dead-letters`),
-//! [`exporter`] (the Prometheus recorder), [`tail`] (`tailrace tail`), [`allocator`] (the
+//! [`exporter`] (the Prometheus recorder), [`tail`] (`tailrace tail`), [`query`]
+//! (`tailrace query`), [`allocator`] (the
 //! binary's allocator), [`priority`] (the async workers' scheduling priority). The binary
 //! itself (`main.rs`) parses the command line, loads the configuration, installs telemetry
 //! and signal handling, calls the library and maps errors to exit codes.
@@ -14,6 +15,7 @@ pub mod allocator;
 pub mod dead_letters;
 pub mod exporter;
 pub mod priority;
+pub mod query;
 pub mod run;
 pub mod status;
 pub mod tail;

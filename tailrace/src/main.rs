@@ -30,6 +30,8 @@ Common commands:
                                     every key; any key also as TAILRACE_<SECTION>__<KEY>)
   tailrace check-config             check a configuration and print it with the defaults
   tailrace tail changes             print what a running pipeline's feed sees, live
+  tailrace query '[{\"$sortByCount\": \"$lang\"}]'
+                                    ask the stored window a question (MongoDB's pipelines)
   tailrace dead-letters             list the rejected records, by source and reason
   tailrace bench insert             measure this machine (docs/BENCHMARKS.md)
 
@@ -92,6 +94,22 @@ enum Command {
         /// Start exactly after this id (printed with every line).
         #[arg(long, requires = "collection", value_name = "ID")]
         resume_after: Option<String>,
+        /// The running pipeline's address (default: http.listen of the config).
+        #[arg(long)]
+        url: Option<String>,
+    },
+    /// Ask a running pipeline a question in MongoDB's aggregation language, over the stored
+    /// window of a collection, e.g.
+    /// '[{"$group": {"_id": "$lang", "n": {"$sum": 1}}}, {"$sort": {"n": -1}}]'.
+    Query {
+        /// The pipeline: a JSON array of stages.
+        pipeline: String,
+        /// The collection: events, dead_letters, rollups or stats.
+        #[arg(long, default_value = "events")]
+        collection: String,
+        /// How the answer is printed.
+        #[arg(long, value_enum, default_value_t = tailrace::query::Format::Table)]
+        format: tailrace::query::Format,
         /// The running pipeline's address (default: http.listen of the config).
         #[arg(long)]
         url: Option<String>,
@@ -269,6 +287,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 (None, Some(feed)) => tailrace::tail::tail(&base, &feed).await,
                 (None, None) => anyhow::bail!("name a feed, or a collection with --collection"),
             }
+        }
+        Command::Query {
+            pipeline,
+            collection,
+            format,
+            url,
+        } => {
+            let base = url.unwrap_or_else(|| format!("http://{}", config.http.listen));
+            tailrace::query::query(&base, &collection, &pipeline, format).await
         }
     }
 }

@@ -190,4 +190,31 @@ async fn the_stored_window_answers_aggregations() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 400);
     assert_eq!(t.get("/healthz").await.0, 200);
+
+    // The same question from a terminal: a table, or NDJSON for a program.
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tailrace"))
+            .arg("query")
+            .args(args)
+            .args(["--url", &format!("http://{}", t.addr)])
+            .env_remove("TAILRACE_CONFIG")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let by_lang = r#"[{"$sortByCount": "$lang"}]"#;
+    let (ok, table, how) = cli(&[by_lang]);
+    assert!(ok, "{how}");
+    assert_eq!(table, "_id  count\nen   100\nja   100\n🌍   100\n");
+    assert!(how.contains("3 rows · read 300 from events"), "{how}");
+    let (ok, ndjson, _) = cli(&[by_lang, "--format", "ndjson"]);
+    assert!(ok);
+    assert_eq!(ndjson.lines().next(), Some(r#"{"_id":"en","count":100}"#));
+    let (ok, _, why) = cli(&[r#"[{"$out": "x"}]"#]);
+    assert!(!ok);
+    assert!(why.contains("stage $out is not supported"), "{why}");
 }
