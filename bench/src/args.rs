@@ -9,8 +9,8 @@ pub use super::dataset::Dataset;
 /// Arguments of `tailrace bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// What to measure: writes, reads, notify, insert, update, outbox, catchup, replay, or all
-    /// of them.
+    /// What to measure: writes, reads, notify, insert, update, outbox, catchup, replay, query,
+    /// or all of them.
     #[arg(value_enum)]
     pub scenario: Scenario,
     /// Directory for the JSON results and SVG plots (created if missing).
@@ -101,13 +101,16 @@ pub enum Scenario {
     /// 60,000 tweets replayed from a file through the real binary, hashtags of growing
     /// cardinality (issue 10's table).
     Replay,
+    /// Aggregation pipelines over 1,000,000 stored events: counts by language over a time
+    /// range, events per minute, top hashtags, distinct values.
+    Query,
     /// Every scenario, one after the other.
     All,
 }
 
 impl Scenario {
     /// Every runnable scenario, in the order `all` runs them.
-    pub const EACH: [Scenario; 8] = [
+    pub const EACH: [Scenario; 9] = [
         Scenario::Writes,
         Scenario::Reads,
         Scenario::Notify,
@@ -116,6 +119,7 @@ impl Scenario {
         Scenario::Outbox,
         Scenario::Catchup,
         Scenario::Replay,
+        Scenario::Query,
     ];
 
     /// The lowercase name (file names, JSON).
@@ -129,6 +133,7 @@ impl Scenario {
             Scenario::Outbox => "outbox",
             Scenario::Catchup => "catchup",
             Scenario::Replay => "replay",
+            Scenario::Query => "query",
             Scenario::All => "all",
         }
     }

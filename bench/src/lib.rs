@@ -17,6 +17,7 @@
 //! | [`outbox`] | "the 20 newest of a sender" through the HTTP API, 1..300 clients | loopback round trip |
 //! | [`catchup`] | each feed kind resuming 1,000,000 events behind its checkpoint | — |
 //! | [`replay`] | 60,000 tweets from a file through the real binary, hashtags of growing cardinality | — |
+//! | [`query`] | aggregation pipelines over 1,000,000 stored events | — |
 //!
 //! Layout: [`args`] (the command line), [`measure`] (samples and their summary),
 //! [`floors`], [`machine`] (what the results were measured on), [`report`] (tables, JSON,
@@ -42,6 +43,7 @@ pub mod notify;
 pub mod observe;
 pub mod outbox;
 pub mod plot;
+pub mod query;
 pub mod reads;
 pub mod replay;
 pub mod report;
@@ -304,6 +306,7 @@ pub async fn run(config: Config, args: BenchArgs) -> Result<()> {
             Scenario::Outbox => outbox::run(&bench).await?,
             Scenario::Catchup => catchup::run(&bench).await?,
             Scenario::Replay => replay::run(&bench).await?,
+            Scenario::Query => query::run(&bench).await?,
             Scenario::All => continue,
         };
         let path = report.write(&bench.out)?;
