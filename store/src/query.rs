@@ -213,12 +213,96 @@ impl Pipeline {
         self.stages.iter().map(Stage::name).collect()
     }
 
+    /// The top-level fields the pipeline reads, when a stage (`$group`, `$project`, `$count`,
+    /// `$sortByCount`) replaces the documents before the end, so that nothing else of a
+    /// document need be copied out of the store; `None` when whole documents come out.
+    pub fn fields_read(&self) -> Option<Vec<String>> {
+        let mut fields = Vec::new();
+        let add = |path: &[String], fields: &mut Vec<String>| {
+            if let Some(first) = path.first()
+                && !fields.contains(first)
+            {
+                fields.push(first.clone());
+            }
+        };
+        for stage in &self.stages {
+            match stage {
+                Stage::Match(f) => filter_fields(f.as_json(), &mut fields),
+                Stage::Sort(keys) => keys.iter().for_each(|(p, _)| add(p, &mut fields)),
+                Stage::Unwind { path, .. } => add(path, &mut fields),
+                Stage::Limit(_) | Stage::Skip(_) | Stage::Project(Projection::Exclude(_)) => {}
+                Stage::Project(Projection::Include {
+                    paths,
+                    computed,
+                    id,
+                }) => {
+                    paths.iter().for_each(|p| add(p, &mut fields));
+                    computed.iter().for_each(|(_, e)| e.fields(&mut fields));
+                    if *id {
+                        add(&["_id".to_owned()], &mut fields);
+                    }
+                    return Some(fields);
+                }
+                Stage::Group { id, accs } => {
+                    id.fields(&mut fields);
+                    for (_, acc) in accs {
+                        if let Some(e) = acc.expr() {
+                            e.fields(&mut fields);
+                        }
+                    }
+                    return Some(fields);
+                }
+                Stage::SortByCount(e) => {
+                    e.fields(&mut fields);
+                    return Some(fields);
+                }
+                Stage::Count(_) => return Some(fields),
+            }
+        }
+        None
+    }
+
     /// Runs the pipeline over `docs`, in tailrace.
     pub fn run<I>(&self, docs: I, limits: Limits) -> Result<Answer, QueryError>
     where
         I: IntoIterator<Item = crate::Document>,
     {
         eval::run(&self.stages, docs, limits)
+    }
+}
+
+/// The top-level fields a filter's paths start with (through `$and`, `$or`).
+fn filter_fields(filter: &Value, out: &mut Vec<String>) {
+    match filter {
+        Value::Object(o) => {
+            for (k, v) in o {
+                if k.starts_with('$') {
+                    filter_fields(v, out);
+                } else if let Some(first) = k.split('.').next()
+                    && !out.iter().any(|f| f == first)
+                {
+                    out.push(first.to_owned());
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|i| filter_fields(i, out)),
+        _ => {}
+    }
+}
+
+impl Acc {
+    fn expr(&self) -> Option<&Expr> {
+        match self {
+            Acc::Sum(e)
+            | Acc::Avg(e)
+            | Acc::Min(e)
+            | Acc::Max(e)
+            | Acc::First(e)
+            | Acc::Last(e)
+            | Acc::AddToSet(e)
+            | Acc::Push(e) => Some(e),
+            Acc::Count => None,
+        }
     }
 }
 

@@ -155,6 +155,26 @@ impl Expr {
         })
     }
 
+    /// Adds the top-level fields the expression reads to `out`.
+    pub(crate) fn fields(&self, out: &mut Vec<String>) {
+        match self {
+            Expr::Field(parts) => {
+                if let Some(first) = parts.first()
+                    && !out.contains(first)
+                {
+                    out.push(first.clone());
+                }
+            }
+            Expr::Literal(_) => {}
+            Expr::Object(fields) => fields.iter().for_each(|(_, e)| e.fields(out)),
+            Expr::ToDate(e) | Expr::DateTrunc { date: e, .. } => e.fields(out),
+            Expr::Divide(a, b) => {
+                a.fields(out);
+                b.fields(out);
+            }
+        }
+    }
+
     /// The value on `doc`; `None` when it is missing (a path that reaches nothing).
     pub(super) fn eval(&self, doc: &Map<String, Value>) -> Result<Option<Value>, String> {
         Ok(match self {

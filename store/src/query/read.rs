@@ -12,8 +12,11 @@ use tokio::sync::mpsc;
 use super::{Answer, Limits, Pipeline, QueryError};
 use crate::{Capped, Document, Keyed, Start, StoreError};
 
-/// Documents in flight between the reading and the evaluation.
-const IN_FLIGHT: usize = 256;
+/// Documents handed over at a time: one wake-up of the evaluation per batch, not per document.
+const BATCH: usize = 256;
+
+/// Batches in flight between the reading and the evaluation.
+const IN_FLIGHT: usize = 4;
 
 /// What a query reads.
 #[derive(Clone)]
@@ -42,11 +45,13 @@ pub async fn aggregate(
     pipeline: Pipeline,
     limits: Limits,
 ) -> Result<Answer, AggregateError> {
-    let (tx, mut rx) = mpsc::channel::<Document>(IN_FLIGHT);
+    let fields = pipeline.fields_read();
+    let (tx, mut rx) = mpsc::channel::<Vec<Document>>(IN_FLIGHT);
     let eval = tokio::task::spawn_blocking(move || {
-        pipeline.run(std::iter::from_fn(move || rx.blocking_recv()), limits)
+        let batches = std::iter::from_fn(move || rx.blocking_recv());
+        pipeline.run(batches.flatten(), limits)
     });
-    let read = read(input, tx).await;
+    let read = read(input, fields.as_deref(), tx).await;
     let answer = eval
         .await
         .map_err(|e| StoreError::Invalid(format!("the query's evaluation stopped: {e}")))?;
@@ -54,8 +59,13 @@ pub async fn aggregate(
     Ok(answer?)
 }
 
-/// Sends every document of `input` until the evaluation stops taking them.
-async fn read(input: Input, tx: mpsc::Sender<Document>) -> Result<(), StoreError> {
+/// Sends every document of `input`, in batches, until the evaluation stops taking them.
+async fn read(
+    input: Input,
+    fields: Option<&[String]>,
+    tx: mpsc::Sender<Vec<Document>>,
+) -> Result<(), StoreError> {
+    let mut batch = Vec::with_capacity(BATCH);
     match input {
         Input::Capped(c) => {
             let Some(bounds) = c.bounds().await? else {
@@ -64,9 +74,14 @@ async fn read(input: Input, tx: mpsc::Sender<Document>) -> Result<(), StoreError
             let mut tail = c.tail(Start::Oldest);
             while let Some(record) = tail.next().await {
                 let record = record?;
-                let mut doc = Document::clone(&record.doc);
+                let mut doc = take(record.doc, fields);
                 doc.insert("_id".to_owned(), Value::from(record.position.0));
-                if tx.send(doc).await.is_err() || record.position >= bounds.newest {
+                batch.push(doc);
+                let last = record.position >= bounds.newest;
+                if (batch.len() == BATCH || last) && !hand_over(&tx, &mut batch).await {
+                    return Ok(());
+                }
+                if last {
                     break;
                 }
             }
@@ -74,11 +89,35 @@ async fn read(input: Input, tx: mpsc::Sender<Document>) -> Result<(), StoreError
         Input::Keyed(k) => {
             let mut snapshot = k.snapshot(None).await?;
             while let Some(doc) = snapshot.docs.next().await {
-                if tx.send(doc?.doc).await.is_err() {
-                    break;
+                batch.push(take(Arc::new(doc?.doc), fields));
+                if batch.len() == BATCH && !hand_over(&tx, &mut batch).await {
+                    return Ok(());
                 }
             }
         }
     }
+    hand_over(&tx, &mut batch).await;
     Ok(())
+}
+
+/// The document, or only the fields the pipeline reads: a document of tweet-like events is
+/// mostly text no `$group` looks at, and copying it costs more than evaluating the query.
+fn take(doc: Arc<Document>, fields: Option<&[String]>) -> Document {
+    match fields {
+        Some(fields) => fields
+            .iter()
+            .filter_map(|f| Some((f.clone(), doc.get(f)?.clone())))
+            .collect(),
+        // Taken, not copied, when this reader holds the only reference.
+        None => Arc::try_unwrap(doc).unwrap_or_else(|d| Document::clone(&d)),
+    }
+}
+
+/// Sends what `batch` holds; false once the evaluation takes no more.
+async fn hand_over(tx: &mpsc::Sender<Vec<Document>>, batch: &mut Vec<Document>) -> bool {
+    if batch.is_empty() {
+        return true;
+    }
+    let full = std::mem::replace(batch, Vec::with_capacity(BATCH));
+    tx.send(full).await.is_ok()
 }

@@ -224,3 +224,39 @@ fn deep_nesting_and_group_bombs_are_refused() {
         2_000
     );
 }
+
+/// What a pipeline says it reads is all it reads: the answer over documents cut down to those
+/// fields is the answer over whole documents.
+#[test]
+fn the_fields_read_are_enough_for_the_answer() {
+    let pipelines = [
+        json!([{"$group": {"_id": "$lang", "n": {"$sum": 1}}}]),
+        json!([{"$match": {"$or": [{"lang": "ja"}, {"user.id": 8}]}}, {"$unwind": "$hashtags"}, {"$sortByCount": "$hashtags"}]),
+        json!([{"$sort": {"t": -1}}, {"$group": {"_id": {"d": {"$dateTrunc": {"date": {"$toDate": "$t"}, "unit": "day"}}}, "first": {"$first": "$_id"}, "n": {"$avg": "$n"}}}]),
+        json!([{"$project": {"user.id": 1, "x": "$lang"}}]),
+        json!([{"$match": {"n": {"$gt": 0}}}, {"$count": "c"}]),
+    ];
+    for pipeline in pipelines {
+        let p = Pipeline::parse(&pipeline).unwrap();
+        let fields = p
+            .fields_read()
+            .unwrap_or_else(|| panic!("{pipeline}: whole documents"));
+        assert!(
+            !fields.iter().any(|f| f == "hashtags") || pipeline.to_string().contains("hashtags")
+        );
+        let cut: Vec<Document> = docs()
+            .into_iter()
+            .map(|d| d.into_iter().filter(|(k, _)| fields.contains(k)).collect())
+            .collect();
+        assert_eq!(
+            p.run(cut, Limits::default()).unwrap().docs,
+            p.run(docs(), Limits::default()).unwrap().docs,
+            "{pipeline} with {fields:?}"
+        );
+    }
+    // Whole documents come out: every field is needed.
+    let p = Pipeline::parse(&json!([{"$match": {"lang": "ja"}}, {"$limit": 1}])).unwrap();
+    assert_eq!(p.fields_read(), None);
+    let p = Pipeline::parse(&json!([{"$group": {"_id": "$lang"}}])).unwrap();
+    assert_eq!(p.fields_read(), Some(vec!["lang".to_owned()]));
+}
