@@ -93,7 +93,7 @@
 #[path = "../tests/contract/filter_cases.rs"]
 mod cases;
 pub(crate) mod matching;
-mod parse;
+pub(crate) mod parse;
 
 use std::cmp::Ordering;
 use std::fmt;

@@ -30,7 +30,7 @@ fn index_path(at: &str, index: usize) -> String {
 }
 
 /// A short name for a JSON value's type, for error messages.
-fn kind(v: &Value) -> &'static str {
+pub(crate) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -605,32 +605,32 @@ fn get_path<'a>(doc: &'a Document, path: &[String]) -> Option<&'a Value> {
     Some(v)
 }
 
-fn set_path(doc: &mut Document, path: &[String], value: Value) {
-    let Some((last, parents)) = path.split_last() else {
-        return;
-    };
+/// The object holding the last part of `path` (through objects only), and that part.
+fn parent_mut<'a>(
+    doc: &'a mut Document,
+    path: &'a [String],
+) -> Option<(&'a mut Document, &'a String)> {
+    let (last, parents) = path.split_last()?;
     let mut o = doc;
     for p in parents {
         let Some(Value::Object(next)) = o.get_mut(p) else {
-            return;
+            return None;
         };
         o = next;
     }
-    o.insert(last.clone(), value);
+    Some((o, last))
+}
+
+fn set_path(doc: &mut Document, path: &[String], value: Value) {
+    if let Some((o, last)) = parent_mut(doc, path) {
+        o.insert(last.clone(), value);
+    }
 }
 
 fn remove_path(doc: &mut Document, path: &[String]) {
-    let Some((last, parents)) = path.split_last() else {
-        return;
-    };
-    let mut o = doc;
-    for p in parents {
-        let Some(Value::Object(next)) = o.get_mut(p) else {
-            return;
-        };
-        o = next;
+    if let Some((o, last)) = parent_mut(doc, path) {
+        o.remove(last);
     }
-    o.remove(last);
 }
 
 fn project(p: &Projection, doc: &Document) -> Result<Document, String> {

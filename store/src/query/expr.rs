@@ -270,15 +270,10 @@ fn descend(v: &Value, rest: &[String]) -> Option<Value> {
 
 /// A few words for a value's type, for errors.
 pub(super) fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) if date_millis(v).is_some() => "a date",
-        Value::Object(_) => "an object",
+    if date_millis(v).is_some() {
+        return "a date";
     }
+    crate::filter::parse::kind(v)
 }
 
 /// Milliseconds since the epoch of a date value (`{"$date": "<RFC 3339>"}`).
