@@ -38,6 +38,7 @@
 //! isolated; `order` puts a batch's events and dead letters in hand-over order; [`retention`]
 //! removes rollup counters that went idle.
 
+mod durability;
 mod order;
 pub mod retention;
 pub mod rollups;
@@ -55,6 +56,7 @@ use store::clock::now_us;
 use store::{Capped, Document, Durability, KeyUpdate, Keyed, STAMP_SOURCE_PATH, Stamp, StoreError};
 use tokio::sync::mpsc;
 
+use durability::{interim_durability, rollups_durability};
 use rollups::UpdateNames;
 pub use rollups::{coalesce_counters, rollups};
 pub use validate::{Rejection, dead_letter, validate};
@@ -828,34 +830,6 @@ impl Ingester {
 /// where waiting for both held every event of the batch back by the rollups' commit and
 /// gained no throughput.
 const JOINT_MAX_EVENTS: usize = 64;
-
-/// The durability of a batch's stages before its last (see `write_events`): one log
-/// flushed in order makes them durable with the last stage, except across a failover, which
-/// only `majority` survives.
-fn interim_durability(d: Durability) -> Durability {
-    match d {
-        Durability::Majority => Durability::Majority,
-        d => d.min(Durability::Acknowledged),
-    }
-}
-
-/// The durability of a batch's rollups, written after its events. Rollups that fell behind
-/// the events are rebuilt from the stored events when tailrace starts (`recover_source`).
-/// Where a later synced events commit makes the rollups before it durable too
-/// ([`store::Capped::syncs_earlier_commits_of`]: the embedded engine, one journal synced in
-/// order), an unsynced rollups commit is lost only with the process (a power cut, an OS
-/// crash: tailrace restarts and rebuilds), so the rollups need no sync of their own, and a
-/// crash leaves at most the last three batches' to rebuild (the rollups stage runs up to two
-/// batches behind the events stage). That halves the syncs of a slow stream (one per event
-/// instead of two). A server (MongoDB) can lose writes it did not journal and restart while
-/// tailrace runs on, with nothing to rebuild them: there the rollups keep the configured
-/// durability.
-fn rollups_durability(d: Durability, synced_by_later_events: bool) -> Durability {
-    match (synced_by_later_events, d) {
-        (true, Durability::Journaled | Durability::Majority) => Durability::Acknowledged,
-        (_, d) => d,
-    }
-}
 
 /// Gathers the next batch into `batch` (empty on entry): waits for a first record, takes what
 /// is queued behind it, and waits up to `max_wait` for more, to at most `max` records. False
