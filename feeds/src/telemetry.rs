@@ -39,6 +39,8 @@ pub const FEED_CHECKPOINTS: &str = "tailrace_feed_checkpoints_total";
 pub const RATE: &str = "tailrace_rate_events_per_second";
 /// Bollinger bands.
 pub const BOLLINGER: &str = "tailrace_bollinger";
+/// Times a feed's rate broke out of its Bollinger band, by direction.
+pub const TREND_CHANGES: &str = "tailrace_trend_changes_total";
 /// Top-k counts over the sliding window.
 pub const TOPK: &str = "tailrace_topk_events";
 /// How long a feed could stop before its resume point is evicted.
@@ -98,6 +100,10 @@ pub fn describe() {
     describe_gauge!(
         RATE,
         "Events per second seen by a feed (last closed second)."
+    );
+    describe_counter!(
+        TREND_CHANGES,
+        "Times a feed's rate broke out of its Bollinger band and stayed out (direction up or down): a burst begins, or the stream drops."
     );
     describe_gauge!(
         BOLLINGER,

@@ -18,7 +18,7 @@
 //!
 //! | file | statistic | reads | snapshot fields | metrics |
 //! |---|---|---|---|---|
-//! | [`rate`] | events per closed second, Bollinger bands over it | the stamp | `rate`, `rate_bands` | `tailrace_rate_events_per_second`, `tailrace_bollinger{series="rate"}` |
+//! | [`rate`] | events per closed second, Bollinger bands over it, breakouts from them | the stamp | `rate`, `rate_bands`, `trend`, `trend_changes` | `tailrace_rate_events_per_second`, `tailrace_bollinger{series="rate"}`, `tailrace_trend_changes_total{direction}` |
 //! | [`bollinger`] | Bollinger bands over `value_field` | `value_field` | `value_bands` | `tailrace_bollinger{series="value"}` |
 //! | [`topk`] (counted by [`heavy_hitters`]) | top-k values of `topk_field` over a sliding window | `topk_field` | `top` | `tailrace_topk_events` |
 //! | [`sequence`] | per-source sequence completeness | the stamp | `missing`, `duplicates`, `last_outcome` | `tailrace_feed_missing_events_total`, `tailrace_feed_duplicate_events_total` |
@@ -263,7 +263,7 @@ impl StatsConfig {
 }
 
 /// The statistics of one feed at one moment, ready to publish: the number of events, and
-/// every statistic's figures as JSON fields (`rate`, `rate_bands`, `value_bands`, `top`,
+/// every statistic's figures as JSON fields (`rate`, `rate_bands`, `trend`, `value_bands`, `top`,
 /// `missing`, `duplicates`, `last_outcome`; see the table above).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {

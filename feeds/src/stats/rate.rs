@@ -31,6 +31,68 @@ pub struct RateUpdate {
     pub bands: Option<Bands>,
 }
 
+/// Where the rate stands against its bands.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Trend {
+    /// Within the bands, or back at the moving average after a breakout.
+    #[default]
+    Steady,
+    /// Above the upper band for [`BREAKOUT_SECONDS`] closed seconds in a row, and not yet back
+    /// down to the moving average.
+    Up,
+    /// Below the lower band likewise, and not yet back up to the moving average.
+    Down,
+}
+
+/// Closed seconds in a row beyond a band before the rate is said to have broken out: one
+/// second of a steady Poisson stream lands beyond 2σ about one time in forty, three in a row
+/// about once in 18 hours.
+pub const BREAKOUT_SECONDS: u32 = 3;
+
+/// The breakout detector: hysteresis, so a rate hovering on a band does not flap. It breaks
+/// out after [`BREAKOUT_SECONDS`] seconds beyond a band and is steady again only once a
+/// second crosses the moving average.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrendState {
+    /// Where the rate stands.
+    pub trend: Trend,
+    /// Closed seconds in a row above the upper band (positive) or below the lower (negative).
+    run: i64,
+    /// Breakouts so far: up, then down.
+    pub changes: [u64; 2],
+}
+
+impl TrendState {
+    /// Takes one closed second's count against the bands before it; the new trend if it broke
+    /// out with this second.
+    pub fn observe(&mut self, count: f64, bands: Option<Bands>) -> Option<Trend> {
+        let b = bands?;
+        match self.trend {
+            Trend::Up if count <= b.middle => self.trend = Trend::Steady,
+            Trend::Down if count >= b.middle => self.trend = Trend::Steady,
+            _ => {}
+        }
+        self.run = if count > b.upper {
+            self.run.max(0) + 1
+        } else if count < b.lower {
+            self.run.min(0) - 1
+        } else {
+            0
+        };
+        let breakout = if self.run >= i64::from(BREAKOUT_SECONDS) && self.trend != Trend::Up {
+            Trend::Up
+        } else if self.run <= -i64::from(BREAKOUT_SECONDS) && self.trend != Trend::Down {
+            Trend::Down
+        } else {
+            return None;
+        };
+        self.trend = breakout;
+        self.changes[usize::from(breakout == Trend::Down)] += 1;
+        Some(breakout)
+    }
+}
+
 /// Turns event timestamps into a per-second rate series.
 ///
 /// State is one open bucket plus the inner [`Bollinger`] window, so it stays
@@ -45,6 +107,9 @@ pub struct RateSeries {
     current: u64,
     /// Events counted in the most recently closed second.
     last_rate: u64,
+    /// Breakouts of the closed seconds from their bands (absent from older checkpoints).
+    #[serde(default)]
+    trend: TrendState,
 }
 
 impl RateSeries {
@@ -56,7 +121,13 @@ impl RateSeries {
             current_sec: None,
             current: 0,
             last_rate: 0,
+            trend: TrendState::default(),
         }
+    }
+
+    /// Where the rate stands against its bands, and the breakouts so far.
+    pub fn trend(&self) -> TrendState {
+        self.trend
     }
 
     /// Counts one event at `t_us` (microseconds since the Unix epoch).
@@ -107,6 +178,9 @@ impl RateSeries {
     fn close_until(&mut self, open: i64, sec: i64) {
         // Counts far beyond 2^53 would lose precision as f64; irrelevant at
         // realistic rates, and it cannot panic.
+        // Against the bands of the seconds before it, then into them.
+        self.trend
+            .observe(self.current as f64, self.bollinger.bands());
         self.bollinger.push(self.current as f64);
         self.last_rate = self.current;
         // Saturating: the difference of two far-apart seconds cannot
@@ -119,6 +193,7 @@ impl RateSeries {
                 .unwrap_or(usize::MAX)
                 .min(self.bollinger.period());
             for _ in 0..zeros {
+                self.trend.observe(0.0, self.bollinger.bands());
                 self.bollinger.push(0.0);
             }
             // The most recent closed second is an empty one.
@@ -130,12 +205,16 @@ impl RateSeries {
 }
 
 /// The rate statistic of a feed: events per closed second, with Bollinger bands over the
-/// per-second series. Snapshot fields `rate` and `rate_bands`; metrics
-/// `tailrace_rate_events_per_second` and `tailrace_bollinger{series="rate"}`.
+/// per-second series, and its breakouts from them. Snapshot fields `rate`, `rate_bands`,
+/// `trend` and `trend_changes`; metrics `tailrace_rate_events_per_second`,
+/// `tailrace_bollinger{series="rate"}` and `tailrace_trend_changes_total{direction}`.
 pub struct Rate {
     series: RateSeries,
     rate: Gauge,
     bands: BandGauges,
+    /// Breakouts up and down counted into the metric so far.
+    counted: [u64; 2],
+    changes: [metrics::Counter; 2],
 }
 
 impl Rate {
@@ -145,6 +224,10 @@ impl Rate {
             series: RateSeries::new(config.period, config.k),
             rate: metrics::gauge!(t::RATE, "feed" => feed.to_string()),
             bands: BandGauges::new(feed, "rate"),
+            counted: [0; 2],
+            changes: ["up", "down"].map(|d| {
+                metrics::counter!(t::TREND_CHANGES, "feed" => feed.to_string(), "direction" => d)
+            }),
         }
     }
 }
@@ -172,12 +255,24 @@ impl Statistic for Rate {
         let last = self.series.last();
         out.insert("rate".into(), json!(last.rate));
         out.insert("rate_bands".into(), json!(last.bands));
+        let trend = self.series.trend();
+        out.insert("trend".into(), json!(trend.trend));
+        out.insert(
+            "trend_changes".into(),
+            json!({"up": trend.changes[0], "down": trend.changes[1]}),
+        );
     }
 
     fn publish(&mut self, _figures: &Map<String, Value>) {
         let last = self.series.last();
         self.rate.set(last.rate);
         self.bands.set(last.bands);
+        // Counted once each: a restored feed continues from its checkpoint's counts.
+        let changes = self.series.trend().changes;
+        for ((counter, now), before) in self.changes.iter().zip(changes).zip(self.counted) {
+            counter.increment(now.saturating_sub(before));
+        }
+        self.counted = changes;
     }
 
     fn save(&self) -> Value {
@@ -186,6 +281,8 @@ impl Statistic for Rate {
 
     fn restore(&mut self, state: &Value) -> Result<(), String> {
         self.series = from_state(state)?;
+        // Breakouts before the restart were counted by the process that saw them.
+        self.counted = self.series.trend().changes;
         Ok(())
     }
 }
@@ -385,5 +482,108 @@ mod tests {
         assert_eq!(seen, expected, "restored run vs uninterrupted run");
         assert_eq!(restored.advance_to(300 * S), expected_tail, "advance_to");
         assert_eq!(restored, straight, "final state");
+    }
+
+    /// Feeds `counts`, one per second, and returns the breakouts (second, trend).
+    fn breakouts(series: &mut RateSeries, from_sec: i64, counts: &[u64]) -> Vec<(i64, Trend)> {
+        let mut out = Vec::new();
+        for (i, n) in counts.iter().enumerate() {
+            let sec = from_sec + i as i64;
+            for j in 0..*n {
+                series.record(sec * S + (j as i64 * S) / (*n as i64).max(1));
+            }
+            let before = series.trend().changes;
+            series.advance_to((sec + 1) * S);
+            let after = series.trend();
+            if after.changes != before {
+                out.push((sec, after.trend));
+            }
+        }
+        out
+    }
+
+    /// Poisson counts at `mean` a second, from a seeded generator.
+    fn poisson(seed: u64, mean: f64, seconds: usize) -> Vec<u64> {
+        use rand::SeedableRng;
+        use rand_distr::{Distribution, Poisson};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let p = Poisson::new(mean).unwrap();
+        (0..seconds).map(|_| p.sample(&mut rng) as u64).collect()
+    }
+
+    /// A scripted burst on a 70/s stream gives exactly one breakout up when it starts and one
+    /// down after it ends, for every seed tried.
+    #[test]
+    fn a_burst_breaks_out_once_up_and_once_down() {
+        for seed in 0..20 {
+            let mut counts = poisson(seed, 70.0, 120);
+            counts.extend(poisson(seed + 100, 350.0, 30));
+            counts.extend(poisson(seed + 200, 70.0, 120));
+            let mut series = RateSeries::new(20, 2.0);
+            let b = breakouts(&mut series, 1_000, &counts);
+            let trends: Vec<Trend> = b.iter().map(|(_, t)| *t).collect();
+            assert_eq!(trends, [Trend::Up, Trend::Down], "seed {seed}: {b:?}");
+            // Up within the burst's first seconds, down within seconds of its end.
+            assert!((1_120..1_120 + 5).contains(&b[0].0), "seed {seed}: {b:?}");
+            assert!((1_150..1_150 + 5).contains(&b[1].0), "seed {seed}: {b:?}");
+            assert_eq!(series.trend().changes, [1, 1]);
+        }
+    }
+
+    /// An hour of a steady 70/s Poisson stream: no breakout (each seed is its own hour).
+    #[test]
+    fn a_steady_stream_does_not_break_out() {
+        let mut total = 0;
+        for seed in 0..5 {
+            let mut series = RateSeries::new(20, 2.0);
+            total += breakouts(&mut series, 0, &poisson(seed, 70.0, 3_600)).len();
+        }
+        // Three seconds in a row beyond 2σ: about once in 18 hours of Poisson noise.
+        assert!(
+            total <= 1,
+            "{total} breakouts in 5 hours of a steady stream"
+        );
+    }
+
+    /// A rate sitting on the upper band, in and out of it, is one breakout, not one per
+    /// crossing: it is steady again only back at the moving average.
+    #[test]
+    fn a_rate_hovering_on_the_band_does_not_flap() {
+        let mut t = TrendState::default();
+        let bands = Some(Bands {
+            upper: 100.0,
+            middle: 70.0,
+            lower: 40.0,
+            stddev: 15.0,
+        });
+        let seen: Vec<Option<Trend>> = [
+            101.0, 102.0, 103.0, 99.0, 101.0, 102.0, 104.0, 95.0, 101.0, 101.0, 101.0,
+        ]
+        .iter()
+        .map(|c| t.observe(*c, bands))
+        .collect();
+        assert_eq!(seen.iter().flatten().count(), 1, "{seen:?}");
+        assert_eq!(t.trend, Trend::Up);
+        assert_eq!(t.observe(70.0, bands), None);
+        assert_eq!(t.trend, Trend::Steady);
+        // A stream that stops breaks out down (empty seconds count as zeros).
+        let mut series = RateSeries::new(20, 2.0);
+        let mut counts = poisson(7, 70.0, 60);
+        counts.extend([0; 10]);
+        let b = breakouts(&mut series, 0, &counts);
+        assert_eq!(b.last().map(|(_, t)| *t), Some(Trend::Down), "{b:?}");
+    }
+
+    /// A checkpoint written before breakouts were kept restores, steady with none counted.
+    #[test]
+    fn a_checkpoint_without_a_trend_restores() {
+        let mut series = RateSeries::new(3, 2.0);
+        series.record(5 * S);
+        series.advance_to(9 * S);
+        let mut state = serde_json::to_value(&series).unwrap();
+        state.as_object_mut().unwrap().remove("trend");
+        let restored: RateSeries = serde_json::from_value(state).unwrap();
+        assert_eq!(restored.trend(), TrendState::default());
+        assert_eq!(restored.last(), series.last());
     }
 }
