@@ -139,13 +139,10 @@ impl Run<'_> {
     /// Passes `doc` out of stage `i - 1` into stage `i`.
     fn emit(&mut self, i: usize, doc: Document) -> Result<Flow, QueryError> {
         self.out[i - 1] += 1;
-        if i == self.stages.len() {
-            self.results.push(Value::Object(doc));
-            return Ok(Flow::More);
-        }
         self.push(i, doc)
     }
 
+    /// Passes `doc` into stage `i`; past the last stage, into the answer.
     fn push(&mut self, i: usize, mut doc: Document) -> Result<Flow, QueryError> {
         if i == self.stages.len() {
             self.results.push(Value::Object(doc));
