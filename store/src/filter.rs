@@ -37,8 +37,9 @@
 //! - **Comparisons** only hold between values of one type bracket: numbers with numbers
 //!   (integers and floats compared exactly by value), strings with strings (UTF-8 byte
 //!   order, MongoDB's default binary collation: no case folding, no Unicode normalisation),
-//!   booleans with booleans, null with null. `{"n": {"$gt": "5"}}` does not match
-//!   `{"n": 7}`. Equality also compares arrays (element by element) and objects (key by key,
+//!   booleans with booleans, dates with dates (by instant: `{"$date": "<RFC 3339>"}`, see
+//!   [`crate::date`]), null with null. `{"n": {"$gt": "5"}}` does not match `{"n": 7}`, and
+//!   a date does not match a string that spells it. Equality also compares arrays (element by element) and objects (key by key,
 //!   in the document's key order).
 //! - **Missing fields**: `{"f": null}` matches a missing field and an explicit null;
 //!   `$ne`, `$nin` and `$not` hold when the field is missing; `{"$exists": false}` holds only
@@ -50,11 +51,12 @@
 //!
 //! - No `$regex`, `$where`, `$expr`, `$elemMatch`, `$size`, `$type`, `$nor`, text or geo
 //!   operators: they are rejected with the list of what is allowed.
-//! - `$gt`/`$gte`/`$lt`/`$lte` take a number, string, boolean or null (MongoDB also orders
+//! - `$gt`/`$gte`/`$lt`/`$lte` take a number, string, boolean, date or null (MongoDB also orders
 //!   whole arrays and objects; that order is rarely what a client means).
 //! - `$exists` takes only `true` or `false` (MongoDB also accepts numbers).
 //! - A value inside a filter cannot be an object with a key starting with `$`: MongoDB would
-//!   read it as an operator (`cannot nest $ under $in`) or a BSON type, not as data.
+//!   read it as an operator (`cannot nest $ under $in`) or a BSON type, not as data. The one
+//!   such object taken is a date, `{"$date": "2026-12-06T14:00:00Z"}`.
 //! - **Keys that begin with `$` or contain a dot cannot be addressed.** Real documents have
 //!   them (`{"$schema": ...}`, `{"meta.dt": ...}` from Wikimedia's streams), but a filter path
 //!   splits on dots and a leading `$` names an operator; MongoDB itself needs `$getField` for

@@ -13,6 +13,10 @@ use crate::Document;
 /// The field of a stored event that holds its [`Stamp`].
 pub const STAMP_FIELD: &str = "_tailrace";
 
+/// The path of an event's received time as a date (`{"$date": ...}`, a BSON date on
+/// MongoDB): what a query's time range filters on (`{"_tailrace.received": {"$gte": ...}}`).
+pub const RECEIVED_PATH: &str = "_tailrace.received";
+
 /// The indexed path of the stamp's source (used to recover each source's sequence).
 pub const STAMP_SOURCE_PATH: &str = "_tailrace.source";
 
@@ -24,7 +28,9 @@ pub struct Stamp {
     /// Its per-source sequence number: 1, 2, 3, ... with no hole and no repeat, across
     /// restarts; feeds count the missing and duplicate ones.
     pub seq: u64,
-    /// When the source handed it over (µs since the Unix epoch).
+    /// When the source handed it over (µs since the Unix epoch); never earlier than the event
+    /// stored before it, so the stored order is receipt order. Also stored, to the
+    /// millisecond, as a date under [`RECEIVED_PATH`], for queries by time.
     pub received_us: i64,
     /// When the ingester stamped it, right before the write (µs since the Unix epoch); 0 when
     /// unknown (documents written by hand or by other tools).
@@ -53,6 +59,9 @@ impl Stamp {
             "received_us": self.received_us,
             "ingested_us": self.ingested_us,
         });
+        if let Some(at) = crate::date::value(self.received_us.div_euclid(1000)) {
+            v["received"] = at;
+        }
         if let Some(p) = &self.position {
             v["position"] = p.clone();
         }
@@ -77,6 +86,10 @@ mod tests {
         };
         let mut doc = Document::new();
         doc.insert(STAMP_FIELD.into(), s.to_value());
+        assert_eq!(
+            doc[STAMP_FIELD]["received"],
+            json!({"$date": "2023-11-14T22:13:20.000Z"})
+        );
         assert_eq!(Stamp::of(&doc), Some(s));
     }
 

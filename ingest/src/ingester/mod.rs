@@ -94,7 +94,8 @@ pub struct Handed {
     pub source: Arc<str>,
     /// The record.
     pub raw: Raw,
-    /// When the source handed it over (µs since the epoch); strictly increasing per source.
+    /// When the source handed it over (µs since the epoch); strictly increasing per source,
+    /// and made non-decreasing across sources in the order the ingester stores them.
     pub received_us: i64,
     /// The source's position right after this record, if it can resume (see
     /// [`crate::source::Source::positioned`]); stored in the stamp of the event it becomes.
@@ -373,6 +374,7 @@ impl Ingester {
         };
         let mut next_seq: HashMap<Arc<str>, u64> = HashMap::new();
         let mut batch: Vec<Handed> = Vec::with_capacity(this.options.batch_max_events);
+        let mut last_received_us = i64::MIN;
         loop {
             batch.clear();
             if !gather(
@@ -391,6 +393,15 @@ impl Ingester {
                 .fetch_sub(batch.len() as i64, Ordering::Relaxed)
                 - batch.len() as i64;
             t::queue_depth(d);
+            // Receipt order is store order: sources hand over concurrently, so one may stamp a
+            // record a few microseconds before another's that reaches this queue first. Each
+            // takes at least the previous one's time, so that the stored received times only
+            // grow along the collection and a time range is a range of positions (see
+            // `store::Capped::time_span`). Still strictly increasing per source.
+            for h in &mut batch {
+                h.received_us = h.received_us.max(last_received_us.saturating_add(1));
+                last_received_us = h.received_us;
+            }
             let ready = this.prepare(&mut batch, &mut next_seq).await;
             if to_write.send(ready).await.is_err() {
                 break;

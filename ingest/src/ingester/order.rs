@@ -233,6 +233,62 @@ mod tests {
         }
     }
 
+    /// Two sources hand over concurrently, so one's record may reach the queue after a later
+    /// record of the other: the stored received times still only grow along the positions (a
+    /// time range is a range of positions), and each source's still strictly.
+    #[tokio::test]
+    async fn stored_received_times_follow_the_store_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path(), EmbeddedOptions::default()).unwrap();
+        let spec = CappedSpec {
+            max_docs: 1000,
+            max_bytes: 1 << 24,
+            indexes: vec![store::STAMP_SOURCE_PATH.into()],
+        };
+        let events = store.capped("events", &spec).await.unwrap();
+        let letters = store.capped("dead_letters", &spec).await.unwrap();
+        let rollups = store.keyed("rollups").await.unwrap();
+        let (tx, rx) = mpsc::channel(64);
+        let base = 1_700_000_000_000_000_i64;
+        // a: 0, 2000, 4000, ... b: 1000, 3000, ... but every b reaches the queue first.
+        for i in 0..20_i64 {
+            for (source, at) in [("b", base + 2000 * i + 1000), ("a", base + 2000 * i)] {
+                tx.send(Handed {
+                    source: Arc::from(source),
+                    raw: Raw::Bytes(format!(r#"{{"i":{i}}}"#).into_bytes()),
+                    received_us: at,
+                    position: None,
+                })
+                .await
+                .unwrap();
+            }
+        }
+        drop(tx);
+        ingester(&events, letters, &rollups).run(rx).await;
+        let mut tail = events.tail(Start::Oldest);
+        let (mut last, mut by_source) = (i64::MIN, std::collections::HashMap::new());
+        for _ in 0..40 {
+            let r = futures::StreamExt::next(&mut tail).await.unwrap().unwrap();
+            let stamp = store::Stamp::of(&r.doc).unwrap();
+            assert!(
+                stamp.received_us >= last,
+                "{} after {last}",
+                stamp.received_us
+            );
+            last = stamp.received_us;
+            let prev = by_source.insert(stamp.source.clone(), stamp.received_us);
+            assert!(
+                prev < Some(stamp.received_us),
+                "{} of {}",
+                stamp.received_us,
+                stamp.source
+            );
+            let ms = store::date::millis(&r.doc["_tailrace"]["received"]).unwrap();
+            assert_eq!(ms, stamp.received_us.div_euclid(1000));
+        }
+        store.close().await.unwrap();
+    }
+
     /// Before: events and dead letters were appended concurrently, so the events of lines 3 and
     /// 5 could commit while the dead letter of line 2 did not; the restart resumed after line 5
     /// and lines 2 and 4 were never stored.

@@ -333,6 +333,7 @@ mod tests {
             json!({
                 "_tailrace": {
                     "source": "s", "seq": 5, "received_us": 10, "ingested_us": 20,
+                    "received": {"$date": "1970-01-01T00:00:00.000Z"},
                     "original": {
                         "_id": {"$oid": "65f1c0ffee"},
                         "_tailrace": {"seq": "theirs", "source": 17},

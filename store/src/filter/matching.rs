@@ -6,7 +6,7 @@ use std::cmp::Ordering;
 use serde_json::{Number, Value};
 
 use super::{Clause, CmpOp, Op};
-use crate::Document;
+use crate::{Document, date};
 
 pub(super) fn all_trivial(clauses: &[Clause]) -> bool {
     clauses.iter().all(|c| match c {
@@ -158,6 +158,8 @@ fn scalar_cmp(a: &Value, b: &Value) -> Option<Ordering> {
         (Value::Number(x), Value::Number(y)) => Some(number_cmp(x, y)),
         // Byte order of UTF-8 is code point order: MongoDB's binary string comparison.
         (Value::String(x), Value::String(y)) => Some(x.as_bytes().cmp(y.as_bytes())),
+        // Dates by instant, however each is spelled.
+        (Value::Object(_), Value::Object(_)) => Some(date::millis(a)?.cmp(&date::millis(b)?)),
         _ => None,
     }
 }
@@ -165,6 +167,9 @@ fn scalar_cmp(a: &Value, b: &Value) -> Option<Ordering> {
 /// Deep equality with MongoDB's rules: numbers by value across integer and float, arrays
 /// element by element, objects key by key in order.
 pub(crate) fn values_equal(a: &Value, b: &Value) -> bool {
+    if let (Some(x), Some(y)) = (date::millis(a), date::millis(b)) {
+        return x == y;
+    }
     match (a, b) {
         (Value::Array(x), Value::Array(y)) => {
             x.len() == y.len() && x.iter().zip(y).all(|(p, q)| values_equal(p, q))

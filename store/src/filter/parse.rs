@@ -3,6 +3,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::date;
+
 use super::{
     Clause, CmpOp, FIELD_OPERATORS, FieldPath, FilterError, MAX_BYTES, MAX_DEPTH, MAX_VALUES, Op,
     error,
@@ -31,6 +33,9 @@ fn index_path(at: &str, index: usize) -> String {
 
 /// A short name for a JSON value's type, for error messages.
 pub(crate) fn kind(v: &Value) -> &'static str {
+    if date::is_date(v) {
+        return "a date";
+    }
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -157,7 +162,8 @@ impl Parser {
     /// What a field path maps to: an operator object, or a value for implicit equality.
     fn field_value(&mut self, v: &Value, at: &str, depth: usize) -> Result<Vec<Op>, FilterError> {
         match v {
-            Value::Object(m) if m.keys().any(|k| k.starts_with('$')) => {
+            // A date (`{"$date": "..."}`) is a value, not an operator.
+            Value::Object(m) if m.keys().any(|k| k.starts_with('$')) && !date::is_date(v) => {
                 self.enter(v, at, depth)?;
                 self.operators(m, at, depth)
             }
@@ -206,11 +212,14 @@ impl Parser {
                         _ => CmpOp::Lte,
                     };
                     self.enter(operand, &here, depth)?;
-                    if matches!(operand, Value::Array(_) | Value::Object(_)) {
+                    if matches!(operand, Value::Array(_) | Value::Object(_))
+                        && !date::is_date(operand)
+                    {
                         return Err(error(
                             &here,
                             format!(
-                                "{name} compares with a number, string, boolean or null, not {}",
+                                "{name} compares with a number, string, boolean, date \
+                                 ({{\"$date\": \"2026-12-06T14:00:00Z\"}}) or null, not {}",
                                 kind(operand)
                             ),
                         ));
@@ -314,6 +323,14 @@ impl Parser {
     fn literal(&mut self, v: &Value, at: &str, depth: usize) -> Result<(), FilterError> {
         self.enter(v, at, depth)?;
         match v {
+            Value::Object(_) if date::is_date(v) => {}
+            Value::Object(m) if m.contains_key("$date") && m.len() == 1 => {
+                return Err(error(
+                    &key_path(at, "$date"),
+                    "a date is {\"$date\": \"<RFC 3339>\"}, as in \
+                     {\"$date\": \"2026-12-06T14:00:00Z\"}",
+                ));
+            }
             Value::Object(m) => {
                 for (k, x) in m {
                     let here = key_path(at, k);

@@ -195,7 +195,7 @@ fn invalid_filters_name_the_place_and_what_is_allowed() {
         (
             json!({"$and": [{"lang": "ja"}, {"retweet_count": {"$gt": [10]}}]}),
             "$and[1].retweet_count.$gt",
-            "compares with a number, string, boolean or null, not an array",
+            "compares with a number, string, boolean, date ({\"$date\": \"2026-12-06T14:00:00Z\"}) or null, not an array",
         ),
         (json!({"n": {"$lte": {"x": 1}}}), "n.$lte", "not an object"),
         (
@@ -252,7 +252,7 @@ fn invalid_filters_name_the_place_and_what_is_allowed() {
         (
             json!({"n": {"$ne": [{"$date": 1}]}}),
             "n.$ne[0].$date",
-            "key starting with '$'",
+            "a date is",
         ),
         (json!({"a..b": 1}), "a..b", "empty part"),
         (json!({".a": 1}), ".a", "empty part"),

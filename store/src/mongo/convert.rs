@@ -29,8 +29,13 @@ pub(crate) fn engine_err(message: impl Into<String>) -> StoreError {
 
 /// A JSON value as BSON. Integers become `Int64` (so `$inc` stays integral, as in
 /// [`crate::update::apply`]); an integer beyond `i64` becomes a `Double`, like serde_json's own
-/// arithmetic; everything else maps one to one.
+/// arithmetic; a date (`{"$date": "<RFC 3339>"}`, [`crate::date`]) becomes a BSON date, so
+/// that the server's date operators, date ranges and TTL indexes work on it; everything else
+/// maps one to one.
 pub(crate) fn json_to_bson(value: &Value) -> Bson {
+    if let Some(ms) = crate::date::millis(value) {
+        return Bson::DateTime(bson::DateTime::from_millis(ms));
+    }
     match value {
         Value::Null => Bson::Null,
         Value::Bool(b) => Bson::Boolean(*b),

@@ -9,8 +9,6 @@
 //! also how the MongoDB engine reads a BSON date back, so an answer reads the same from
 //! either engine.
 
-use std::time::{Duration, SystemTime};
-
 use serde_json::{Map, Number, Value};
 
 use super::QueryError;
@@ -270,26 +268,12 @@ fn descend(v: &Value, rest: &[String]) -> Option<Value> {
 
 /// A few words for a value's type, for errors.
 pub(super) fn kind(v: &Value) -> &'static str {
-    if date_millis(v).is_some() {
-        return "a date";
-    }
     crate::filter::parse::kind(v)
 }
 
-/// Milliseconds since the epoch of a date value (`{"$date": "<RFC 3339>"}`).
+/// Milliseconds since the epoch of a date value.
 pub(super) fn date_millis(v: &Value) -> Option<i64> {
-    let o = v.as_object().filter(|o| o.len() == 1)?;
-    match o.get("$date")? {
-        Value::String(s) => parse_rfc3339(s),
-        Value::Number(n) => n.as_i64(),
-        _ => None,
-    }
-}
-
-fn parse_rfc3339(s: &str) -> Option<i64> {
-    let t = humantime::parse_rfc3339_weak(s).ok()?;
-    let d = t.duration_since(SystemTime::UNIX_EPOCH).ok()?;
-    i64::try_from(d.as_millis()).ok()
+    crate::date::millis(v)
 }
 
 /// `$toDate`'s reading of a value.
@@ -299,9 +283,8 @@ fn to_millis(v: &Value) -> Result<i64, String> {
             .as_i64()
             .or_else(|| n.as_f64().filter(|f| f.is_finite()).map(|f| f as i64))
             .ok_or_else(|| format!("$toDate cannot read {n}")),
-        Value::String(s) => {
-            parse_rfc3339(s).ok_or_else(|| format!("$toDate cannot read {s:?} (RFC 3339 expected)"))
-        }
+        Value::String(s) => crate::date::parse_rfc3339(s)
+            .ok_or_else(|| format!("$toDate cannot read {s:?} (RFC 3339 expected)")),
         other => date_millis(other).ok_or_else(|| format!("$toDate cannot read {}", kind(other))),
     }
 }
@@ -309,17 +292,5 @@ fn to_millis(v: &Value) -> Result<i64, String> {
 /// A date as extended JSON, to the millisecond. Dates before 1970 are refused (none of the
 /// stored times are).
 pub(super) fn date_value(ms: i64) -> Result<Value, String> {
-    /// 9999-12-31T23:59:59.999Z: RFC 3339 has four digits of year.
-    const LAST_MS: u64 = 253_402_300_799_999;
-    let ms = u64::try_from(ms)
-        .ok()
-        .filter(|ms| *ms <= LAST_MS)
-        .ok_or_else(|| format!("date {ms} ms is outside the years 1970 to 9999"))?;
-    let t = SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
-    let mut o = Map::new();
-    o.insert(
-        "$date".to_owned(),
-        Value::String(humantime::format_rfc3339_millis(t).to_string()),
-    );
-    Ok(Value::Object(o))
+    crate::date::value(ms).ok_or_else(|| format!("date {ms} ms is outside the years 1970 to 9999"))
 }

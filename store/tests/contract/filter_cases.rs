@@ -892,5 +892,49 @@ pub fn cases() -> Vec<Case> {
         ],
     );
 
+    // --- Dates (extended JSON `{"$date": ...}`, a BSON date on MongoDB) ---------------------
+    let at = |s: &str| json!({"_tailrace": {"received": {"$date": s}}});
+    t.add(
+        "a date range compares instants, however each is spelled",
+        json!({"_tailrace.received": {
+            "$gte": {"$date": "2026-12-06T14:00:00Z"},
+            "$lt": {"$date": "2026-12-06T14:10:00.000Z"}
+        }}),
+        vec![
+            (at("2026-12-06T14:00:00.000Z"), true),
+            (at("2026-12-06T14:09:59.999Z"), true),
+            (at("2026-12-06T14:10:00.000Z"), false),
+            (at("2026-12-06T13:59:59.999Z"), false),
+            (
+                json!({"_tailrace": {"received": "2026-12-06T14:05:00.000Z"}}),
+                false,
+            ),
+            (
+                json!({"_tailrace": {"received": 1_765_029_900_000_i64}}),
+                false,
+            ),
+            (json!({"_tailrace": {}}), false),
+        ],
+    );
+    t.add(
+        "equality with a date matches the same instant",
+        json!({"t": {"$date": "2026-12-06T14:00:00Z"}}),
+        vec![
+            (json!({"t": {"$date": "2026-12-06T14:00:00.000Z"}}), true),
+            (json!({"t": {"$date": "2026-12-06T14:00:00.001Z"}}), false),
+            (json!({"t": "2026-12-06T14:00:00Z"}), false),
+            (json!({"t": [{"$date": "2026-12-06T14:00:00.000Z"}]}), true),
+        ],
+    );
+    t.add(
+        "$in with dates",
+        json!({"t": {"$in": [{"$date": "2026-12-06T14:00:00Z"}, "x"]}}),
+        vec![
+            (json!({"t": {"$date": "2026-12-06T14:00:00.000Z"}}), true),
+            (json!({"t": "x"}), true),
+            (json!({"t": {"$date": "2026-12-06T14:00:01.000Z"}}), false),
+        ],
+    );
+
     t.0
 }

@@ -355,3 +355,24 @@ fn stream_tokens_round_trip_as_json() {
         assert!(matches!(e, StoreError::Invalid(_)), "{bad:?}: {e}");
     }
 }
+
+/// The received time tailrace stamps (`{"$date": ...}`) is a real BSON date on the server,
+/// and reads back as the same instant.
+#[test]
+fn a_date_is_stored_as_a_bson_date() {
+    let v = json!({"at": {"$date": "2026-12-06T14:00:00.250Z"}, "not": {"$date": "soon"}});
+    let b = doc_to_bson(&obj(v));
+    assert_eq!(
+        b.get("at"),
+        Some(&Bson::DateTime(bson::DateTime::from_millis(
+            1_796_565_600_250
+        )))
+    );
+    assert_eq!(
+        b.get("not").map(Bson::element_type),
+        Some(bson::spec::ElementType::EmbeddedDocument),
+        "what is not a date stays a document"
+    );
+    let back = bson_doc_to_json(b);
+    assert_eq!(crate::date::millis(&back["at"]), Some(1_796_565_600_250));
+}
