@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::{
     Bounds, Capabilities, CappedSpec, Change, ChangeFilter, ChangeStart, Document, Durability,
     Filter, KeyUpdate, KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record, Result,
-    ResumeToken, Start, StoreError, Usage,
+    ResumeToken, Start, StoreError, TimeSpan, Usage,
 };
 
 /// A stream of capped-collection documents in insertion order. It never ends on its own while
@@ -237,6 +237,15 @@ pub trait Capped: Send + Sync + 'static {
 
     /// Oldest and newest retained positions, or `None` when empty.
     async fn bounds(&self) -> Result<Option<Bounds>>;
+
+    /// Where the documents received in `[from_ms, to_ms]` (milliseconds since the epoch,
+    /// inclusive; the date at [`crate::RECEIVED_PATH`]) lie, so that a query on a time range
+    /// reads only those positions; `None` when the engine cannot tell, and every document is
+    /// read. A document without a date there is never in a range. The default cannot tell.
+    async fn time_span(&self, from_ms: i64, to_ms: i64) -> Result<Option<TimeSpan>> {
+        let _ = (from_ms, to_ms);
+        Ok(None)
+    }
 
     /// Number of retained documents and their encoded size in bytes.
     async fn usage(&self) -> Result<Usage>;

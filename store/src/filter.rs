@@ -251,6 +251,17 @@ impl Filter {
         &self.json
     }
 
+    /// The range of instants (milliseconds since the epoch, inclusive) that a date at `path`
+    /// must lie in for a document to match, from the comparisons with dates that every match
+    /// needs (top-level and `$and` conditions on `path`); `None` when there are none. A
+    /// document that matches holds a date at `path` inside the range, or reaches dates through
+    /// an array there; what the filter leaves open (`$or`) does not widen it.
+    pub fn date_range(&self, path: &str) -> Option<(i64, i64)> {
+        let mut range: Option<(i64, i64)> = None;
+        date_range_of(&self.root, path, &mut range);
+        range
+    }
+
     /// Whether the filter accepts every document by its structure alone: `{}`,
     /// `{"$and": [{}]}`, `{"$or": [{}, ...]}`. An engine can then skip evaluating it. A field
     /// condition that happens to hold everywhere is not detected.
@@ -324,6 +335,43 @@ impl<'de> Deserialize<'de> for Filter {
 // ---------------------------------------------------------------------------------------------
 // To MongoDB
 // ---------------------------------------------------------------------------------------------
+
+fn date_range_of(clauses: &[Clause], path: &str, range: &mut Option<(i64, i64)>) {
+    fn narrow(range: &mut Option<(i64, i64)>, lo: i64, hi: i64) {
+        let (a, b) = range.unwrap_or((i64::MIN, i64::MAX));
+        *range = Some((a.max(lo), b.min(hi)));
+    }
+    for clause in clauses {
+        match clause {
+            Clause::And(subs) => subs.iter().for_each(|s| date_range_of(s, path, range)),
+            Clause::Or(_) => {}
+            Clause::Field { path: p, ops } if p.raw == path => {
+                for op in ops {
+                    match op {
+                        Op::Eq(v) => {
+                            if let Some(ms) = crate::date::millis(v) {
+                                narrow(range, ms, ms);
+                            }
+                        }
+                        Op::Cmp(cmp, v) => {
+                            let Some(ms) = crate::date::millis(v) else {
+                                continue;
+                            };
+                            match cmp {
+                                CmpOp::Gt => narrow(range, ms.saturating_add(1), i64::MAX),
+                                CmpOp::Gte => narrow(range, ms, i64::MAX),
+                                CmpOp::Lt => narrow(range, i64::MIN, ms.saturating_sub(1)),
+                                CmpOp::Lte => narrow(range, i64::MIN, ms),
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Clause::Field { .. } => {}
+        }
+    }
+}
 
 fn clauses_to_mongo(clauses: &[Clause], prefix: &str) -> Map<String, Value> {
     let mut out = Map::new();

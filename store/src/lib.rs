@@ -78,5 +78,5 @@ pub use stamp::{RECEIVED_PATH, STAMP_FIELD, STAMP_SOURCE_PATH, Stamp};
 pub use types::{
     Bounds, CappedSpec, Change, ChangeFilter, ChangeOp, ChangeStart, Document, Durability,
     KeyUpdate, KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record, ResumeToken, Start,
-    Update, Usage, WriteId,
+    TimeSpan, Update, Usage, WriteId,
 };

@@ -262,6 +262,16 @@ impl Pipeline {
         None
     }
 
+    /// The received times (ms, inclusive; [`crate::RECEIVED_PATH`]) the documents must have to
+    /// pass the first stage, when it is a `$match` on them: a capped collection then reads
+    /// only where they lie ([`crate::Capped::time_span`]).
+    pub fn received_range(&self) -> Option<(i64, i64)> {
+        match self.stages.first()? {
+            Stage::Match(f) => f.date_range(crate::RECEIVED_PATH),
+            _ => None,
+        }
+    }
+
     /// Runs the pipeline over `docs`, in tailrace.
     pub fn run<I>(&self, docs: I, limits: Limits) -> Result<Answer, QueryError>
     where

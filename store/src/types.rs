@@ -141,6 +141,16 @@ pub struct Bounds {
     pub newest: Position,
 }
 
+/// Where a range of received times lies in a capped collection ([`crate::Capped::time_span`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeSpan {
+    /// No retained document was received in the range.
+    Empty,
+    /// Every retained document received in the range lies between these positions
+    /// (inclusive); others may lie there too.
+    Positions(Position, Position),
+}
+
 /// How much a capped collection holds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {

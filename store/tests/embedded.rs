@@ -1426,3 +1426,78 @@ async fn a_journal_directory_of_the_previous_release_opens_whole() {
         store.close().await.unwrap();
     }
 }
+
+/// A query whose first `$match` keeps a range of received times reads only the segments (and,
+/// where the times came in order, the part of a segment) where they lie, and answers as a
+/// query over everything does: with documents without a time, one out of order, and the
+/// active segment growing between queries.
+#[tokio::test]
+async fn a_time_range_reads_only_where_its_documents_lie() {
+    use store::query::{Input, Limits, Pipeline, aggregate};
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let events = store.capped("events", &spec(1_000_000, &[])).await.unwrap();
+    let base = 1_796_565_600_000_i64;
+    let doc = |i: i64| {
+        let mut d = event(i as u64);
+        if i % 10 != 3 {
+            // One out of order, far back, in the middle of the stream.
+            let ms = if i == 1500 { base } else { base + i * 1000 };
+            d.insert(
+                "_tailrace".into(),
+                json!({"received": store::date::value(ms).unwrap(), "seq": i}),
+            );
+        }
+        d.insert("lang".into(), json!(["en", "ja", "ar"][(i % 3) as usize]));
+        d
+    };
+    let mut all = Vec::new();
+    let append = async |from: i64, to: i64, all: &mut Vec<store::Document>| {
+        for chunk in (from..to).collect::<Vec<_>>().chunks(50) {
+            let docs: Vec<_> = chunk.iter().map(|i| doc(*i)).collect();
+            let positions = events
+                .append(docs.clone(), Durability::Acknowledged)
+                .await
+                .unwrap();
+            for (mut d, p) in docs.into_iter().zip(positions) {
+                d.insert("_id".into(), json!(p.0));
+                all.push(d);
+            }
+        }
+    };
+    append(0, 3000, &mut all).await;
+    let at = |i: i64| store::date::value(base + i * 1000).unwrap();
+    let ask = async |from: i64, to: i64, all: &[store::Document]| {
+        let pipeline = Pipeline::parse(&json!([
+            {"$match": {"_tailrace.received": {"$gte": at(from), "$lt": at(to)}}},
+            {"$group": {"_id": "$lang", "n": {"$count": {}}, "seqs": {"$addToSet": "$_tailrace.seq"}}},
+            {"$sort": {"_id": 1}},
+        ]))
+        .unwrap();
+        let want = pipeline.run(all.to_vec(), Limits::default()).unwrap();
+        let got = aggregate(Input::Capped(events.clone()), pipeline, Limits::default())
+            .await
+            .unwrap();
+        assert_eq!(got.docs, want.docs, "[{from}, {to})");
+        got.read
+    };
+    // Ten minutes of fifty: the segments around them, not the whole window.
+    let read = ask(2000, 2600, &all).await;
+    assert!(read < 1500, "read {read} of 3000 for a fifth of the range");
+    // The segment holding the document out of order is read whole, and the answer finds it.
+    let read = ask(0, 2, &all).await;
+    assert!(read >= 1, "read {read}");
+    for (from, to) in [(0, 3000), (10, 11), (2990, 5000), (-100, 0), (1200, 1800)] {
+        ask(from, to, &all).await;
+    }
+    assert_eq!(
+        ask(4000, 5000, &all).await,
+        0,
+        "nothing there, nothing read"
+    );
+    // The active segment grows: the zone goes on from where it stopped.
+    append(3000, 3600, &mut all).await;
+    let read = ask(3400, 3700, &all).await;
+    assert!(read < 1500, "read {read}");
+    store.close().await.unwrap();
+}

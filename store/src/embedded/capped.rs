@@ -8,10 +8,10 @@ use serde_json::Value;
 
 use super::keyed::EmbeddedKeyed;
 use super::writer::{self, Op, Reply};
-use super::{CappedShared, Inner, format, lock_err, read};
+use super::{CappedShared, Inner, format, lock_err, read, timeline};
 use crate::{
     Bounds, Capped, Document, Durability, Filter, KeyUpdate, Keyed, NewestMatching, Position,
-    Record, RecordStream, Result, Start, StoreError, Usage,
+    Record, RecordStream, Result, Start, StoreError, TimeSpan, Usage,
 };
 
 /// A capped collection of the embedded engine.
@@ -170,6 +170,13 @@ impl Capped for EmbeddedCapped {
                 newest: Position(v.next - 1),
             })
         }))
+    }
+
+    async fn time_span(&self, from_ms: i64, to_ms: i64) -> Result<Option<TimeSpan>> {
+        let coll = self.name.clone();
+        self.inner
+            .read(move |i| timeline::span(i, &coll, from_ms, to_ms).map(Some))
+            .await
     }
 
     async fn usage(&self) -> Result<Usage> {

@@ -105,6 +105,7 @@ mod recover;
 pub mod schema;
 mod settings;
 mod state;
+mod timeline;
 mod tree;
 mod writer;
 
@@ -252,6 +253,8 @@ pub(crate) struct Inner {
     /// Held while the store is open (and its threads run): one process per data directory.
     /// Let go of at `close`.
     lock: Mutex<Option<Arc<File>>>,
+    /// Where received times lie in capped collections, built as queries ask.
+    timelines: timeline::Timelines,
 }
 
 struct CappedShared {
@@ -441,6 +444,7 @@ impl EmbeddedStore {
                 maint: Mutex::new(Some(maint_tx)),
                 manual: Mutex::new(manual),
                 lock: Mutex::new(Some(lock)),
+                timelines: timeline::Timelines::default(),
             }),
         })
     }

@@ -728,3 +728,31 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn a_date_range_is_what_every_match_needs() {
+    let range = |f: serde_json::Value| Filter::parse(&f).unwrap().date_range("t");
+    let d = |s: &str| json!({"$date": s});
+    let ms = |s: &str| crate::date::parse_rfc3339(s).unwrap();
+    let (a, b) = ("2026-12-06T14:00:00Z", "2026-12-06T14:10:00Z");
+    assert_eq!(
+        range(json!({"t": {"$gte": d(a), "$lt": d(b)}, "lang": "ja"})),
+        Some((ms(a), ms(b) - 1))
+    );
+    assert_eq!(
+        range(json!({"$and": [{"t": {"$gt": d(a)}}, {"t": {"$lte": d(b)}}]})),
+        Some((ms(a) + 1, ms(b)))
+    );
+    assert_eq!(range(json!({"t": d(a)})), Some((ms(a), ms(a))));
+    assert_eq!(
+        range(json!({"$or": [{"t": {"$gt": d(a)}}, {"x": 1}]})),
+        None
+    );
+    assert_eq!(range(json!({"t": {"$gt": 5}})), None);
+    assert_eq!(range(json!({"u": {"$gt": d(a)}})), None);
+    assert_eq!(
+        range(json!({"t": {"$gt": d(b), "$lt": d(a)}})),
+        Some((ms(b) + 1, ms(a) - 1)),
+        "an empty range stays empty"
+    );
+}

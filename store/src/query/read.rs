@@ -10,7 +10,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::{Answer, Limits, Pipeline, QueryError};
-use crate::{Capped, Document, Keyed, Start, StoreError};
+use crate::{Capped, Document, Keyed, Position, Start, StoreError, TimeSpan};
 
 /// Documents handed over at a time: one wake-up of the evaluation per batch, not per document.
 const BATCH: usize = 256;
@@ -46,12 +46,13 @@ pub async fn aggregate(
     limits: Limits,
 ) -> Result<Answer, AggregateError> {
     let fields = pipeline.fields_read();
+    let range = pipeline.received_range();
     let (tx, mut rx) = mpsc::channel::<Vec<Document>>(IN_FLIGHT);
     let eval = tokio::task::spawn_blocking(move || {
         let batches = std::iter::from_fn(move || rx.blocking_recv());
         pipeline.run(batches.flatten(), limits)
     });
-    let read = read(input, fields.as_deref(), tx).await;
+    let read = read(input, fields.as_deref(), range, tx).await;
     let answer = eval
         .await
         .map_err(|e| StoreError::Invalid(format!("the query's evaluation stopped: {e}")))?;
@@ -59,10 +60,13 @@ pub async fn aggregate(
     Ok(answer?)
 }
 
-/// Sends every document of `input`, in batches, until the evaluation stops taking them.
+/// Sends every document of `input`, in batches, until the evaluation stops taking them. With
+/// `received` (the range of received times the first `$match` keeps), a capped collection
+/// reads only the positions where such documents lie, when its engine can tell.
 async fn read(
     input: Input,
     fields: Option<&[String]>,
+    received: Option<(i64, i64)>,
     tx: mpsc::Sender<Vec<Document>>,
 ) -> Result<(), StoreError> {
     let mut batch = Vec::with_capacity(BATCH);
@@ -71,13 +75,28 @@ async fn read(
             let Some(bounds) = c.bounds().await? else {
                 return Ok(());
             };
-            let mut tail = c.tail(Start::Oldest);
+            let (start, newest) = match received {
+                Some((from, to)) if from > to => return Ok(()),
+                Some((from, to)) => match c.time_span(from, to).await? {
+                    Some(TimeSpan::Empty) => return Ok(()),
+                    Some(TimeSpan::Positions(first, last)) if first > bounds.oldest => {
+                        (Start::After(Position(first.0 - 1)), last.min(bounds.newest))
+                    }
+                    Some(TimeSpan::Positions(_, last)) => (Start::Oldest, last.min(bounds.newest)),
+                    None => (Start::Oldest, bounds.newest),
+                },
+                None => (Start::Oldest, bounds.newest),
+            };
+            let mut tail = c.tail(start);
             while let Some(record) = tail.next().await {
                 let record = record?;
+                if record.position > newest {
+                    break;
+                }
                 let mut doc = take(record.doc, fields);
                 doc.insert("_id".to_owned(), Value::from(record.position.0));
                 batch.push(doc);
-                let last = record.position >= bounds.newest;
+                let last = record.position >= newest;
                 if (batch.len() == BATCH || last) && !hand_over(&tx, &mut batch).await {
                     return Ok(());
                 }
