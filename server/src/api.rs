@@ -55,6 +55,7 @@ pub(super) async fn index() -> Json<Value> {
             "/api/feeds/{name}": "one feed",
             "/api/feeds/{name}/stream": "server-sent events: every event the feed holds, live, each with its position as id",
             "/api/changes?collection=C": "a changefeed of events, dead_letters, rollups or stats: server-sent events (NDJSON with Accept: application/x-ndjson); filter=<MongoDB query JSON>, ops=insert,update,replace,delete, include_initial=true, initial_limit=N, include_states=true, squash=<ms>, resume_after=<id> (or Last-Event-ID)",
+            "/api/events?filter=F&from=T&to=T&order=newest&limit=N&after=P": "a page of stored events (newest or oldest first), filtered (MongoDB query JSON) and received in [from, to) (RFC 3339); a full page links to the next (Link: rel=next) after its last position P",
             "/api/events/latest?field=F&value=V&limit=N": "the N newest events whose indexed field F equals V",
             "/api/events/{position}": "one event by position",
             "/api/rollups?prefix=P&limit=N&after=K": "per-key counters whose key starts with P (e.g. hashtags:), by key, N per page (default 100); the next page starts after the last key K",

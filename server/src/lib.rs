@@ -131,6 +131,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/feeds/{name}", get(api::feed_one))
         .route("/api/feeds/{name}/stream", get(api::feed_stream))
         .route("/api/changes", get(changes::changes))
+        .route("/api/events", get(query::events))
         .route("/api/events/latest", get(api::latest))
         .route("/api/events/{position}", get(api::event))
         .route("/api/rollups", get(api::rollups))

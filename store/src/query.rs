@@ -33,6 +33,7 @@
 
 mod eval;
 mod expr;
+mod page;
 mod read;
 #[cfg(test)]
 mod tests;
@@ -46,6 +47,7 @@ use crate::Filter;
 use expr::Expr;
 
 pub use eval::{Answer, StageRun};
+pub use page::{Order, Page, PageRequest, page};
 pub use read::{AggregateError, Input, aggregate};
 
 /// The most stages a pipeline may have.

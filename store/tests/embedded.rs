@@ -1501,3 +1501,52 @@ async fn a_time_range_reads_only_where_its_documents_lie() {
     assert!(read < 1500, "read {read}");
     store.close().await.unwrap();
 }
+
+/// Pages newest first and oldest first, filtered and in a time range, followed cursor by
+/// cursor, give every matching document once, in order, across many backward steps.
+#[tokio::test]
+async fn pages_follow_their_cursors_to_every_match() {
+    use store::query::{Order, PageRequest, page};
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let events = store.capped("events", &spec(1_000_000, &[])).await.unwrap();
+    let base = 1_796_565_600_000_i64;
+    for chunk in (0..5000_i64).collect::<Vec<_>>().chunks(500) {
+        let docs = chunk
+            .iter()
+            .map(|i| {
+                contract::doc(json!({"i": i, "seven": i % 7 == 0,
+                    "_tailrace": {"received": store::date::value(base + i * 1000).unwrap()}}))
+            })
+            .collect();
+        events.append(docs, Durability::Acknowledged).await.unwrap();
+    }
+    let walk = async |order: Order, received: Option<(i64, i64)>| {
+        let mut req = PageRequest {
+            filter: Filter::parse(&json!({"seven": true})).unwrap(),
+            received,
+            order,
+            limit: 60,
+            after: None,
+        };
+        let mut seen = Vec::new();
+        loop {
+            let p = page(&events, &req).await.unwrap();
+            seen.extend(p.records.iter().map(|r| r.doc["i"].as_i64().unwrap()));
+            match p.next {
+                Some(next) => req.after = Some(next),
+                None => return seen,
+            }
+        }
+    };
+    let sevens: Vec<i64> = (0..5000).filter(|i| i % 7 == 0).collect();
+    assert_eq!(walk(Order::Oldest, None).await, sevens);
+    let newest: Vec<i64> = sevens.iter().rev().copied().collect();
+    assert_eq!(walk(Order::Newest, None).await, newest);
+    let range = Some((base + 1000 * 1000, base + 2000 * 1000 - 1));
+    let within: Vec<i64> = (1000..2000).filter(|i| i % 7 == 0).collect();
+    assert_eq!(walk(Order::Oldest, range).await, within);
+    let within_newest: Vec<i64> = within.iter().rev().copied().collect();
+    assert_eq!(walk(Order::Newest, range).await, within_newest);
+    store.close().await.unwrap();
+}

@@ -111,7 +111,7 @@ async fn the_stored_window_answers_aggregations() {
         &t,
         "events",
         json!([{"$group": {
-            "_id": {"$dateTrunc": {"date": {"$toDate": {"$divide": ["$_tailrace.received_us", 1000]}}, "unit": "minute"}},
+            "_id": {"$dateTrunc": {"date": "$_tailrace.received", "unit": "minute"}},
             "n": {"$sum": 1}}}]),
     )
     .await;
@@ -129,6 +129,26 @@ async fn the_stored_window_answers_aggregations() {
             .ends_with(":00.000Z"),
         "{a}"
     );
+
+    // A range of received times: all of them, and one in the future that reads nothing.
+    let range = |from: &str, to: &str| {
+        json!([{"$match": {"_tailrace.received": {"$gte": {"$date": from}, "$lt": {"$date": to}}}},
+               {"$count": "n"}])
+    };
+    let a = answer(
+        &t,
+        "events",
+        range("2000-01-01T00:00:00Z", "2999-01-01T00:00:00Z"),
+    )
+    .await;
+    assert_eq!(a["docs"], json!([{"n": 300}]), "{a}");
+    let a = answer(
+        &t,
+        "events",
+        range("2999-01-01T00:00:00Z", "2999-01-02T00:00:00Z"),
+    )
+    .await;
+    assert_eq!((&a["docs"], &a["read"]), (&json!([]), &json!(0)), "{a}");
 
     // Distinct users, and the per-source summary in the rollups.
     let a = answer(
@@ -217,4 +237,66 @@ async fn the_stored_window_answers_aggregations() {
     let (ok, _, why) = cli(&[r#"[{"$out": "x"}]"#]);
     assert!(!ok);
     assert!(why.contains("stage $out is not supported"), "{why}");
+
+    events_pages(&t).await;
+}
+
+/// `GET /api/events`: pages of stored events, newest or oldest first, filtered and in a time
+/// range, each full page linking to the next.
+async fn events_pages(t: &Tailrace) {
+    let client = ingest::source::http::client().build().unwrap();
+    // Follows the `Link: rel=next` headers from `path`: every event's `id`, page by page.
+    let walk = async |path: String| {
+        let (mut ids, mut next, mut pages) = (Vec::new(), Some(path), 0);
+        while let Some(path) = next.take() {
+            let resp = client
+                .get(format!("http://{}{path}", t.addr))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status().as_u16(), 200, "{path}");
+            assert!(resp.headers().contains_key("x-tailrace-read"));
+            next = resp
+                .headers()
+                .get("link")
+                .and_then(|l| l.to_str().ok())
+                .and_then(|l| Some(l.strip_prefix('<')?.split_once('>')?.0.to_owned()));
+            let page: Vec<Value> = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
+            ids.extend(page.iter().map(|e| e["doc"]["id"].as_u64().unwrap()));
+            pages += 1;
+            assert!(pages < 20, "the links end");
+        }
+        ids
+    };
+    // Newest first, the Japanese ones (every third), 40 a page.
+    let ja = walk("/api/events?filter=%7B%22lang%22%3A%22ja%22%7D&limit=40".into()).await;
+    let want: Vec<u64> = (0..300).rev().filter(|i| i % 3 == 0).collect();
+    assert_eq!(ja, want);
+    // Oldest first, all of them, in a range that holds them all.
+    let all = walk(
+        "/api/events?order=oldest&limit=128&from=2000-01-01T00:00:00Z&to=2999-01-01T00:00:00Z"
+            .into(),
+    )
+    .await;
+    assert_eq!(all, (0..300).collect::<Vec<_>>());
+    // A range in the future holds none.
+    assert_eq!(
+        walk("/api/events?from=2999-01-01T00:00:00Z".into()).await,
+        Vec::<u64>::new()
+    );
+    for (path, says) in [
+        ("/api/events?limit=0", "limit: 0 is not within"),
+        ("/api/events?order=up", "is not newest or oldest"),
+        ("/api/events?from=yesterday", "is not an RFC 3339 time"),
+        ("/api/events?filter=%7B", "filter: not JSON"),
+        (
+            "/api/events?filter=%7B%22a%22%3A%7B%22%24regex%22%3A1%7D%7D",
+            "unknown operator $regex",
+        ),
+        ("/api/events?sort=x", "unknown field `sort`"),
+    ] {
+        let (status, body) = t.get(path).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(body.contains(says), "{path}: {body}");
+    }
 }
