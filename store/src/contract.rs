@@ -238,6 +238,22 @@ pub trait Capped: Send + Sync + 'static {
     /// Oldest and newest retained positions, or `None` when empty.
     async fn bounds(&self) -> Result<Option<Bounds>>;
 
+    /// For queries over the stored window: the documents at positions `[from, to]` still
+    /// retained when each is read, in order, in batches, holding only the top-level `fields`
+    /// when given (a query decodes no more than it uses), read ahead of the consumer, on
+    /// threads of their own. Documents evicted meanwhile are skipped: the answer is over the
+    /// window as the read found it. `None` when the engine has no faster way than a tail,
+    /// which the caller then reads.
+    fn scan(
+        &self,
+        from: Position,
+        to: Position,
+        fields: Option<Arc<[String]>>,
+    ) -> Option<BoxStream<'static, Result<Vec<Record>>>> {
+        let _ = (from, to, fields);
+        None
+    }
+
     /// Where the documents received in `[from_ms, to_ms]` (milliseconds since the epoch,
     /// inclusive; the date at [`crate::RECEIVED_PATH`]) lie, so that a query on a time range
     /// reads only those positions; `None` when the engine cannot tell, and every document is

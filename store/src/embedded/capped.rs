@@ -172,6 +172,21 @@ impl Capped for EmbeddedCapped {
         }))
     }
 
+    fn scan(
+        &self,
+        from: Position,
+        to: Position,
+        fields: Option<Arc<[String]>>,
+    ) -> Option<futures::stream::BoxStream<'static, Result<Vec<Record>>>> {
+        Some(read::scan(
+            self.inner.clone(),
+            self.name.clone(),
+            from.0,
+            to.0,
+            fields,
+        ))
+    }
+
     async fn time_span(&self, from_ms: i64, to_ms: i64) -> Result<Option<TimeSpan>> {
         let coll = self.name.clone();
         self.inner

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::Inner;
-use super::format::{Entry, Header, parse_doc};
+use super::format::{Entry, Header, parse_doc, parse_fields};
 use super::journal::{Segment, SegmentScan};
 use super::state::{self, SegIndex};
 use super::tree;
@@ -81,6 +81,18 @@ pub(super) fn read_docs(
     to: u64,
     limit: usize,
 ) -> Result<Vec<Record>> {
+    read_docs_with(inner, coll, from, to, limit, &parse_doc)
+}
+
+/// [`read_docs`], each document decoded by `decode` (whole, or only some fields).
+pub(super) fn read_docs_with(
+    inner: &Inner,
+    coll: &str,
+    from: u64,
+    to: u64,
+    limit: usize,
+    decode: &dyn Fn(&[u8]) -> Result<Document>,
+) -> Result<Vec<Record>> {
     let (oldest, next, journal_from, segments) = {
         let shared = inner.shared.read().map_err(super::lock_err)?;
         let Some(v) = shared.capped.get(coll) else {
@@ -104,7 +116,7 @@ pub(super) fn read_docs(
         let mut after: Option<Vec<u8>> = None;
         let first = inner.tree.get(&start)?.map(|v| (start.clone(), v));
         if let Some((k, v)) = first {
-            push_spilled(&prefix, &k, &v, &mut out)?;
+            push_spilled(&prefix, &k, &v, decode, &mut out)?;
             after = Some(k);
         } else {
             after.get_or_insert_with(|| {
@@ -127,7 +139,7 @@ pub(super) fn read_docs(
                     done = true;
                     break;
                 }
-                push_spilled(&prefix, k, v, &mut out)?;
+                push_spilled(&prefix, k, v, decode, &mut out)?;
             }
             if done || page.len() < PAGE_ROWS {
                 break;
@@ -175,7 +187,7 @@ pub(super) fn read_docs(
                         if let Entry::Doc(json) = entry {
                             out.push(Record {
                                 position: Position(lo + (index - base) as u64),
-                                doc: Arc::new(parse_doc(json)?),
+                                doc: Arc::new(decode(json)?),
                                 committed_at_us: Some(h.ts),
                             });
                             if out.len() >= limit {
@@ -193,6 +205,63 @@ pub(super) fn read_docs(
     Ok(out)
 }
 
+/// Positions a scan's worker reads at a time.
+const SCAN_CHUNK: u64 = 1024;
+
+/// [`crate::Capped::scan`]: chunks of [`SCAN_CHUNK`] positions handed out in turn to a worker
+/// per core (at most four), each a blocking thread that reads and decodes its chunks in order;
+/// the stream takes the workers' results in the same turn, so the documents come out in
+/// position order while the decoding, most of a query's cost, runs on every core.
+pub(super) fn scan(
+    inner: Arc<Inner>,
+    coll: String,
+    from: u64,
+    to: u64,
+    fields: Option<Arc<[String]>>,
+) -> futures::stream::BoxStream<'static, Result<Vec<Record>>> {
+    use futures::stream::{self, StreamExt};
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 4)) as u64;
+    let start = async move {
+        inner.caught_up().await?;
+        let mut turns = Vec::new();
+        for k in 0..workers {
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<Record>>>(2);
+            let (inner, coll, fields) = (inner.clone(), coll.clone(), fields.clone());
+            tokio::task::spawn_blocking(move || {
+                let decode = |json: &[u8]| match &fields {
+                    Some(f) => parse_fields(json, f),
+                    None => parse_doc(json),
+                };
+                let mut lo = from.saturating_add(k * SCAN_CHUNK);
+                while lo <= to {
+                    let hi = lo.saturating_add(SCAN_CHUNK - 1).min(to);
+                    let batch = read_docs_with(&inner, &coll, lo, hi, usize::MAX, &decode);
+                    let failed = batch.is_err();
+                    // The consumer stopped (a full $limit), or this worker's error ends it.
+                    if tx.blocking_send(batch).is_err() || failed {
+                        return;
+                    }
+                    lo = lo.saturating_add(workers * SCAN_CHUNK);
+                }
+            });
+            turns.push(rx);
+        }
+        Ok::<_, StoreError>(turns)
+    };
+    stream::once(start)
+        .map(|started| match started {
+            Ok(turns) => stream::unfold((turns, 0usize), |(mut turns, i)| async move {
+                let n = turns.len();
+                let batch = turns[i % n].recv().await?;
+                Some((batch, (turns, i + 1)))
+            })
+            .boxed(),
+            Err(e) => stream::once(async move { Err(e) }).boxed(),
+        })
+        .flatten()
+        .boxed()
+}
+
 fn spilled_pos(prefix: &[u8], k: &[u8]) -> u64 {
     let mut b = [0u8; 8];
     if let Some(s) = k.get(prefix.len()..prefix.len() + 8) {
@@ -201,11 +270,17 @@ fn spilled_pos(prefix: &[u8], k: &[u8]) -> u64 {
     u64::from_be_bytes(b)
 }
 
-fn push_spilled(prefix: &[u8], k: &[u8], v: &[u8], out: &mut Vec<Record>) -> Result<()> {
+fn push_spilled(
+    prefix: &[u8],
+    k: &[u8],
+    v: &[u8],
+    decode: &dyn Fn(&[u8]) -> Result<Document>,
+    out: &mut Vec<Record>,
+) -> Result<()> {
     let (ts, json) = tree::split_value(v)?;
     out.push(Record {
         position: Position(spilled_pos(prefix, k)),
-        doc: Arc::new(parse_doc(json)?),
+        doc: Arc::new(decode(json)?),
         committed_at_us: Some(ts),
     });
     Ok(())

@@ -75,33 +75,55 @@ async fn read(
             let Some(bounds) = c.bounds().await? else {
                 return Ok(());
             };
-            let (start, newest) = match received {
+            let (first, newest) = match received {
                 Some((from, to)) if from > to => return Ok(()),
                 Some((from, to)) => match c.time_span(from, to).await? {
                     Some(TimeSpan::Empty) => return Ok(()),
-                    Some(TimeSpan::Positions(first, last)) if first > bounds.oldest => {
-                        (Start::After(Position(first.0 - 1)), last.min(bounds.newest))
+                    Some(TimeSpan::Positions(first, last)) => {
+                        (first.max(bounds.oldest), last.min(bounds.newest))
                     }
-                    Some(TimeSpan::Positions(_, last)) => (Start::Oldest, last.min(bounds.newest)),
-                    None => (Start::Oldest, bounds.newest),
+                    None => (bounds.oldest, bounds.newest),
                 },
-                None => (Start::Oldest, bounds.newest),
+                None => (bounds.oldest, bounds.newest),
             };
-            let mut tail = c.tail(start);
-            while let Some(record) = tail.next().await {
-                let record = record?;
-                if record.position > newest {
-                    break;
+            if first > newest {
+                return Ok(());
+            }
+            // The engine's own reading when it has one (projected, on every core), else a tail.
+            let projected: Option<Arc<[String]>> = fields.map(Arc::from);
+            if let Some(mut scan) = c.scan(first, newest, projected) {
+                while let Some(records) = scan.next().await {
+                    for record in records? {
+                        let mut doc = take(record.doc, None);
+                        doc.insert("_id".to_owned(), Value::from(record.position.0));
+                        batch.push(doc);
+                    }
+                    if batch.len() >= BATCH && !hand_over(&tx, &mut batch).await {
+                        return Ok(());
+                    }
                 }
-                let mut doc = take(record.doc, fields);
-                doc.insert("_id".to_owned(), Value::from(record.position.0));
-                batch.push(doc);
-                let last = record.position >= newest;
-                if (batch.len() == BATCH || last) && !hand_over(&tx, &mut batch).await {
-                    return Ok(());
-                }
-                if last {
-                    break;
+            } else {
+                let start = if first > bounds.oldest {
+                    Start::After(Position(first.0 - 1))
+                } else {
+                    Start::Oldest
+                };
+                let mut tail = c.tail(start);
+                while let Some(record) = tail.next().await {
+                    let record = record?;
+                    if record.position > newest {
+                        break;
+                    }
+                    let mut doc = take(record.doc, fields);
+                    doc.insert("_id".to_owned(), Value::from(record.position.0));
+                    batch.push(doc);
+                    let last = record.position >= newest;
+                    if (batch.len() == BATCH || last) && !hand_over(&tx, &mut batch).await {
+                        return Ok(());
+                    }
+                    if last {
+                        break;
+                    }
                 }
             }
         }

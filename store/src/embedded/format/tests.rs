@@ -318,3 +318,38 @@ fn a_damaged_stored_document_is_an_error() {
         );
     }
 }
+
+/// A document read for only some of its fields holds exactly those fields, each as the whole
+/// document reads it: negative zeros, escapes, every script, nested values, `$` and dotted
+/// keys, and fields the document lacks.
+#[test]
+fn some_fields_read_as_the_whole_document_reads_them() {
+    let doc = serde_json::json!({
+        "$schema": "/x", "a.b": 1, "neg": -0.0, "text": "東京 \"q\" \\ \u{1F980} \u{0}",
+        "user": {"screen_name": "ü", "ids": [1, -0.0, {"$date": "2026-12-06T14:00:00Z"}]},
+        "hashtags": ["Ünïcode", "🦀"], "n": 12345678901234567890u64, "f": 0.1,
+    });
+    let mut bytes = Vec::new();
+    write_doc(doc.as_object().unwrap(), &mut bytes).unwrap();
+    let whole = parse_doc(&bytes).unwrap();
+    for fields in [
+        vec!["user", "hashtags"],
+        vec!["neg"],
+        vec!["$schema", "a.b", "missing"],
+        vec!["text", "n", "f"],
+        vec![],
+    ] {
+        let fields: Vec<String> = fields.into_iter().map(String::from).collect();
+        let some = parse_fields(&bytes, &fields).unwrap();
+        let want: Document = fields
+            .iter()
+            .filter_map(|f| Some((f.clone(), whole.get(f)?.clone())))
+            .collect();
+        assert_eq!(some, want, "{fields:?}");
+        assert_eq!(
+            format!("{some:?}"),
+            format!("{want:?}"),
+            "same bits (a negative zero stays negative)"
+        );
+    }
+}
