@@ -1550,3 +1550,47 @@ async fn pages_follow_their_cursors_to_every_match() {
     assert_eq!(walk(Order::Newest, range).await, within_newest);
     store.close().await.unwrap();
 }
+
+/// A query's readers are threads of their own at the lowest priority, so that on a busy
+/// machine a query gives way to the writer, the feeds and the ingester.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_querys_readers_run_at_the_lowest_priority() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let events = store.capped("events", &spec(1_000_000, &[])).await.unwrap();
+    for chunk in (0..20_000_u64).collect::<Vec<_>>().chunks(1000) {
+        let docs = chunk.iter().map(|i| event(*i)).collect();
+        events.append(docs, Durability::Acknowledged).await.unwrap();
+    }
+    let mut scan = events
+        .scan(
+            Position(1),
+            Position(20_000),
+            Some(Arc::from(vec!["i".to_owned()])),
+        )
+        .expect("the embedded engine scans");
+    // The first batch taken, the readers wait on the ones after it: alive, and looked at.
+    let first = scan.next().await.unwrap().unwrap();
+    assert_eq!(
+        first.first().map(|r| r.doc.len()),
+        Some(1),
+        "only the field asked"
+    );
+    let nices: Vec<i64> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| {
+            let t = t.ok()?.path();
+            let comm = std::fs::read_to_string(t.join("comm")).ok()?;
+            (comm.trim() == "tailrace-query").then_some(())?;
+            let stat = std::fs::read_to_string(t.join("stat")).ok()?;
+            // Fields after the command's closing parenthesis: state is the 3rd, nice the 19th.
+            let rest = stat.rsplit_once(')')?.1;
+            rest.split_whitespace().nth(16)?.parse().ok()
+        })
+        .collect();
+    assert!(!nices.is_empty(), "the readers are named tailrace-query");
+    assert!(nices.iter().all(|n| *n == 19), "nice values {nices:?}");
+    drop(scan);
+    store.close().await.unwrap();
+}

@@ -209,9 +209,12 @@ pub(super) fn read_docs_with(
 const SCAN_CHUNK: u64 = 1024;
 
 /// [`crate::Capped::scan`]: chunks of [`SCAN_CHUNK`] positions handed out in turn to a worker
-/// per core (at most four), each a blocking thread that reads and decodes its chunks in order;
-/// the stream takes the workers' results in the same turn, so the documents come out in
-/// position order while the decoding, most of a query's cost, runs on every core.
+/// per core (at most four), each a thread of its own (`tailrace-query`) that reads and decodes
+/// its chunks in order; the stream takes the workers' results in the same turn, so the
+/// documents come out in position order while the decoding, most of a query's cost, runs on
+/// every core. The workers run at the lowest priority ([`lowest_priority`]): on a busy
+/// machine a query gives way to the writer, the feeds and the ingester, and on an idle one it
+/// has every core.
 pub(super) fn scan(
     inner: Arc<Inner>,
     coll: String,
@@ -227,7 +230,8 @@ pub(super) fn scan(
         for k in 0..workers {
             let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<Record>>>(2);
             let (inner, coll, fields) = (inner.clone(), coll.clone(), fields.clone());
-            tokio::task::spawn_blocking(move || {
+            let worker = move || {
+                lowest_priority();
                 let decode = |json: &[u8]| match &fields {
                     Some(f) => parse_fields(json, f),
                     None => parse_doc(json),
@@ -243,7 +247,14 @@ pub(super) fn scan(
                     }
                     lo = lo.saturating_add(workers * SCAN_CHUNK);
                 }
-            });
+            };
+            std::thread::Builder::new()
+                .name("tailrace-query".into())
+                .spawn(worker)
+                .map_err(|e| StoreError::Engine {
+                    engine: "embedded",
+                    message: format!("starting a query's reader: {e}"),
+                })?;
             turns.push(rx);
         }
         Ok::<_, StoreError>(turns)
@@ -260,6 +271,15 @@ pub(super) fn scan(
         })
         .flatten()
         .boxed()
+}
+
+/// Gives the calling thread the lowest priority there is (nice 19): a thread's own on Linux.
+/// Refused (a sandbox), the thread runs as it was.
+fn lowest_priority() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = rustix::process::setpriority_process(None, 19) {
+        tracing::debug!(error = %e, "could not lower a query reader's priority");
+    }
 }
 
 fn spilled_pos(prefix: &[u8], k: &[u8]) -> u64 {
