@@ -6,7 +6,8 @@
 //!
 //! The page reads `/api/status` once, then two change streams: `stats` with
 //! `include_initial` (each feed's document, with its notification latency `notify_us`, and the
-//! `ingest` document of [`ingest::live`]) and `events` with the filter box.
+//! `ingest` document of [`ingest::live`]) and `events` with the filter box; its question box
+//! (`query.js`) posts pipelines to `/api/aggregate`.
 //! `tailrace/tests/page.rs` drives it in headless Chromium against the real binary.
 
 use axum::extract::Path;
@@ -35,12 +36,17 @@ const INDEX: Asset = Asset {
 };
 
 /// Everything under `/assets/`.
-const ASSETS: [Asset; 7] = [
+const ASSETS: [Asset; 8] = [
     INDEX,
     Asset {
         path: "app.js",
         content_type: JS,
         body: include_bytes!("../static/app.js"),
+    },
+    Asset {
+        path: "query.js",
+        content_type: JS,
+        body: include_bytes!("../static/query.js"),
     },
     Asset {
         path: "sse.js",

@@ -8,7 +8,9 @@
 // events are listed (bounded, newest first, data shown as text), narrows the list with a
 // filter, shows the server's message for an invalid one, drops the connections and checks
 // that both streams resume after their last id with no duplicate and no missing event, that
-// reconnecting adds no listeners, and that the console stayed free of errors and warnings.
+// reconnecting adds no listeners, asks the stored window questions in the question box (a
+// table, a chart of a time-bucketed answer, the server's 400 for a stage outside the subset),
+// and that the console stayed free of errors and warnings.
 // It writes SCREENSHOT.png (light) and SCREENSHOT-dark.png (dark). Exit status 0 = all passed;
 // otherwise the first failed assertion is printed, with a screenshot of that moment.
 //
@@ -383,6 +385,60 @@ async function run() {
     assert(c1.nodes <= c0.nodes * 1.3 + 500, `DOM nodes after 5 reconnects: ${c0.nodes} → ${c1.nodes}`);
     assert(s.events.duplicates === 0 && s.events.seqGaps === 0, `exact resume on every reconnect; saw ${JSON.stringify(s.events)}`);
     return `listeners ${c0.listeners} → ${c1.listeners}, nodes ${c0.nodes} → ${c1.nodes}, heap ${c0.heapMB} → ${c1.heapMB} MB`;
+  });
+
+  await step('the question box answers as a table, with what it read and where it ran', async () => {
+    await page.click('button.query-example >> text=by language');
+    const meta = await waitFor('an answer in #query-meta', 10000, () => {
+      const t = document.getElementById('query-meta').textContent;
+      return /rows · read \d+ from events/.test(t) && t;
+    });
+    const table = await page.evaluate(() => ({
+      head: [...document.querySelectorAll('#query-result thead th')].map((th) => th.textContent),
+      rows: [...document.querySelectorAll('#query-result tbody tr')].map((tr) => [...tr.cells].map((td) => td.textContent)),
+    }));
+    assert(JSON.stringify(table.head) === '["_id","count"]', `columns _id and count; saw ${JSON.stringify(table.head)}`);
+    assert(table.rows.length >= 2 && table.rows.length <= 10, `one row per language, at most 10; saw ${table.rows.length}`);
+    const counts = table.rows.map((r) => Number(r[1]));
+    assert(counts.every((c, i) => c > 0 && (i === 0 || c <= counts[i - 1])), `counts sorted, largest first; saw ${counts}`);
+    assert(/\$sortByCount in tailrace/.test(meta), `the meta line says where each stage ran; saw ${JSON.stringify(meta)}`);
+    return `${JSON.stringify(meta)}; ${table.rows.map((r) => r.join('=')).join(', ')}`;
+  });
+
+  await step('a time-bucketed question is drawn as a chart', async () => {
+    const runs = (await snapshot()).query.runs;
+    await page.click('button.query-example >> text=per 10 s');
+    const points = await waitFor(
+      'the chart of the answer',
+      10000,
+      (runs) => {
+        const q = window.tailrace.snapshot().query;
+        const node = document.getElementById('query-chart');
+        return q.runs > runs && !node.hidden && node.querySelector('canvas') && q.chartPoints;
+      },
+      runs,
+    );
+    const first = await page.textContent('#query-result tbody tr td');
+    assert(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d0\.000Z$/.test(first), `buckets of 10 s as dates; saw ${JSON.stringify(first)}`);
+    return `${points} buckets, first ${first}`;
+  });
+
+  await step("a pipeline outside the subset shows the server's 400 message", async () => {
+    expectedBad.push('/api/aggregate');
+    try {
+      const answered = page.waitForResponse((r) => r.url().endsWith('/api/aggregate'), { timeout: 5000 });
+      await page.fill('#query', '[{"$lookup": {"from": "x"}}]');
+      await page.click('#query-form button[type=submit]');
+      const res = await answered;
+      assert(res.status() === 400, `HTTP 400; saw ${res.status()}`);
+      const msg = await waitFor('the message in #query-error', 5000, () => document.getElementById('query-error').textContent.trim());
+      assert(/\$lookup is not supported/.test(msg), `the message names the stage; saw ${JSON.stringify(msg)}`);
+      const invalid = await page.getAttribute('#query', 'aria-invalid');
+      assert(invalid === 'true', `the box is marked invalid; aria-invalid=${invalid}`);
+      return JSON.stringify(msg);
+    } finally {
+      expectedBad.pop();
+    }
   });
 
   await step('screenshots, light and dark', async () => {

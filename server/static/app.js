@@ -6,6 +6,7 @@
 // adding timers or listeners, and no data is ever parsed as HTML (textContent only).
 
 import { SseStream } from './sse.js';
+import { querySnapshot, startQuery } from './query.js';
 
 /** Points kept per chart: 10 minutes at one point per second. */
 const WINDOW_POINTS = 600;
@@ -971,6 +972,7 @@ function start() {
   matchMedia('(prefers-color-scheme: dark)').addEventListener('change', () => {
     for (const c of Object.values(charts)) c.restyle();
   });
+  startQuery();
   $('events').addEventListener('toggle', onToggle, true); // toggle does not bubble
   $('filter-form').addEventListener('submit', submitFilter);
   for (const b of document.querySelectorAll('button.example')) {
@@ -1032,6 +1034,7 @@ function start() {
         shown: $('events').childElementCount,
       },
       points: Object.fromEntries(Object.entries(charts).map(([k, c]) => [k, c.table.xs.length])),
+      query: querySnapshot(),
     }),
     drop: () => {
       stats.stream.drop('dropped on request');
