@@ -8,8 +8,10 @@
 
 pub mod filter_cases;
 mod filters;
+mod queries;
 
 pub use filters::{filter_cases_on_capped, filter_cases_on_keyed};
+pub use queries::random_pipelines_answer_as_in_memory;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,6 +60,7 @@ macro_rules! every_check {
             keys_past_the_bound_are_refused: [],
             filter_cases_on_capped: [],
             filter_cases_on_keyed: [ChangeStreams, SnapshotReads],
+            random_pipelines_answer_as_in_memory: [],
         );
     };
 }

@@ -1,0 +1,183 @@
+//! Queries over a capped collection answer on every engine as the same pipeline answers over
+//! the same documents in memory: random pipelines (filters, time ranges, groups, sorts) from a
+//! fixed seed, over a fixed data set of the shapes the world sends (long-tail values in every
+//! script, arrays, missing fields, received times as dates). What differs between engines is
+//! how the documents are read (the embedded engine's time spans and projected scans, a
+//! server's tail), so that is what this holds to one answer.
+
+use serde_json::{Value, json};
+use store::query::{Input, Limits, Pipeline, aggregate};
+use store::{Document, Durability, Store};
+
+use super::capped;
+
+/// A small deterministic generator (xorshift64*): the same pipelines on every engine and run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+}
+
+/// 2:00 pm on 2026-12-06, in ms.
+const BASE_MS: i64 = 1_796_565_600_000;
+const DOCS: u64 = 1_200;
+
+const LANGS: [&str; 7] = ["en", "ja", "ar", "🌍", "ü", "und", "zh-Hant"];
+const TAGS: [&str; 6] = ["rust", "東京", "مرحبا", "🦀", "a.b", "Ünïcode"];
+
+/// Document `i`: received `i` × 700 ms after [`BASE_MS`], so the set spans 14 minutes.
+fn event(i: u64) -> Document {
+    let mut d = json!({
+        "i": i,
+        "lang": LANGS[(i * i % 7) as usize],
+        "n": (i * 37 % 101) as i64 - 50,
+        "f": (i % 13) as f64 / 4.0,
+        "user": {"screen_name": format!("u{}", i * 7 % 61)},
+        "_tailrace": {"received": store::date::value(BASE_MS + i as i64 * 700).unwrap()},
+    });
+    match i % 5 {
+        0 => {}
+        1 => d["hashtags"] = json!([]),
+        _ => {
+            d["hashtags"] = json!(
+                (0..i % 4)
+                    .map(|k| TAGS[((i + k * 3) % 6) as usize])
+                    .collect::<Vec<_>>()
+            )
+        }
+    }
+    if i % 11 == 0 {
+        d.as_object_mut().unwrap().remove("n");
+    }
+    d.as_object().cloned().unwrap()
+}
+
+fn at(ms: i64) -> Value {
+    store::date::value(ms).unwrap()
+}
+
+/// A first `$match`, or none.
+fn first_match(r: &mut Rng) -> Option<Value> {
+    let span = DOCS as i64 * 700;
+    let from = BASE_MS - 5_000 + r.below(span as u64 + 10_000) as i64;
+    let to = from + r.below(span as u64 / 2) as i64;
+    let range = json!({"_tailrace.received": {"$gte": at(from), "$lt": at(to)}});
+    Some(match r.below(7) {
+        0 => return None,
+        1 => range,
+        2 => json!({"lang": r.pick(&LANGS)}),
+        3 => json!({"n": {"$gt": r.below(100) as i64 - 50}}),
+        4 => json!({"hashtags": r.pick(&TAGS)}),
+        5 => json!({"$and": [range, {"lang": {"$in": [r.pick(&LANGS), r.pick(&LANGS)]}}]}),
+        _ => {
+            json!({"_tailrace.received": {"$gt": at(BASE_MS + r.below(span as u64) as i64)}, "f": {"$lte": 2}})
+        }
+    })
+}
+
+/// The rest of a pipeline: a group, an unwind and count, a projection, or a count.
+fn rest(r: &mut Rng) -> Vec<Value> {
+    let accs = [
+        ("events", json!({"$sum": 1})),
+        ("total", json!({"$sum": "$n"})),
+        ("mean", json!({"$avg": "$f"})),
+        ("least", json!({"$min": "$n"})),
+        ("most", json!({"$max": "$n"})),
+        ("first", json!({"$first": "$i"})),
+        ("last", json!({"$last": "$i"})),
+        ("langs", json!({"$addToSet": "$lang"})),
+        ("count", json!({"$count": {}})),
+    ];
+    match r.below(5) {
+        0 | 1 => {
+            let key = match r.below(4) {
+                0 => json!("$lang"),
+                1 => json!({"$dateTrunc": {"date": "$_tailrace.received", "unit": "minute"}}),
+                2 => {
+                    json!({"$dateTrunc": {"date": "$_tailrace.received", "unit": "second", "binSize": 30}})
+                }
+                _ => json!({"lang": "$lang", "user": "$user.screen_name"}),
+            };
+            let mut group = serde_json::Map::new();
+            group.insert("_id".into(), key);
+            for _ in 0..1 + r.below(4) {
+                let (name, acc) = r.pick(&accs);
+                group.insert((*name).into(), acc.clone());
+            }
+            let mut out = vec![json!({"$group": group}), json!({"$sort": {"_id": 1}})];
+            if r.below(2) == 0 {
+                out.push(json!({"$limit": 1 + r.below(20)}));
+            }
+            out
+        }
+        2 => vec![
+            json!({"$unwind": "$hashtags"}),
+            json!({"$sortByCount": "$hashtags"}),
+            json!({"$limit": 1 + r.below(6)}),
+        ],
+        3 => vec![
+            json!({"$project": {"lang": 1, "n": 1, "user.screen_name": 1}}),
+            json!({"$sort": {"n": -1, "_id": 1}}),
+            json!({"$skip": r.below(30)}),
+            json!({"$limit": 1 + r.below(40)}),
+        ],
+        _ => vec![json!({"$count": "n"})],
+    }
+}
+
+/// Random pipelines answer through the engine as over the same documents in memory.
+pub async fn random_pipelines_answer_as_in_memory(store: &dyn Store) {
+    let c = capped(store, "c_queries", 100_000, 256 << 20).await;
+    let mut all: Vec<Document> = Vec::new();
+    for chunk in (0..DOCS).collect::<Vec<_>>().chunks(100) {
+        let docs: Vec<Document> = chunk.iter().map(|i| event(*i)).collect();
+        let positions = c
+            .append(docs.clone(), Durability::Acknowledged)
+            .await
+            .unwrap();
+        for (mut d, p) in docs.into_iter().zip(positions) {
+            // A query sees each capped document with its position as `_id`.
+            d.insert("_id".into(), json!(p.0));
+            all.push(d);
+        }
+    }
+    let mut r = Rng(0x7A11_5ACE_D00D_F00D);
+    let mut failures = Vec::new();
+    for _ in 0..150 {
+        let mut stages: Vec<Value> = first_match(&mut r)
+            .map(|m| json!({"$match": m}))
+            .into_iter()
+            .collect();
+        stages.extend(rest(&mut r));
+        let json = Value::Array(stages);
+        let pipeline = Pipeline::parse(&json).unwrap_or_else(|e| panic!("{json}: {e}"));
+        let want = pipeline.run(all.clone(), Limits::default()).unwrap();
+        let got = aggregate(Input::Capped(c.clone()), pipeline, Limits::default())
+            .await
+            .unwrap_or_else(|e| panic!("{json}: {e}"));
+        if got.docs != want.docs {
+            failures.push(format!(
+                "{json}\n  engine:    {}\n  in memory: {}",
+                Value::Array(got.docs),
+                Value::Array(want.docs)
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of 150 pipelines answered differently:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
