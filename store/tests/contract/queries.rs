@@ -57,7 +57,7 @@ fn event(i: u64) -> Document {
             )
         }
     }
-    if i % 11 == 0 {
+    if i.is_multiple_of(11) {
         d.as_object_mut().unwrap().remove("n");
     }
     d.as_object().cloned().unwrap()
