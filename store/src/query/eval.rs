@@ -330,10 +330,22 @@ impl Run<'_> {
     }
 }
 
-fn sort_docs(docs: &mut [Document], keys: &[(Vec<String>, bool)]) {
-    docs.sort_by(|a, b| {
-        for (path, asc) in keys {
-            let (x, y) = (sort_value(a, path, *asc), sort_value(b, path, *asc));
+/// Sorts by `keys`, each document's sort values taken once (not once per comparison: a
+/// `$sortByCount` over a long tail sorts hundreds of thousands of groups). Stable, as
+/// MongoDB's order of ties is not promised but repeating answers are.
+fn sort_docs(docs: &mut Vec<Document>, keys: &[(Vec<String>, bool)]) {
+    let mut keyed: Vec<(Vec<Option<Value>>, Document)> = std::mem::take(docs)
+        .into_iter()
+        .map(|d| {
+            let values = keys
+                .iter()
+                .map(|(path, asc)| sort_value(&d, path, *asc))
+                .collect();
+            (values, d)
+        })
+        .collect();
+    keyed.sort_by(|(a, _), (b, _)| {
+        for ((x, y), (_, asc)) in a.iter().zip(b).zip(keys) {
             let ord = compare_opt(x.as_ref(), y.as_ref());
             let ord = if *asc { ord } else { ord.reverse() };
             if ord != Ordering::Equal {
@@ -342,6 +354,7 @@ fn sort_docs(docs: &mut [Document], keys: &[(Vec<String>, bool)]) {
         }
         Ordering::Equal
     });
+    docs.extend(keyed.into_iter().map(|(_, d)| d));
 }
 
 /// The value a `$sort` key orders a document by: an array sorts by its smallest element
