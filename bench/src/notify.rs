@@ -218,6 +218,7 @@ async fn api_server(
         dead_letters: t.capped.clone(),
         rollups: t.keyed.clone(),
         stats: t.keyed.clone(),
+        trends: t.keyed.clone(),
     };
     let state = server::AppState::for_collections(
         store.clone(),

@@ -376,6 +376,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         dead_letters: outbox.clone(),
         rollups: store.keyed("bench_outbox_rollups").await?,
         stats: store.keyed("bench_outbox_stats").await?,
+        trends: store.keyed("bench_outbox_trends").await?,
     };
     let state = AppState::for_collections(
         store.clone(),

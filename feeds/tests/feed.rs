@@ -575,3 +575,109 @@ async fn a_feed_goes_on_with_its_events_while_its_checkpoint_is_being_written() 
         "the stop saved the position of the last event"
     );
 }
+
+/// A scripted burst and a dip of the rate, replayed through a tailable feed: exactly one `up`
+/// and one `down` trend document in `trends`, at the seconds that completed them, and none
+/// for the steady seconds around them.
+#[tokio::test]
+async fn a_burst_and_a_dip_write_one_trend_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _, _) = open(&dir, 10_000).await;
+    let events = store
+        .capped(
+            "scripted",
+            &CappedSpec {
+                max_docs: 100_000,
+                max_bytes: 64 << 20,
+                indexes: vec![],
+            },
+        )
+        .await
+        .unwrap();
+    // Events per second: a steady 4, 5, 6, 5, ... then a burst of 20 a second for 5 s, steady
+    // again (long enough for the burst to leave the 20-second bands), 5 silent seconds, steady
+    // again; ending 3 s before now, so that no silence up to
+    // now breaks out.
+    let steady = |n: usize| (0..n).map(|i| [4, 5, 6, 5][i % 4]).collect::<Vec<u64>>();
+    let mut per_second = steady(30);
+    let burst_at = per_second.len() as i64;
+    per_second.extend([20; 5]);
+    per_second.extend(steady(30));
+    let dip_at = per_second.len() as i64;
+    per_second.extend([0; 5]);
+    per_second.extend(steady(20));
+    let now_s = store::clock::now_us() / 1_000_000;
+    let first_s = now_s - 3 - per_second.len() as i64;
+    let mut seq = 0;
+    let mut docs = Vec::new();
+    for (s, n) in per_second.iter().enumerate() {
+        for k in 0..*n {
+            seq += 1;
+            let at = (first_s + s as i64) * 1_000_000 + k as i64 * (1_000_000 / *n as i64);
+            docs.push(
+                json!({"_tailrace": {"source": "s", "seq": seq, "received_us": at}})
+                    .as_object()
+                    .cloned()
+                    .unwrap(),
+            );
+        }
+    }
+    events.append(docs, Durability::Journaled).await.unwrap();
+    let feed = start(
+        &store,
+        FeedSpec {
+            name: "scripted".into(),
+            reader: Box::new(Tail::new(events.clone())),
+            stats: StatsConfig {
+                period: 20,
+                k: 2.0,
+                checkpoint_interval_ms: 50,
+                ..StatsConfig::default()
+            },
+        },
+    )
+    .await;
+    feed.wait("every event", |s| events_of(s) == seq).await;
+    let trends = store.keyed("trends").await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let docs = loop {
+        let docs = trends.scan("scripted:").await.unwrap();
+        if docs.len() >= 2 || tokio::time::Instant::now() > deadline {
+            break docs;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    feed.stop().await;
+    let seen: Vec<(String, String)> = docs
+        .iter()
+        .map(|d| {
+            (
+                d.key.clone(),
+                d.doc["direction"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    // A breakout is completed by the third second beyond its band.
+    let up = first_s + burst_at + 2;
+    let down = first_s + dip_at + 2;
+    assert_eq!(
+        seen,
+        vec![
+            (format!("scripted:rate:{up}"), "up".to_owned()),
+            (format!("scripted:rate:{down}"), "down".to_owned()),
+        ]
+    );
+    let up_doc = &docs[0].doc;
+    assert_eq!(up_doc["feed"], "scripted");
+    assert_eq!(up_doc["rate"], 20.0);
+    assert_eq!(up_doc["window_s"], 20);
+    assert!(
+        up_doc["band"]["upper"].as_f64().unwrap() < 20.0,
+        "{up_doc:?}"
+    );
+    assert_eq!(
+        store::date::millis(&up_doc["at"]),
+        Some(up * 1000),
+        "the second that completed it"
+    );
+}

@@ -8,7 +8,7 @@
 //!
 //! | parameter | meaning |
 //! |---|---|
-//! | `collection` | `events`, `dead_letters` (capped: every insert) or `rollups`, `stats` (keyed: inserts, updates, replaces, deletes) |
+//! | `collection` | `events`, `dead_letters` (capped: every insert) or `rollups`, `stats`, `trends` (keyed: inserts, updates, replaces, deletes) |
 //! | `filter` | a document filter in MongoDB query syntax ([`store::Filter`]); an invalid one is a 400 naming what and where |
 //! | `ops` | keyed collections: `insert,update,replace,delete` (a subset) |
 //! | `include_initial` | first the current matching documents (capped: the newest `initial_limit`, default 50, at most 1000; keyed: a consistent snapshot), then `{"state":"ready"}`, then the changes: no gap, no duplicate between them |
@@ -108,7 +108,7 @@ impl StreamLimits {
 }
 
 /// The four collections a client can follow.
-const COLLECTIONS: &str = "events, dead_letters, rollups, stats";
+const COLLECTIONS: &str = "events, dead_letters, rollups, stats, trends";
 
 /// Why a request is refused before the stream starts.
 type Refusal = (StatusCode, String);
@@ -146,6 +146,7 @@ fn parse(s: &AppState, headers: &HeaderMap, query: &str) -> Result<Request, Refu
         "dead_letters" => Target::Capped(s.dead_letters.clone()),
         "rollups" => Target::Keyed(s.rollups.clone()),
         "stats" => Target::Keyed(s.stats.clone()),
+        "trends" => Target::Keyed(s.trends.clone()),
         other => {
             return Err(bad(format!(
                 "collection: {other:?} is not one of {COLLECTIONS}"

@@ -47,6 +47,8 @@ pub struct AppState {
     pub rollups: Arc<dyn Keyed>,
     /// The feeds' and the ingester's statistics documents (what the live page draws).
     pub stats: Arc<dyn Keyed>,
+    /// The feeds' trend changes.
+    pub trends: Arc<dyn Keyed>,
     /// Ingest counters.
     pub ingest: Arc<IngestStats>,
     /// Set once the store is open and every feed has started.
@@ -78,6 +80,7 @@ impl AppState {
             dead_letters: p.collections().dead_letters.clone(),
             rollups: p.collections().rollups.clone(),
             stats: p.collections().stats.clone(),
+            trends: p.collections().trends.clone(),
             ingest: p.ingest_stats().clone(),
             ready: p.ready().clone(),
             health: p.health().clone(),
@@ -107,6 +110,7 @@ impl AppState {
             dead_letters: collections.dead_letters,
             rollups: collections.rollups,
             stats: collections.stats,
+            trends: collections.trends,
             ingest: Arc::new(IngestStats::default()),
             ready: Arc::new(AtomicBool::new(true)),
             health: Arc::new(StoreHealth::new()),

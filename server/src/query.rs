@@ -18,12 +18,12 @@ use store::query::{AggregateError, Input, Order, PageRequest, Pipeline, aggregat
 use super::{AppState, error};
 
 /// The collections a query may read.
-const COLLECTIONS: &str = "events, dead_letters, rollups, stats";
+const COLLECTIONS: &str = "events, dead_letters, rollups, stats, trends";
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct Request {
-    /// `events`, `dead_letters`, `rollups` or `stats`.
+    /// `events`, `dead_letters`, `rollups`, `stats` or `trends`.
     collection: String,
     /// The stages.
     pipeline: Value,
@@ -50,6 +50,7 @@ pub(super) async fn aggregate(
         "dead_letters" => Input::Capped(s.dead_letters.clone()),
         "rollups" => Input::Keyed(s.rollups.clone()),
         "stats" => Input::Keyed(s.stats.clone()),
+        "trends" => Input::Keyed(s.trends.clone()),
         other => {
             return error(
                 StatusCode::BAD_REQUEST,

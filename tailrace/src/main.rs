@@ -71,7 +71,7 @@ enum Command {
     Tail {
         /// The feed's name (see the `feeds` line at startup, or /api/feeds).
         feed: Option<String>,
-        /// Follow a collection instead (events, dead_letters, rollups, stats) through
+        /// Follow a collection instead (events, dead_letters, rollups, stats, trends) through
         /// /api/changes.
         #[arg(long)]
         collection: Option<String>,
@@ -104,7 +104,7 @@ enum Command {
     Query {
         /// The pipeline: a JSON array of stages.
         pipeline: String,
-        /// The collection: events, dead_letters, rollups or stats.
+        /// The collection: events, dead_letters, rollups, stats or trends.
         #[arg(long, default_value = "events")]
         collection: String,
         /// How the answer is printed.

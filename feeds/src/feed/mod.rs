@@ -154,6 +154,10 @@ pub struct Feed {
     store: Arc<dyn Store>,
     gaps: Arc<dyn Keyed>,
     stats_docs: Arc<dyn Keyed>,
+    /// Where the statistics' changes go (`trends`: the rate's breakouts), and those not yet
+    /// written (a tick whose writes are under way leaves them to the next).
+    trends: Arc<dyn Keyed>,
+    unwritten_trends: Vec<(String, Document)>,
     handle: FeedHandle,
     meters: FeedMeters,
     /// Events committed before this moment are replays: they get no latency sample.
@@ -177,13 +181,33 @@ struct TickWrites {
     feed: String,
     store: Arc<dyn Store>,
     stats_docs: Arc<dyn Keyed>,
+    trends: Arc<dyn Keyed>,
     checkpoints: metrics::Counter,
 }
 
 impl TickWrites {
-    /// Saves the checkpoint (position and state together), then the `stats` document; false
-    /// (and the failure reported) when a checkpoint was due and not saved.
-    async fn run(self, checkpoint: Option<Checkpoint>, stats_doc: Option<Value>) -> bool {
+    /// Writes the trend documents, saves the checkpoint (position and state together), then
+    /// the `stats` document; false (and the failure reported) when a checkpoint was due and not
+    /// saved. Trends first: a checkpoint saved before them would, after a crash, resume past
+    /// the breakouts they record, which a replay then never meets again; written first, a
+    /// crash before the checkpoint only writes the same keys again.
+    async fn run(
+        self,
+        trends: Vec<(String, Document)>,
+        checkpoint: Option<Checkpoint>,
+        stats_doc: Option<Value>,
+    ) -> bool {
+        for (key, doc) in trends {
+            if let Err(e) = self.trends.set(&key, doc, Durability::Journaled).await {
+                t::FeedWriteFailed {
+                    feed: &self.feed,
+                    what: "trend document",
+                    error: e.to_string(),
+                }
+                .emit();
+                return false;
+            }
+        }
         let mut saved = true;
         if let Some(cp) = checkpoint {
             let result = match cp.into_value() {
@@ -251,6 +275,7 @@ impl Feed {
         }
         let gaps = store.keyed("gaps").await.map_err(err)?;
         let stats_docs = store.keyed("stats").await.map_err(err)?;
+        let trends = store.keyed("trends").await.map_err(err)?;
         let saved = store.load_checkpoint(&name).await.map_err(err)?;
         let mut stats = RollingStats::new(&config, &name);
         let mut position = None;
@@ -320,6 +345,8 @@ impl Feed {
             store,
             gaps,
             stats_docs,
+            trends,
+            unwritten_trends: Vec::new(),
             handle,
             meters,
             started_us: now_us(),
@@ -528,6 +555,13 @@ impl Feed {
         }
         let snap = self.stats.snapshot();
         self.stats.publish(&snap);
+        for change in self.stats.take_changes() {
+            let mut doc = change.doc;
+            doc.insert("feed".into(), Value::from(self.name.clone()));
+            doc.insert("position".into(), json!(self.position));
+            self.unwritten_trends
+                .push((format!("{}:{}", self.name, change.key), doc));
+        }
         if let Some(l) = lag.entries() {
             self.meters.lag.set(l as f64);
         }
@@ -570,7 +604,7 @@ impl Feed {
                     "updated_us": now,
                 })
             });
-            if checkpoint.is_some() || stats_doc.is_some() {
+            if checkpoint.is_some() || stats_doc.is_some() || !self.unwritten_trends.is_empty() {
                 if checkpoint.is_some() {
                     self.unsaved = false;
                     self.checkpointed_at = tokio::time::Instant::now();
@@ -580,9 +614,11 @@ impl Feed {
                     feed: self.name.clone(),
                     store: self.store.clone(),
                     stats_docs: self.stats_docs.clone(),
+                    trends: self.trends.clone(),
                     checkpoints: self.meters.checkpoints.clone(),
                 };
-                let writing = tokio::spawn(writes.run(checkpoint, stats_doc));
+                let trends = std::mem::take(&mut self.unwritten_trends);
+                let writing = tokio::spawn(writes.run(trends, checkpoint, stats_doc));
                 if stopping {
                     self.written(writing).await;
                 } else {

@@ -76,11 +76,26 @@ pub trait Statistic: Send + Sync + 'static {
     /// a tick, not once for the snapshot and again for the metrics.
     fn publish(&mut self, figures: &Map<String, Value>);
 
+    /// What happened since the last call that deserves a document of its own (a breakout of
+    /// the rate from its bands), oldest first; the feed writes each to the `trends`
+    /// collection. None by default.
+    fn take_changes(&mut self) -> Vec<StatChange> {
+        Vec::new()
+    }
+
     /// Its whole state, for a checkpoint.
     fn save(&self) -> Value;
 
     /// Replaces its state with a saved one. On error the statistic is unchanged.
     fn restore(&mut self, state: &Value) -> Result<(), String>;
+}
+
+/// A change a statistic reports ([`Statistic::take_changes`]): a document and the key that
+/// names it within its feed, the same when a replay after a restart meets the change again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatChange {
+    pub key: String,
+    pub doc: Map<String, Value>,
 }
 
 /// A statistic as registered: how to build it for a feed, and which fields of an event it
@@ -344,6 +359,14 @@ impl RollingStats {
         for s in &mut self.stats {
             s.publish(&snapshot.figures);
         }
+    }
+
+    /// Every statistic's changes since the last call ([`Statistic::take_changes`]).
+    pub fn take_changes(&mut self) -> Vec<StatChange> {
+        self.stats
+            .iter_mut()
+            .flat_map(|s| s.take_changes())
+            .collect()
     }
 
     /// The whole state: `{"events": n, "<statistic>": state, ...}`.

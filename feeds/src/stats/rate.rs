@@ -10,7 +10,7 @@ use metrics::Gauge;
 use serde_json::{Map, Value, json};
 
 use super::bollinger::{BandGauges, Bands, Bollinger};
-use super::{Event, Registration, Statistic, StatsConfig, from_state, to_state};
+use super::{Event, Registration, StatChange, Statistic, StatsConfig, from_state, to_state};
 use crate::telemetry as t;
 
 /// Microseconds per second, the bucket width.
@@ -110,6 +110,22 @@ pub struct RateSeries {
     /// Breakouts of the closed seconds from their bands (absent from older checkpoints).
     #[serde(default)]
     trend: TrendState,
+    /// Breakouts not yet taken ([`RateSeries::take_breakouts`]). Not checkpointed: a feed
+    /// restarted from a checkpoint before one meets it again as it replays.
+    #[serde(skip)]
+    breakouts: Vec<Breakout>,
+}
+
+/// One breakout of the rate from its bands: the second that completed it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Breakout {
+    /// The second (since the Unix epoch).
+    pub second: i64,
+    pub direction: Trend,
+    /// That second's count.
+    pub rate: f64,
+    /// The bands it was measured against (those of the seconds before it).
+    pub bands: Bands,
 }
 
 impl RateSeries {
@@ -122,7 +138,27 @@ impl RateSeries {
             current: 0,
             last_rate: 0,
             trend: TrendState::default(),
+            breakouts: Vec::new(),
         }
+    }
+
+    /// The breakouts since the last call, oldest first.
+    pub fn take_breakouts(&mut self) -> Vec<Breakout> {
+        std::mem::take(&mut self.breakouts)
+    }
+
+    /// Takes one closed second into the breakout detector, then into the bands.
+    fn close_second(&mut self, second: i64, count: f64) {
+        let bands = self.bollinger.bands();
+        if let (Some(direction), Some(bands)) = (self.trend.observe(count, bands), bands) {
+            self.breakouts.push(Breakout {
+                second,
+                direction,
+                rate: count,
+                bands,
+            });
+        }
+        self.bollinger.push(count);
     }
 
     /// Where the rate stands against its bands, and the breakouts so far.
@@ -179,9 +215,7 @@ impl RateSeries {
         // Counts far beyond 2^53 would lose precision as f64; irrelevant at
         // realistic rates, and it cannot panic.
         // Against the bands of the seconds before it, then into them.
-        self.trend
-            .observe(self.current as f64, self.bollinger.bands());
-        self.bollinger.push(self.current as f64);
+        self.close_second(open, self.current as f64);
         self.last_rate = self.current;
         // Saturating: the difference of two far-apart seconds cannot
         // overflow the cap below anyway.
@@ -192,9 +226,8 @@ impl RateSeries {
             let zeros = usize::try_from(empty)
                 .unwrap_or(usize::MAX)
                 .min(self.bollinger.period());
-            for _ in 0..zeros {
-                self.trend.observe(0.0, self.bollinger.bands());
-                self.bollinger.push(0.0);
+            for k in 0..zeros {
+                self.close_second(open + 1 + k as i64, 0.0);
             }
             // The most recent closed second is an empty one.
             self.last_rate = 0;
@@ -210,6 +243,9 @@ impl RateSeries {
 /// `tailrace_bollinger{series="rate"}` and `tailrace_trend_changes_total{direction}`.
 pub struct Rate {
     series: RateSeries,
+    /// The bands' window (seconds) and width (σ), said in each trend document.
+    window_s: usize,
+    k: f64,
     rate: Gauge,
     bands: BandGauges,
     /// Breakouts up and down counted into the metric so far.
@@ -222,6 +258,8 @@ impl Rate {
     pub fn new(config: &StatsConfig, feed: &str) -> Self {
         Rate {
             series: RateSeries::new(config.period, config.k),
+            window_s: config.period,
+            k: config.k,
             rate: metrics::gauge!(t::RATE, "feed" => feed.to_string()),
             bands: BandGauges::new(feed, "rate"),
             counted: [0; 2],
@@ -273,6 +311,33 @@ impl Statistic for Rate {
             counter.increment(now.saturating_sub(before));
         }
         self.counted = changes;
+    }
+
+    /// Each breakout as a trend document: `{"statistic": "rate", "direction": "up",
+    /// "at": <date of the second>, "rate", "band": {"upper", "middle", "lower"}, "window_s",
+    /// "k"}`, keyed `rate:<second>`.
+    fn take_changes(&mut self) -> Vec<StatChange> {
+        let (window_s, k) = (self.window_s, self.k);
+        self.series
+            .take_breakouts()
+            .into_iter()
+            .filter_map(|b| {
+                let at = store::date::value(b.second.saturating_mul(1000))?;
+                let doc = json!({
+                    "statistic": "rate",
+                    "direction": b.direction,
+                    "at": at,
+                    "rate": b.rate,
+                    "band": {"upper": b.bands.upper, "middle": b.bands.middle, "lower": b.bands.lower},
+                    "window_s": window_s,
+                    "k": k,
+                });
+                Some(StatChange {
+                    key: format!("rate:{}", b.second),
+                    doc: doc.as_object()?.clone(),
+                })
+            })
+            .collect()
     }
 
     fn save(&self) -> Value {

@@ -43,6 +43,9 @@ pub struct Collections {
     pub rollups: Arc<dyn Keyed>,
     /// The feeds' statistics documents and the `ingest` document.
     pub stats: Arc<dyn Keyed>,
+    /// The feeds' trend changes (breakouts of the rate from its bands), keyed
+    /// `<feed>:rate:<second>`.
+    pub trends: Arc<dyn Keyed>,
 }
 
 impl Collections {
@@ -53,6 +56,7 @@ impl Collections {
             dead_letters: store.capped("dead_letters", &dead_letters_spec(c)).await?,
             rollups: store.keyed("rollups").await?,
             stats: store.keyed("stats").await?,
+            trends: store.keyed("trends").await?,
         })
     }
 
