@@ -239,8 +239,9 @@ pub trait Capped: Send + Sync + 'static {
     async fn bounds(&self) -> Result<Option<Bounds>>;
 
     /// For queries over the stored window: the documents at positions `[from, to]` still
-    /// retained when each is read, in order, in batches, holding only the top-level `fields`
-    /// when given (a query decodes no more than it uses), read ahead of the consumer, on
+    /// retained when each is read, in order, in batches, holding only the field paths `fields`
+    /// (dotted; see [`crate::query::only_paths`]) when given (a query decodes no more than it
+    /// uses), read ahead of the consumer, on
     /// threads of their own. Documents evicted meanwhile are skipped: the answer is over the
     /// window as the read found it. `None` when the engine has no faster way than a tail,
     /// which the caller then reads.

@@ -215,16 +215,16 @@ impl Pipeline {
         self.stages.iter().map(Stage::name).collect()
     }
 
-    /// The top-level fields the pipeline reads, when a stage (`$group`, `$project`, `$count`,
-    /// `$sortByCount`) replaces the documents before the end, so that nothing else of a
-    /// document need be copied out of the store; `None` when whole documents come out.
+    /// The field paths the pipeline reads (dotted: `user.screen_name`), when a stage
+    /// (`$group`, `$project`, `$count`, `$sortByCount`) replaces the documents before the end,
+    /// so that nothing else of a document need be decoded or copied out of the store
+    /// ([`only_paths`]); `None` when whole documents come out.
     pub fn fields_read(&self) -> Option<Vec<String>> {
         let mut fields = Vec::new();
         let add = |path: &[String], fields: &mut Vec<String>| {
-            if let Some(first) = path.first()
-                && !fields.contains(first)
-            {
-                fields.push(first.clone());
+            let dotted = path.join(".");
+            if !dotted.is_empty() && !fields.contains(&dotted) {
+                fields.push(dotted);
             }
         };
         for stage in &self.stages {
@@ -283,17 +283,32 @@ impl Pipeline {
     }
 }
 
-/// The top-level fields a filter's paths start with (through `$and`, `$or`).
+/// `paths` (dotted) split into parts, without those another one covers (`user` covers
+/// `user.id`): what a document cut down to them must hold.
+pub fn only_paths(paths: &[String]) -> Vec<Vec<String>> {
+    let split: Vec<Vec<String>> = paths
+        .iter()
+        .map(|p| p.split('.').map(str::to_owned).collect())
+        .collect();
+    let mut out: Vec<Vec<String>> = Vec::new();
+    for p in &split {
+        let covered = split.iter().any(|q| q.len() < p.len() && p.starts_with(q));
+        if !covered && !out.contains(p) {
+            out.push(p.clone());
+        }
+    }
+    out
+}
+
+/// The field paths a filter reads (through `$and`, `$or`).
 fn filter_fields(filter: &Value, out: &mut Vec<String>) {
     match filter {
         Value::Object(o) => {
             for (k, v) in o {
                 if k.starts_with('$') {
                     filter_fields(v, out);
-                } else if let Some(first) = k.split('.').next()
-                    && !out.iter().any(|f| f == first)
-                {
-                    out.push(first.to_owned());
+                } else if !out.iter().any(|f| f == k) {
+                    out.push(k.clone());
                 }
             }
         }

@@ -23,6 +23,8 @@
 
 use std::borrow::Cow;
 
+use serde_json::Value;
+
 use crate::{ChangeOp, Document, Result, StoreError};
 
 /// `TRJ1`.
@@ -57,29 +59,69 @@ pub(crate) fn parse_doc(json: &[u8]) -> Result<Document> {
     sonic_rs::from_slice(json).map_err(unparsable)
 }
 
-/// Only the top-level `fields` of a stored document (those it has): the rest is skipped
-/// without being decoded, which is most of the cost of a query over tweet-like events that
-/// groups by one or two fields. Values read as [`parse_doc`] reads them.
-pub(crate) fn parse_fields(json: &[u8], fields: &[String]) -> Result<Document> {
+/// Only the field `paths` of a stored document (split, none covering another:
+/// [`crate::query::only_paths`]), in a document of their own (`user.screen_name` gives
+/// `{"user": {"screen_name": ...}}`): the rest is skipped without being decoded, which is most
+/// of the cost of a query over tweet-like events that groups by one or two fields. A path
+/// that meets an array or a scalar before its end takes that value whole, so that a query
+/// reaching through arrays finds what it would in the whole document. Values read as
+/// [`parse_doc`] reads them.
+pub(crate) fn parse_paths(json: &[u8], paths: &[Vec<String>]) -> Result<Document> {
     let mut doc = Document::new();
     for kv in sonic_rs::to_object_iter(json) {
         let (k, v) = kv.map_err(unparsable)?;
-        if let Some(name) = fields.iter().find(|f| f.as_str() == &*k) {
-            let raw = v.as_raw_str();
-            // A value that is itself a number has no separator before it to look for.
-            let value = if raw.starts_with("-0") || may_hold_negative_zero(raw.as_bytes()) {
-                serde_json::from_str(raw)?
-            } else {
-                sonic_rs::from_str(raw).map_err(unparsable)?
-            };
-            doc.insert(name.clone(), value);
-            // Keys are unique in what serde_json wrote: done once every field is found.
-            if doc.len() == fields.len() {
-                break;
-            }
+        let mut wanted = paths
+            .iter()
+            .filter(|p| p.first().map(String::as_str) == Some(&*k));
+        let Some(first) = wanted.next() else {
+            continue;
+        };
+        let raw = v.as_raw_str();
+        for path in std::iter::once(first).chain(wanted) {
+            take_path(raw, &path[1..], path, &mut doc)?;
         }
     }
     Ok(doc)
+}
+
+/// Puts the value at `rest` below `raw` (the JSON of `path`'s first part) into `doc`.
+fn take_path(raw: &str, rest: &[String], path: &[String], doc: &mut Document) -> Result<()> {
+    let (mut raw, mut depth) = (Cow::Borrowed(raw), 0);
+    while depth < rest.len() && raw.starts_with('{') {
+        match sonic_rs::get(&*raw, [rest[depth].as_str()]) {
+            // Only the value found is copied: a few bytes at the end of a path.
+            Ok(v) => raw = Cow::Owned(v.as_raw_str().to_owned()),
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(unparsable(e)),
+        }
+        depth += 1;
+    }
+    let value = parse_value(&raw)?;
+    // Where the path stops (its end, or an array or scalar on the way).
+    let at = &path[..depth + 1];
+    let mut node = doc;
+    for part in &at[..at.len() - 1] {
+        let slot = node
+            .entry(part.clone())
+            .or_insert_with(|| Value::Object(Document::new()));
+        match slot {
+            Value::Object(m) => node = m,
+            // Taken whole already by a shorter path of the same prefix.
+            _ => return Ok(()),
+        }
+    }
+    node.insert(at[at.len() - 1].clone(), value);
+    Ok(())
+}
+
+/// One stored value as [`parse_doc`] reads it.
+fn parse_value(raw: &str) -> Result<Value> {
+    // A value that is itself a number has no separator before it to look for.
+    if raw.starts_with("-0") || may_hold_negative_zero(raw.as_bytes()) {
+        Ok(serde_json::from_str(raw)?)
+    } else {
+        sonic_rs::from_str(raw).map_err(unparsable)
+    }
 }
 
 fn unparsable(e: sonic_rs::Error) -> StoreError {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::Inner;
-use super::format::{Entry, Header, parse_doc, parse_fields};
+use super::format::{Entry, Header, parse_doc, parse_paths};
 use super::journal::{Segment, SegmentScan};
 use super::state::{self, SegIndex};
 use super::tree;
@@ -232,8 +232,9 @@ pub(super) fn scan(
             let (inner, coll, fields) = (inner.clone(), coll.clone(), fields.clone());
             let worker = move || {
                 lowest_priority();
-                let decode = |json: &[u8]| match &fields {
-                    Some(f) => parse_fields(json, f),
+                let paths = fields.as_deref().map(crate::query::only_paths);
+                let decode = |json: &[u8]| match &paths {
+                    Some(p) => parse_paths(json, p),
                     None => parse_doc(json),
                 };
                 let mut lo = from.saturating_add(k * SCAN_CHUNK);

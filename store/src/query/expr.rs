@@ -153,14 +153,13 @@ impl Expr {
         })
     }
 
-    /// Adds the top-level fields the expression reads to `out`.
+    /// Adds the field paths the expression reads (dotted) to `out`.
     pub(crate) fn fields(&self, out: &mut Vec<String>) {
         match self {
             Expr::Field(parts) => {
-                if let Some(first) = parts.first()
-                    && !out.contains(first)
-                {
-                    out.push(first.clone());
+                let dotted = parts.join(".");
+                if !dotted.is_empty() && !out.contains(&dotted) {
+                    out.push(dotted);
                 }
             }
             Expr::Literal(_) => {}

@@ -141,14 +141,23 @@ async fn read(
     Ok(())
 }
 
-/// The document, or only the fields the pipeline reads: a document of tweet-like events is
-/// mostly text no `$group` looks at, and copying it costs more than evaluating the query.
+/// The document, or only the top-level fields the pipeline's paths start with: a document of
+/// tweet-like events is mostly text no `$group` looks at, and copying it costs more than
+/// evaluating the query.
 fn take(doc: Arc<Document>, fields: Option<&[String]>) -> Document {
     match fields {
-        Some(fields) => fields
-            .iter()
-            .filter_map(|f| Some((f.clone(), doc.get(f)?.clone())))
-            .collect(),
+        Some(paths) => {
+            let mut out = Document::new();
+            for p in paths {
+                let top = p.split('.').next().unwrap_or(p);
+                if !out.contains_key(top)
+                    && let Some(v) = doc.get(top)
+                {
+                    out.insert(top.to_owned(), v.clone());
+                }
+            }
+            out
+        }
         // Taken, not copied, when this reader holds the only reference.
         None => Arc::try_unwrap(doc).unwrap_or_else(|d| Document::clone(&d)),
     }

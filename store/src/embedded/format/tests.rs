@@ -319,33 +319,52 @@ fn a_damaged_stored_document_is_an_error() {
     }
 }
 
-/// A document read for only some of its fields holds exactly those fields, each as the whole
-/// document reads it: negative zeros, escapes, every script, nested values, `$` and dotted
-/// keys, and fields the document lacks.
+/// A document read for only some of its paths holds exactly what the whole document holds
+/// along them: negative zeros, escapes, every script, nested objects, arrays on the way (taken
+/// whole), `$` and dotted keys, and paths the document lacks.
 #[test]
-fn some_fields_read_as_the_whole_document_reads_them() {
+fn some_paths_read_as_the_whole_document_reads_them() {
     let doc = serde_json::json!({
         "$schema": "/x", "a.b": 1, "neg": -0.0, "text": "東京 \"q\" \\ \u{1F980} \u{0}",
-        "user": {"screen_name": "ü", "ids": [1, -0.0, {"$date": "2026-12-06T14:00:00Z"}]},
+        "user": {"screen_name": "ü", "ids": [1, -0.0, {"$date": "2026-12-06T14:00:00Z"}], "deep": {"n": -0.0}},
+        "tags": [{"t": "a"}, {"t": "b"}],
         "hashtags": ["Ünïcode", "🦀"], "n": 12345678901234567890u64, "f": 0.1,
     });
     let mut bytes = Vec::new();
     write_doc(doc.as_object().unwrap(), &mut bytes).unwrap();
     let whole = parse_doc(&bytes).unwrap();
-    for fields in [
-        vec!["user", "hashtags"],
-        vec!["neg"],
-        vec!["$schema", "a.b", "missing"],
-        vec!["text", "n", "f"],
-        vec![],
-    ] {
-        let fields: Vec<String> = fields.into_iter().map(String::from).collect();
-        let some = parse_fields(&bytes, &fields).unwrap();
-        let want: Document = fields
-            .iter()
-            .filter_map(|f| Some((f.clone(), whole.get(f)?.clone())))
-            .collect();
-        assert_eq!(some, want, "{fields:?}");
+    let cases: [(&[&str], serde_json::Value); 7] = [
+        (
+            &["user.screen_name", "hashtags"],
+            serde_json::json!({"user": {"screen_name": "ü"}, "hashtags": ["Ünïcode", "🦀"]}),
+        ),
+        (
+            &["neg", "user.deep.n"],
+            serde_json::json!({"neg": -0.0, "user": {"deep": {"n": -0.0}}}),
+        ),
+        (
+            &["$schema", "a.b", "missing", "user.missing.x"],
+            serde_json::json!({"$schema": "/x"}),
+        ),
+        (
+            &["tags.t", "user.ids.0"],
+            serde_json::json!({"tags": [{"t": "a"}, {"t": "b"}], "user": {"ids": [1, -0.0, {"$date": "2026-12-06T14:00:00Z"}]}}),
+        ),
+        (
+            &["user", "user.screen_name"],
+            serde_json::json!({"user": whole["user"].clone()}),
+        ),
+        (
+            &["text", "n", "f"],
+            serde_json::json!({"text": whole["text"].clone(), "n": whole["n"].clone(), "f": 0.1}),
+        ),
+        (&[], serde_json::json!({})),
+    ];
+    for (paths, want) in cases {
+        let paths: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
+        let some = parse_paths(&bytes, &crate::query::only_paths(&paths)).unwrap();
+        let want = want.as_object().unwrap();
+        assert_eq!(&some, want, "{paths:?}");
         assert_eq!(
             format!("{some:?}"),
             format!("{want:?}"),
