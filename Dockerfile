@@ -1,7 +1,15 @@
-# syntax=docker/dockerfile:1
 # tailrace with the MongoDB engine. `docker compose up` builds it (see docker-compose.yml); by
 # hand: `docker build -t tailrace .`. Checked without Docker by tailrace/tests/stack.rs (copied
-# paths, crate, binary and feature names, hadolint).
+# paths, crate, binary and feature names, hadolint); built and run by scripts/stack.sh.
+#
+# Two build arguments let a machine without an image registry build the same runtime stage:
+# RUNTIME_IMAGE, the Debian image it starts from, and BINARY_FROM, an image holding a release
+# binary at /usr/local/bin/tailrace built outside Docker (then the build stage is skipped).
+# scripts/stack.sh passes both; by default the binary is built from source below. No
+# `# syntax=` line: the builder built into Docker parses this file, so that no frontend image
+# has to be pulled.
+ARG RUNTIME_IMAGE=debian:trixie-slim
+ARG BINARY_FROM=build
 
 # ---- build ------------------------------------------------------------------------------------
 # The same Debian release as the runtime stage, so the binary finds the glibc it was linked with.
@@ -24,8 +32,11 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked --features ingest/mongodb --bin tailrace \
     && cp target/release/tailrace /usr/local/bin/tailrace
 
+# The binary: the build stage's, or the image named by BINARY_FROM.
+FROM ${BINARY_FROM} AS binary
+
 # ---- run --------------------------------------------------------------------------------------
-FROM debian:trixie-slim
+FROM ${RUNTIME_IMAGE} AS runtime
 # ca-certificates: TLS to MongoDB (Atlas, mongodb+srv://) and HTTPS sources. curl: the health
 # check. Versions are not pinned: Debian's archive keeps only the current security release of
 # each package, so a pin would break the build at the next update.
@@ -35,7 +46,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 # An unprivileged user; its home holds the embedded engine's data if that engine is chosen.
 RUN useradd --system --uid 10001 --user-group --create-home --home-dir /var/lib/tailrace tailrace
-COPY --from=build /usr/local/bin/tailrace /usr/local/bin/tailrace
+COPY --from=binary /usr/local/bin/tailrace /usr/local/bin/tailrace
 # Numeric, so that "run as non-root" checks (Kubernetes runAsNonRoot) can verify it.
 USER 10001:10001
 WORKDIR /var/lib/tailrace
