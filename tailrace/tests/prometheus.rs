@@ -108,40 +108,8 @@ impl Prometheus {
 
     /// GET /api/v1/... → the `data` member (panics on an error answer).
     async fn api(&self, path: &str, query: &[(&str, &str)]) -> Value {
-        let params: Vec<String> = query
-            .iter()
-            .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
-            .collect();
-        let url = format!("http://{}/api/v1/{path}?{}", self.addr, params.join("&"));
-        let resp = reqwest::Client::new()
-            .get(&url)
-            .timeout(Duration::from_secs(10))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("GET {url}: {e}\n{}", self.log()));
-        let text = resp.text().await.unwrap();
-        let body: Value = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("GET {url}: not JSON ({e}): {text}"));
-        assert_eq!(
-            body["status"],
-            "success",
-            "GET {url} {query:?}: {body}\n{}",
-            self.log()
-        );
-        body["data"].clone()
+        dashboard::prometheus_api(&format!("http://{}", self.addr), path, query).await
     }
-}
-
-/// Percent-encodes a query-string component (everything but RFC 3986's unreserved bytes).
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// A free port on the loopback interface (released before Prometheus binds it).
@@ -274,64 +242,15 @@ async fn every_panel_has_data_in_a_real_prometheus() {
     let deadline = Instant::now() + Duration::from_secs(90);
     let evaluated = loop {
         let range = format!("{}s", started.elapsed().as_secs().max(10));
-        let mut empty = Vec::new();
-        let mut evaluated = 0;
-        for (path, d) in dashboard::dashboards() {
-            let vars = dashboard::variables(&d);
-            for (name, value) in &vars {
-                let v = d["templating"]["list"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .find(|v| v["name"] == name.as_str())
-                    .unwrap();
-                let def = v["query"]["query"].as_str().unwrap();
-                let inner = def
-                    .strip_prefix("label_values(")
-                    .and_then(|s| s.strip_suffix(')'))
-                    .unwrap_or_else(|| panic!("variable {name}: unsupported query {def}"));
-                let (metric, label) = inner.split_once(',').unwrap();
-                let values = prom
-                    .api(
-                        &format!("label/{}/values", label.trim()),
-                        &[("match[]", metric.trim())],
-                    )
-                    .await;
-                if !values
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|v| v == value.as_str())
-                {
-                    empty.push(format!(
-                        "variable {name}: {def} = {values}, lacks its default {value:?}"
-                    ));
-                }
-            }
-            for q in dashboard::queries(&path, &d) {
-                let expr = dashboard::substitute(
-                    &q.expr,
-                    &[
-                        ("__rate_interval", RATE_INTERVAL),
-                        ("__interval", INTERVAL),
-                        ("__range", &range),
-                    ],
-                    &vars,
-                );
-                let result = prom.api("query", &[("query", &expr)]).await;
-                evaluated += 1;
-                let samples = result["result"].as_array().cloned().unwrap_or_default();
-                let finite = samples.iter().any(|s| {
-                    s["value"][1]
-                        .as_str()
-                        .and_then(|v| v.parse::<f64>().ok())
-                        .is_some_and(f64::is_finite)
-                });
-                if !finite {
-                    empty.push(format!("{}: {expr}\n      -> {result}", q.place));
-                }
-            }
-        }
+        let (evaluated, empty) = dashboard::panels_without_data(
+            &format!("http://{}", prom.addr),
+            &[
+                ("__rate_interval", RATE_INTERVAL),
+                ("__interval", INTERVAL),
+                ("__range", &range),
+            ],
+        )
+        .await;
         if empty.is_empty() {
             break evaluated;
         }

@@ -267,6 +267,104 @@ pub fn metric_names(expr: &str) -> BTreeSet<String> {
     out
 }
 
+/// GET `{prometheus}/api/v1/{path}` with `query` → the answer's `data` (panics, naming the URL,
+/// on a transport error or an error answer).
+pub async fn prometheus_api(prometheus: &str, path: &str, query: &[(&str, &str)]) -> Value {
+    let params: Vec<String> = query
+        .iter()
+        .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+        .collect();
+    let url = format!("{prometheus}/api/v1/{path}?{}", params.join("&"));
+    // Through `ingest`'s builder: reqwest is built without a default TLS provider.
+    let resp = ingest::source::http::client()
+        .build()
+        .unwrap()
+        .get(&url)
+        .timeout(std::time::Duration::from_secs(10))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let text = resp.text().await.unwrap();
+    let body: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("GET {url}: not JSON ({e}): {text}"));
+    assert_eq!(body["status"], "success", "GET {url} {query:?}: {body}");
+    body["data"].clone()
+}
+
+/// Percent-encodes a query-string component (everything but RFC 3986's unreserved bytes).
+pub fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Evaluates every panel expression of every dashboard (Grafana's built-in variables replaced
+/// by `builtins`, the dashboard's own by their defaults) and every template variable through
+/// the Prometheus at `prometheus` (a base URL). Returns how many expressions were evaluated and
+/// a line for each one without data (no series, or only NaN) and each variable whose values
+/// lack its default.
+pub async fn panels_without_data(
+    prometheus: &str,
+    builtins: &[(&str, &str)],
+) -> (usize, Vec<String>) {
+    let mut empty = Vec::new();
+    let mut evaluated = 0;
+    for (path, d) in dashboards() {
+        let vars = variables(&d);
+        for (name, value) in &vars {
+            let v = d["templating"]["list"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == name.as_str())
+                .unwrap();
+            let def = v["query"]["query"].as_str().unwrap();
+            let inner = def
+                .strip_prefix("label_values(")
+                .and_then(|s| s.strip_suffix(')'))
+                .unwrap_or_else(|| panic!("variable {name}: unsupported query {def}"));
+            let (metric, label) = inner.split_once(',').unwrap();
+            let values = prometheus_api(
+                prometheus,
+                &format!("label/{}/values", label.trim()),
+                &[("match[]", metric.trim())],
+            )
+            .await;
+            if !values
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| v == value.as_str())
+            {
+                empty.push(format!(
+                    "variable {name}: {def} = {values}, lacks its default {value:?}"
+                ));
+            }
+        }
+        for q in queries(&path, &d) {
+            let expr = substitute(&q.expr, builtins, &vars);
+            let result = prometheus_api(prometheus, "query", &[("query", &expr)]).await;
+            evaluated += 1;
+            let samples = result["result"].as_array().cloned().unwrap_or_default();
+            let finite = samples.iter().any(|s| {
+                s["value"][1]
+                    .as_str()
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .is_some_and(f64::is_finite)
+            });
+            if !finite {
+                empty.push(format!("{}: {expr}\n      -> {result}", q.place));
+            }
+        }
+    }
+    (evaluated, empty)
+}
+
 /// Every `expr` of the alert rules in config/alerts.yml, with the alert's name.
 pub fn alert_exprs() -> Vec<(String, String)> {
     let y: serde_yaml::Value = serde_yaml::from_str(&read("config/alerts.yml")).unwrap();
