@@ -216,6 +216,18 @@ images() {
     rm -rf "$stage"
   fi
   export TAILRACE_STACK_BINARY_IMAGE
+  # The data root is a cache: keep one binary image (each is the size of the binary) and drop
+  # the images and build layers that earlier builds left without a name.
+  local old
+  for old in $(docker images --format '{{.Repository}}:{{.Tag}}' "$project/tailrace-binary"); do
+    [ "$old" = "$TAILRACE_STACK_BINARY_IMAGE" ] || docker rmi "$old" >/dev/null 2>&1 || true
+  done
+}
+
+# After a build: images no tag points at any more, and build cache beyond 2 GB.
+prune() {
+  docker image prune --force >/dev/null 2>&1 || true
+  docker builder prune --force --keep-storage 2GB >/dev/null 2>&1 || true
 }
 
 # The variables the override reads. Only `up` builds images; for other commands the build
@@ -254,6 +266,7 @@ up() {
   compose_env
   say "docker compose --profile $profile build"
   compose build >&2 || die "docker compose build failed"
+  prune
   say "docker compose --profile $profile up --wait"
   if ! compose up --detach --wait --wait-timeout 180 --no-build --pull never >&2; then
     compose ps -a >&2 || true
