@@ -574,10 +574,11 @@ fn tailrace_accepts_the_compose_environment() {
     }
 }
 
-/// Two profiles, one server each: every service is in a profile (so a plain `docker compose
-/// up` selects nothing rather than two servers), the MongoDB and FerretDB services are in one
-/// profile each, Prometheus and Grafana in both, and the FerretDB tailrace answers to the name
-/// `tailrace` that config/prometheus.yml scrapes.
+/// Two profiles, one server each: every service is in a profile (so that one `up` never starts
+/// two servers), the MongoDB and FerretDB services are in one profile each, Prometheus and
+/// Grafana in both, the FerretDB tailrace answers to the name `tailrace` that
+/// config/prometheus.yml scrapes, and the committed `.env` makes a plain `docker compose up`
+/// the MongoDB stack.
 #[test]
 fn compose_profiles_pick_one_server() {
     let c = compose();
@@ -590,6 +591,11 @@ fn compose_profiles_pick_one_server() {
             .collect()
     };
     let one = |p: &str| BTreeSet::from([p.to_string()]);
+    let dotenv = read(".env");
+    assert!(
+        dotenv.lines().any(|l| l.trim() == "COMPOSE_PROFILES=mongodb"),
+        ".env makes `docker compose up` the MongoDB stack:\n{dotenv}"
+    );
     for name in ["mongo", "tailrace"] {
         assert_eq!(profiles(name), one("mongodb"), "{name}");
     }

@@ -19,9 +19,12 @@
 //! listing all of them: one run of several minutes reports everything it found.
 //!
 //! Needs root, Docker's daemon (Debian's docker.io), debootstrap, Go and cargo: minutes of
-//! building when cold. So it is `#[ignore]`d in the ordinary test run and `.ci/run` runs it on
-//! its own (`cargo test -p tailrace --test stack_up -- --ignored`); there any missing
-//! prerequisite fails it, with scripts/stack.sh's message naming the fix.
+//! building when cold (about 21 minutes on a fresh 2-core machine). So it is `#[ignore]`d in
+//! the ordinary test run and is run by hand
+//! (`cargo test -p tailrace --test stack_up -- --ignored`), where any missing prerequisite
+//! fails it with scripts/stack.sh's message naming the fix. It is not in `.ci/run` yet: it
+//! fails today on FerretDB-on-PostgreSQL's throughput (4–9 events/s of 70, issue 55 item 4),
+//! and cold it would take CI past its 30 minutes.
 
 #![allow(clippy::unwrap_used)]
 
@@ -275,7 +278,7 @@ fn collect(mut child: Child) -> std::thread::JoinHandle<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs root, dockerd and minutes of building: .ci/run runs it with --ignored"]
+#[ignore = "needs root, dockerd and minutes of building: run it by hand with --ignored"]
 async fn the_ferretdb_stack_runs_for_real() {
     let up_started = Instant::now();
     let mut down = Down(false);
