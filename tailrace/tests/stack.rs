@@ -593,7 +593,9 @@ fn compose_profiles_pick_one_server() {
     let one = |p: &str| BTreeSet::from([p.to_string()]);
     let dotenv = read(".env");
     assert!(
-        dotenv.lines().any(|l| l.trim() == "COMPOSE_PROFILES=mongodb"),
+        dotenv
+            .lines()
+            .any(|l| l.trim() == "COMPOSE_PROFILES=mongodb"),
         ".env makes `docker compose up` the MongoDB stack:\n{dotenv}"
     );
     for name in ["mongo", "tailrace"] {
