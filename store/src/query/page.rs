@@ -81,36 +81,16 @@ pub async fn page(coll: &Arc<dyn Capped>, req: &PageRequest) -> Result<Page> {
             .and_then(crate::date::millis)
             .is_some_and(|ms| (from..=to).contains(&ms)),
     };
+    let keep = |r: &Record| time_ok(r) && req.filter.matches(&r.doc);
     match req.order {
         Order::Oldest => {
             if let Some(after) = req.after {
                 lo = lo.max(after.0.saturating_add(1));
             }
-            if lo > hi {
-                return Ok(out);
-            }
-            let start = if lo > bounds.oldest.0 {
-                Start::After(Position(lo - 1))
-            } else {
-                Start::Oldest
-            };
-            let mut tail = coll.tail(start);
-            while let Some(r) = tail.next().await {
-                let r = r?;
-                if r.position.0 > hi {
-                    break;
-                }
-                out.read += 1;
-                let last = r.position.0 == hi;
-                if time_ok(&r) && req.filter.matches(&r.doc) {
-                    out.records.push(r);
-                    if out.records.len() == limit {
-                        break;
-                    }
-                }
-                if last {
-                    break;
-                }
+            if lo <= hi {
+                let found = read_span(coll, bounds.oldest, lo, hi, limit, &keep).await?;
+                out.read += found.read;
+                out.records = found.records;
             }
         }
         Order::Newest => {
@@ -120,29 +100,15 @@ pub async fn page(coll: &Arc<dyn Capped>, req: &PageRequest) -> Result<Page> {
             let mut step = FIRST_STEP;
             while lo <= hi && out.records.len() < limit {
                 let a = hi.saturating_sub(step - 1).max(lo);
-                let mut found = Vec::new();
-                let start = if a > bounds.oldest.0 {
-                    Start::After(Position(a - 1))
-                } else {
-                    Start::Oldest
-                };
-                let mut tail = coll.tail(start);
-                while let Some(r) = tail.next().await {
-                    let r = r?;
-                    if r.position.0 > hi {
-                        break;
-                    }
-                    out.read += 1;
-                    let last = r.position.0 == hi;
-                    if time_ok(&r) && req.filter.matches(&r.doc) {
-                        found.push(r);
-                    }
-                    if last {
-                        break;
-                    }
-                }
-                out.records
-                    .extend(found.into_iter().rev().take(limit - out.records.len()));
+                let found = read_span(coll, bounds.oldest, a, hi, usize::MAX, &keep).await?;
+                out.read += found.read;
+                out.records.extend(
+                    found
+                        .records
+                        .into_iter()
+                        .rev()
+                        .take(limit - out.records.len()),
+                );
                 if a == lo {
                     break;
                 }
@@ -155,4 +121,50 @@ pub async fn page(coll: &Arc<dyn Capped>, req: &PageRequest) -> Result<Page> {
         out.next = out.records.last().map(|r| r.position);
     }
     Ok(out)
+}
+
+/// What [`read_span`] found, and how many documents it read.
+struct Found {
+    records: Vec<Record>,
+    read: u64,
+}
+
+/// The documents at positions `[from, to]` that `keep` keeps, oldest first, up to `limit` of
+/// them: a tail from `from`, stopped at `to` (which exists: it is at most the newest).
+async fn read_span(
+    coll: &Arc<dyn Capped>,
+    oldest: Position,
+    from: u64,
+    to: u64,
+    limit: usize,
+    keep: &dyn Fn(&Record) -> bool,
+) -> Result<Found> {
+    let start = if from > oldest.0 {
+        Start::After(Position(from - 1))
+    } else {
+        Start::Oldest
+    };
+    let mut found = Found {
+        records: Vec::new(),
+        read: 0,
+    };
+    let mut tail = coll.tail(start);
+    while let Some(r) = tail.next().await {
+        let r = r?;
+        if r.position.0 > to {
+            break;
+        }
+        found.read += 1;
+        let last = r.position.0 == to;
+        if keep(&r) {
+            found.records.push(r);
+            if found.records.len() == limit {
+                break;
+            }
+        }
+        if last {
+            break;
+        }
+    }
+    Ok(found)
 }
