@@ -1539,6 +1539,21 @@ async fn pages_follow_their_cursors_to_every_match() {
             }
         }
     };
+    // An HTTP handler awaits a page on a multi-threaded runtime: its future must be Send.
+    fn sendable<F: std::future::Future + Send>(f: F) -> F {
+        f
+    }
+    let req = PageRequest {
+        filter: Filter::match_all(),
+        received: None,
+        order: Order::Newest,
+        limit: 1,
+        after: None,
+    };
+    assert_eq!(
+        sendable(page(&events, &req)).await.unwrap().records.len(),
+        1
+    );
     let sevens: Vec<i64> = (0..5000).filter(|i| i % 7 == 0).collect();
     assert_eq!(walk(Order::Oldest, None).await, sevens);
     let newest: Vec<i64> = sevens.iter().rev().copied().collect();

@@ -137,7 +137,7 @@ async fn read_span(
     from: u64,
     to: u64,
     limit: usize,
-    keep: &dyn Fn(&Record) -> bool,
+    keep: &(dyn Fn(&Record) -> bool + Sync),
 ) -> Result<Found> {
     let start = if from > oldest.0 {
         Start::After(Position(from - 1))
