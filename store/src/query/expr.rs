@@ -16,6 +16,10 @@ use super::QueryError;
 /// The deepest nesting of expressions inside one another.
 const MAX_DEPTH: usize = 32;
 
+/// 2000-01-01T00:00:00Z, where `$dateTrunc`'s bins start for units up to a day (MongoDB's
+/// reference date).
+const REFERENCE_MS: i64 = 946_684_800_000;
+
 /// A parsed expression.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Expr {
@@ -195,8 +199,10 @@ impl Expr {
                 Some(v) => {
                     let ms = date_millis(&v)
                         .ok_or_else(|| format!("$dateTrunc needs a date, found {}", kind(&v)))?;
-                    let step = unit_ms.saturating_mul(*bin);
-                    Some(date_value(ms - ms.rem_euclid(step as i64))?)
+                    // Bins start at MongoDB's reference date for these units, 2000-01-01:
+                    // the same as the epoch for one unit, not for every bin size (7 days).
+                    let step = unit_ms.saturating_mul(*bin).min(i64::MAX as u64) as i64;
+                    Some(date_value(ms - (ms - REFERENCE_MS).rem_euclid(step))?)
                 }
             },
             Expr::Divide(a, b) => {

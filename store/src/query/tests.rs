@@ -126,6 +126,23 @@ fn time_buckets_by_minute() {
 }
 
 #[test]
+fn time_bins_start_at_mongodbs_reference_date() {
+    // 7-day bins start on 2000-01-01 and every 7 days after, as on a MongoDB server: the bin
+    // of 2024-12-05 starts on 2024-11-30 (from the epoch it would start on 2024-12-05).
+    let week = json!({"$dateTrunc": {"date": {"$toDate": "2024-12-05T10:00:00Z"}, "unit": "day", "binSize": 7}});
+    assert_eq!(
+        run(json!([{"$limit": 1}, {"$project": {"_id": 0, "w": week}}])),
+        [json!({"w": {"$date": "2024-11-30T00:00:00.000Z"}})]
+    );
+    // Before the reference date too.
+    let before = json!({"$dateTrunc": {"date": {"$toDate": "1999-12-31T23:59:00Z"}, "unit": "minute", "binSize": 7}});
+    assert_eq!(
+        run(json!([{"$limit": 1}, {"$project": {"_id": 0, "m": before}}])),
+        [json!({"m": {"$date": "1999-12-31T23:53:00.000Z"}})]
+    );
+}
+
+#[test]
 fn project_sort_skip_limit() {
     assert_eq!(
         run(
