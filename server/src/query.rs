@@ -25,8 +25,8 @@ const COLLECTIONS: &str = "events, dead_letters, rollups, stats, trends";
 pub(super) struct Request {
     /// `events`, `dead_letters`, `rollups`, `stats` or `trends`.
     collection: String,
-    /// The stages.
-    pipeline: Value,
+    /// The stages, as sent: the text keeps the order of a `$sort`'s keys.
+    pipeline: Box<serde_json::value::RawValue>,
 }
 
 pub(super) async fn aggregate(
@@ -58,7 +58,7 @@ pub(super) async fn aggregate(
             );
         }
     };
-    let pipeline = match Pipeline::parse(&req.pipeline) {
+    let pipeline = match Pipeline::parse_text(req.pipeline.get()) {
         Ok(p) => p,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("pipeline{e}", e = at(&e))),
     };

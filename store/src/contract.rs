@@ -266,6 +266,14 @@ pub trait Capped: Send + Sync + 'static {
 
     /// Number of retained documents and their encoded size in bytes.
     async fn usage(&self) -> Result<Usage>;
+
+    /// The server that stores this collection, when it runs aggregation pipelines itself: a
+    /// query then sends it the longest prefix it evaluates as tailrace does
+    /// ([`crate::query::ServerQuery`]). `None` (the default) for an engine that reads
+    /// in-process.
+    fn server_query(&self) -> Option<Arc<dyn crate::query::ServerQuery>> {
+        None
+    }
 }
 
 /// A keyed collection whose every insert, update, replace and delete is published as a

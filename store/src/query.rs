@@ -6,14 +6,16 @@
 //! [`Pipeline::parse`] checks it and refuses anything outside the subset below with a
 //! [`QueryError`] naming the stage and the operator; nothing is silently ignored. The same
 //! JSON is what MongoDB's `aggregate` takes, so a pipeline answered here means the same on a
-//! MongoDB server.
+//! MongoDB server; [`aggregate`] sends a server the longest prefix it evaluates as tailrace
+//! does (`server.rs`) and evaluates the rest here. A client's pipeline is parsed from its text
+//! ([`Pipeline::parse_text`]), which keeps the order of a `$sort`'s keys.
 //!
 //! # The subset
 //!
 //! | stage | form |
 //! |---|---|
 //! | `$match` | a filter in MongoDB query syntax ([`crate::Filter`]) |
-//! | `$sort` | `{"field": 1 \| -1, ...}`, MongoDB's order across types, missing as null |
+//! | `$sort` | `{"field": 1 \| -1, ...}` by the keys in order, MongoDB's order across types, missing as null |
 //! | `$limit`, `$skip` | a non-negative integer (`$limit` positive) |
 //! | `$project` | inclusion (`{"a": 1, "b.c": 1, "_id": 0}`, with computed fields `{"x": <expr>}`) or exclusion (`{"a": 0}`) |
 //! | `$unwind` | `"$path"` or `{"path": "$path", "preserveNullAndEmptyArrays": bool}` |
@@ -35,6 +37,7 @@ mod eval;
 mod expr;
 mod page;
 mod read;
+mod server;
 #[cfg(test)]
 mod tests;
 
@@ -49,6 +52,7 @@ use expr::Expr;
 pub use eval::{Answer, StageRun};
 pub use page::{Order, Page, PageRequest, page};
 pub use read::{AggregateError, Input, aggregate};
+pub use server::{Features, ServerQuery, probe, probe_docs};
 
 /// The most stages a pipeline may have.
 pub const MAX_STAGES: usize = 64;
@@ -169,8 +173,26 @@ const STAGES: &str =
     "$match, $sort, $limit, $skip, $project, $unwind, $group, $count, $sortByCount";
 
 impl Pipeline {
-    /// Parses and checks a pipeline (a JSON array of one-key stage objects).
+    /// Parses and checks a pipeline given as JSON text, as a client sends it. The text keeps
+    /// the order of a `$sort`'s keys, which is the order it sorts by and which a
+    /// [`serde_json::Value`] here does not keep (its objects hold keys sorted).
+    pub fn parse_text(text: &str) -> Result<Pipeline, QueryError> {
+        let json: Value = serde_json::from_str(text)
+            .map_err(|e| QueryError::at("", format!("the pipeline is not JSON: {e}")))?;
+        // The JSON is valid, so only a shape other than an array of objects fails here, and
+        // `parse` says what is wrong with that.
+        let orders: Vec<SortOrder> = serde_json::from_str(text).unwrap_or_default();
+        Self::parse_ordered(&json, &orders)
+    }
+
+    /// Parses and checks a pipeline (a JSON array of one-key stage objects). A `$sort` of
+    /// several keys is refused here: the order of its keys is lost in a [`Value`]; give such
+    /// a pipeline as text ([`Pipeline::parse_text`]).
     pub fn parse(json: &Value) -> Result<Pipeline, QueryError> {
+        Self::parse_ordered(json, &[])
+    }
+
+    fn parse_ordered(json: &Value, orders: &[SortOrder]) -> Result<Pipeline, QueryError> {
         let Some(items) = json.as_array() else {
             return Err(QueryError::at(
                 "",
@@ -197,7 +219,8 @@ impl Pipeline {
                 ));
             };
             let at = format!("[{i}].{name}");
-            stages.push(parse_stage(name, arg, &at)?);
+            let order = orders.get(i).and_then(|o| o.0.as_deref());
+            stages.push(parse_stage(name, arg, order, &at)?);
         }
         Ok(Pipeline {
             json: json.clone(),
@@ -333,7 +356,68 @@ impl Acc {
     }
 }
 
-fn parse_stage(name: &str, arg: &Value, at: &str) -> Result<Stage, QueryError> {
+/// The keys of one stage's `$sort`, in the order the text gives them (`None` for any other
+/// stage), read with serde straight from the text.
+#[derive(Debug, Default)]
+struct SortOrder(Option<Vec<String>>);
+
+impl<'de> serde::Deserialize<'de> for SortOrder {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Stage;
+        impl<'de> serde::de::Visitor<'de> for Stage {
+            type Value = SortOrder;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a stage")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<SortOrder, A::Error> {
+                let mut order = None;
+                while let Some(key) = m.next_key::<String>()? {
+                    if key == "$sort" {
+                        order = Some(m.next_value::<Keys>()?.0);
+                    } else {
+                        m.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(SortOrder(order))
+            }
+        }
+        d.deserialize_map(Stage)
+    }
+}
+
+/// An object's keys, in order.
+struct Keys(Vec<String>);
+
+impl<'de> serde::Deserialize<'de> for Keys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Keys;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Keys, A::Error> {
+                let mut keys = Vec::new();
+                while let Some(key) = m.next_key::<String>()? {
+                    m.next_value::<serde::de::IgnoredAny>()?;
+                    keys.push(key);
+                }
+                Ok(Keys(keys))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+fn parse_stage(
+    name: &str,
+    arg: &Value,
+    order: Option<&[String]>,
+    at: &str,
+) -> Result<Stage, QueryError> {
     Ok(match name {
         "$match" => Stage::Match(Filter::parse(arg).map_err(|e| {
             let inner = if e.path.is_empty() {
@@ -347,8 +431,21 @@ fn parse_stage(name: &str, arg: &Value, at: &str) -> Result<Stage, QueryError> {
             let Some(o) = arg.as_object().filter(|o| !o.is_empty()) else {
                 return Err(QueryError::at(at, "takes {\"field\": 1 or -1, ...}"));
             };
+            let order: Vec<&String> = match order {
+                Some(keys) if keys.len() == o.len() => keys.iter().collect(),
+                _ if o.len() == 1 => o.keys().collect(),
+                _ => {
+                    return Err(QueryError::at(
+                        at,
+                        "the order of several keys is lost in a parsed JSON value: give the pipeline as text (Pipeline::parse_text)",
+                    ));
+                }
+            };
             let mut keys = Vec::with_capacity(o.len());
-            for (k, v) in o {
+            for k in order {
+                let Some(v) = o.get(k) else {
+                    return Err(QueryError::at(&format!("{at}.{k}"), "a key given twice"));
+                };
                 let asc = match v.as_i64() {
                     Some(1) => true,
                     Some(-1) => false,

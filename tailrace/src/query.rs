@@ -33,7 +33,8 @@ pub async fn query(
     pipeline: &str,
     format: Format,
 ) -> anyhow::Result<()> {
-    let pipeline: Value = serde_json::from_str(pipeline)
+    // Checked here, sent as typed: the text keeps the order of a `$sort`'s keys.
+    let pipeline: &serde_json::value::RawValue = serde_json::from_str(pipeline)
         .context("the pipeline is not JSON (an array of stages, e.g. '[{\"$match\": {}}]')")?;
     let url = format!("{}/api/aggregate", base.trim_end_matches('/'));
     let client = ingest::source::http::client()
@@ -42,7 +43,11 @@ pub async fn query(
     let resp = client
         .post(&url)
         .header("content-type", "application/json")
-        .body(json!({"collection": collection, "pipeline": pipeline}).to_string())
+        .body(format!(
+            r#"{{"collection": {}, "pipeline": {}}}"#,
+            json!(collection),
+            pipeline.get()
+        ))
         .send()
         .await
         .with_context(|| {

@@ -33,11 +33,15 @@ fn events() -> String {
 }
 
 async fn post(t: &Tailrace, body: &Value) -> (u16, Value) {
+    post_text(t, &body.to_string()).await
+}
+
+async fn post_text(t: &Tailrace, body: &str) -> (u16, Value) {
     let client = ingest::source::http::client().build().unwrap();
     let resp = client
         .post(format!("http://{}/api/aggregate", t.addr))
         .header("content-type", "application/json")
-        .body(body.to_string())
+        .body(body.to_owned())
         .send()
         .await
         .unwrap();
@@ -93,6 +97,15 @@ async fn the_stored_window_answers_aggregations() {
         a["stages"][0],
         json!({"stage": "$group", "ran": "tailrace", "out": 3})
     );
+
+    // A sort by several keys sorts by them in the order the request's text gives them.
+    let (status, a) = post_text(
+        &t,
+        r#"{"collection": "events", "pipeline": [{"$group": {"_id": "$user.id", "n": {"$sum": 1}}}, {"$sort": {"n": 1, "_id": 1}}, {"$limit": 2}]}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{a}");
+    assert_eq!(a["docs"], json!([{"_id": 6, "n": 42}, {"_id": 0, "n": 43}]));
 
     // The top hashtags of the window, in Japanese only.
     let a = answer(

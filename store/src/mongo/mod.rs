@@ -151,6 +151,7 @@ mod convert;
 mod keyed;
 mod oplog;
 mod probe;
+mod query;
 mod settings;
 mod tailable;
 mod token;
@@ -270,6 +271,9 @@ pub(crate) struct Inner {
     /// named at or below it may have landed, so it goes out guarded (`keyed.rs`); every other
     /// update was never sent and needs no guard.
     pub(crate) unsettled: Mutex<HashMap<u64, u64>>,
+    /// Which query features the server evaluates as tailrace does, probed on the first query
+    /// that could run on it (`query.rs`).
+    pub(crate) query_features: tokio::sync::OnceCell<Arc<crate::query::Features>>,
 }
 
 pub(crate) fn lock_err<T>(_: T) -> StoreError {
@@ -475,6 +479,7 @@ impl MongoStore {
                 keyed_written: watch::Sender::new(0),
                 opening: Arc::new(watch::Sender::new(0)),
                 unsettled: Mutex::new(HashMap::new()),
+                query_features: tokio::sync::OnceCell::new(),
             }),
         })
     }

@@ -21,7 +21,7 @@ pub struct Answer {
     pub docs: Vec<Value>,
     /// Each stage: where it ran and how many documents came out of it.
     pub stages: Vec<StageRun>,
-    /// Documents read from the collection.
+    /// Documents tailrace read: from the collection, or out of the stages a server ran.
     pub read: u64,
     /// Time spent evaluating, in microseconds.
     pub took_us: u64,
@@ -34,8 +34,9 @@ pub struct StageRun {
     pub stage: &'static str,
     /// `tailrace` (evaluated in-process) or `server` (run by a database server).
     pub ran: &'static str,
-    /// Documents out of it.
-    pub out: u64,
+    /// Documents out of it; `None` inside a server's part of the pipeline (the server says
+    /// only what comes out of its last stage).
+    pub out: Option<u64>,
 }
 
 /// Whether reading goes on.
@@ -109,7 +110,7 @@ where
             .map(|(s, out)| StageRun {
                 stage: s.name(),
                 ran: "tailrace",
-                out,
+                out: Some(out),
             })
             .collect(),
         read,

@@ -176,6 +176,32 @@ impl Expr {
         }
     }
 
+    /// Adds the operators the expression uses (`$toDate`, `$dateTrunc`, `$divide`) to `out`.
+    pub(crate) fn operators(&self, out: &mut Vec<&'static str>) {
+        let mut add = |op| {
+            if !out.contains(&op) {
+                out.push(op);
+            }
+        };
+        match self {
+            Expr::Field(_) | Expr::Literal(_) => {}
+            Expr::Object(fields) => fields.iter().for_each(|(_, e)| e.operators(out)),
+            Expr::ToDate(e) => {
+                add("$toDate");
+                e.operators(out);
+            }
+            Expr::DateTrunc { date, .. } => {
+                add("$dateTrunc");
+                date.operators(out);
+            }
+            Expr::Divide(a, b) => {
+                add("$divide");
+                a.operators(out);
+                b.operators(out);
+            }
+        }
+    }
+
     /// The value on `doc`; `None` when it is missing (a path that reaches nothing).
     pub(super) fn eval(&self, doc: &Map<String, Value>) -> Result<Option<Value>, String> {
         Ok(match self {

@@ -39,12 +39,31 @@ pub enum AggregateError {
     Store(#[from] StoreError),
 }
 
-/// Runs `pipeline` over what `input` holds.
+/// Runs `pipeline` over what `input` holds: on the collection's server as far as it evaluates
+/// the stages as tailrace does ([`crate::Capped::server_query`]), the rest here.
 pub async fn aggregate(
     input: Input,
     pipeline: Pipeline,
     limits: Limits,
 ) -> Result<Answer, AggregateError> {
+    if let Input::Capped(c) = &input
+        && let Some(server) = c.server_query()
+    {
+        // A server that cannot be probed (it refuses scratch collections) answers nothing of
+        // a query: tailrace reads and evaluates all of it, as on a server without features.
+        let features = match server.features().await {
+            Ok(f) => Some(f),
+            Err(e) if e.is_transient() => return Err(e.into()),
+            Err(e) => {
+                tracing::warn!(error = %e, "the server's query features could not be probed");
+                None
+            }
+        };
+        let n = features.map_or(0, |f| pipeline.server_prefix(&f));
+        if n > 0 {
+            return on_server(server.as_ref(), pipeline, n, limits).await;
+        }
+    }
     let fields = pipeline.fields_read();
     let range = pipeline.received_range();
     let (tx, mut rx) = mpsc::channel::<Vec<Document>>(IN_FLIGHT);
@@ -58,6 +77,65 @@ pub async fn aggregate(
         .map_err(|e| StoreError::Invalid(format!("the query's evaluation stopped: {e}")))?;
     read?;
     Ok(answer?)
+}
+
+/// Runs the first `n` stages on `server` and the rest here, over what comes out.
+async fn on_server(
+    server: &dyn super::ServerQuery,
+    pipeline: Pipeline,
+    n: usize,
+    limits: Limits,
+) -> Result<Answer, AggregateError> {
+    let started = std::time::Instant::now();
+    let names = pipeline.stage_names();
+    let rest = pipeline.after(n);
+    let mut docs = server.run(pipeline.server_stages(n)).await?;
+    let (tx, mut rx) = mpsc::channel::<Vec<Document>>(IN_FLIGHT);
+    let eval = tokio::task::spawn_blocking(move || {
+        let batches = std::iter::from_fn(move || rx.blocking_recv());
+        rest.run(batches.flatten(), limits)
+    });
+    let mut batch = Vec::with_capacity(BATCH);
+    let mut failed = None;
+    while let Some(doc) = docs.next().await {
+        match doc {
+            Ok(d) => match super::server::normalize(Value::Object(d)) {
+                Value::Object(d) => batch.push(d),
+                _ => unreachable!("an object normalizes to an object"),
+            },
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+        if batch.len() == BATCH && !hand_over(&tx, &mut batch).await {
+            break;
+        }
+    }
+    drop(docs);
+    hand_over(&tx, &mut batch).await;
+    drop(tx);
+    let answer = eval
+        .await
+        .map_err(|e| StoreError::Invalid(format!("the query's evaluation stopped: {e}")))?;
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    let mut answer = answer?;
+    let from_server = answer.read;
+    let mut stages: Vec<super::StageRun> = names[..n]
+        .iter()
+        .enumerate()
+        .map(|(i, stage)| super::StageRun {
+            stage,
+            ran: "server",
+            out: (i + 1 == n).then_some(from_server),
+        })
+        .collect();
+    stages.append(&mut answer.stages);
+    answer.stages = stages;
+    answer.took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    Ok(answer)
 }
 
 /// Sends every document of `input`, in batches, until the evaluation stops taking them. With

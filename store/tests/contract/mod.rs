@@ -11,7 +11,9 @@ mod filters;
 mod queries;
 
 pub use filters::{filter_cases_on_capped, filter_cases_on_keyed};
-pub use queries::random_pipelines_answer_as_in_memory;
+pub use queries::{
+    queries_run_on_the_server_as_far_as_it_agrees, random_pipelines_answer_as_in_memory,
+};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +63,7 @@ macro_rules! every_check {
             filter_cases_on_capped: [],
             filter_cases_on_keyed: [ChangeStreams, SnapshotReads],
             random_pipelines_answer_as_in_memory: [],
+            queries_run_on_the_server_as_far_as_it_agrees: [],
         );
     };
 }

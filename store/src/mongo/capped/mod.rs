@@ -298,6 +298,13 @@ impl Capped for MongoCapped {
             bytes: num("size"),
         })
     }
+
+    fn server_query(&self) -> Option<Arc<dyn crate::query::ServerQuery>> {
+        Some(Arc::new(super::query::MongoQuery {
+            inner: self.inner.clone(),
+            coll: self.shared.coll.clone(),
+        }))
+    }
 }
 
 #[cfg(test)]
