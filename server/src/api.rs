@@ -60,6 +60,7 @@ pub(super) async fn index() -> Json<Value> {
             "/api/events/{position}": "one event by position",
             "/api/rollups?prefix=P&limit=N&after=K": "per-key counters whose key starts with P (e.g. hashtags:), by key, N per page (default 100); the next page starts after the last key K",
             "POST /api/aggregate": "a MongoDB aggregation pipeline over one collection's stored documents: {\"collection\": \"events\" (or dead_letters, rollups, stats, trends), \"pipeline\": [{\"$match\": ...}, {\"$group\": ...}]}; stages $match $sort $limit $skip $project $unwind $group $count $sortByCount; the answer says where each stage ran, documents read, time taken",
+            "GET /api/aggregate?live=true&collection=events&pipeline=[...]": "a $group (after at most one $match) kept live over SSE or NDJSON: a snapshot event, then a change event ({_id, doc}, doc null when the group left) for each group an arriving or evicted event moves; resume with Last-Event-ID or resume_after",
             "/metrics": "Prometheus metrics",
             "/": "the live page",
         }

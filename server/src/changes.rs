@@ -75,7 +75,7 @@ pub struct StreamLimits {
     /// `http.max_streams`.
     max: usize,
     /// A client that accepts no byte for this long is disconnected.
-    stall: Duration,
+    pub(super) stall: Duration,
 }
 
 impl StreamLimits {

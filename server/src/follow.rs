@@ -77,17 +77,36 @@ pub(super) fn start(
     stall: Duration,
     permit: OwnedSemaphorePermit,
 ) -> Drain {
+    let (format, collection) = (req.format, req.collection.clone());
+    spawn(format, collection, stall, permit, move |sink| {
+        async move { run(req, store, &sink).await }.boxed()
+    })
+}
+
+/// Starts a stream's task, `body`, which writes to the [`Sink`] it is given; returns the
+/// response body it feeds. A store error that ends `body` goes to the client as an `error`
+/// event; the task holds `permit` until it ends.
+pub(super) fn spawn<F>(
+    format: Format,
+    collection: String,
+    stall: Duration,
+    permit: OwnedSemaphorePermit,
+    body: F,
+) -> Drain
+where
+    F: FnOnce(Arc<Sink>) -> futures::future::BoxFuture<'static, Result<(), Stop>> + Send + 'static,
+{
     let (tx, rx) = mpsc::channel(CHANNEL_WRITES);
     let rx = Arc::new(Mutex::new(rx));
     let buffered = Arc::new(AtomicU64::new(0));
-    let sink = Sink {
+    let sink = Arc::new(Sink {
         tx,
         rx: rx.clone(),
-        format: req.format,
+        format,
         stall,
         buffered: buffered.clone(),
-    };
-    tokio::spawn(produce(req, store, sink, permit));
+    });
+    tokio::spawn(produce(collection, sink, permit, body));
     Drain { rx, buffered }
 }
 
@@ -144,7 +163,7 @@ impl Drop for Drain {
 }
 
 /// Why a stream's task stops.
-enum Stop {
+pub(super) enum Stop {
     /// The client went away (or never read within the stall timeout): nothing to tell it.
     Client,
     /// The store failed: the client gets an `error` event.
@@ -158,7 +177,7 @@ impl From<StoreError> for Stop {
 }
 
 /// The task's end of the channel.
-struct Sink {
+pub(super) struct Sink {
     tx: mpsc::Sender<Bytes>,
     /// The response's end, emptied when the client is cut for stalling.
     rx: Arc<Mutex<mpsc::Receiver<Bytes>>>,
@@ -189,16 +208,16 @@ impl Sink {
         }
     }
 
-    async fn send(&self, event: &Event) -> Result<(), Stop> {
+    pub(super) async fn send(&self, event: &Event) -> Result<(), Stop> {
         self.bytes(event.encode(self.format)).await
     }
 
-    async fn keep_alive(&self, id: Option<&str>) -> Result<(), Stop> {
+    pub(super) async fn keep_alive(&self, id: Option<&str>) -> Result<(), Stop> {
         self.bytes(wire::keep_alive(self.format, id)).await
     }
 
     /// Resolves when the client has gone away (the response was dropped).
-    async fn closed(&self) {
+    pub(super) async fn closed(&self) {
         self.tx.closed().await;
     }
 
@@ -392,15 +411,12 @@ impl Cursor {
 
 /// A stream's task: the initial documents and states, then the changes, until the client goes
 /// away or the store fails. Holds the stream's permit.
-async fn produce(
-    req: Request,
-    store: Arc<dyn store::Store>,
-    sink: Sink,
-    permit: OwnedSemaphorePermit,
-) {
-    let _open = t::StreamOpen::new(&req.collection);
-    let collection = req.collection.clone();
-    match run(req, store, &sink).await {
+async fn produce<F>(collection: String, sink: Arc<Sink>, permit: OwnedSemaphorePermit, body: F)
+where
+    F: FnOnce(Arc<Sink>) -> futures::future::BoxFuture<'static, Result<(), Stop>>,
+{
+    let _open = t::StreamOpen::new(&collection);
+    match body(sink.clone()).await {
         Ok(()) | Err(Stop::Client) => {}
         // The store is closing (the server stops): the client reconnects to the next one.
         Err(Stop::Store(StoreError::Closed)) => {}

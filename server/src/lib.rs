@@ -10,6 +10,7 @@ mod api;
 mod assets;
 pub mod changes;
 mod follow;
+mod live;
 mod query;
 pub mod wire;
 
@@ -139,7 +140,10 @@ pub fn router(state: AppState) -> Router {
         .route("/api/events/latest", get(api::latest))
         .route("/api/events/{position}", get(api::event))
         .route("/api/rollups", get(api::rollups))
-        .route("/api/aggregate", post(query::aggregate))
+        .route(
+            "/api/aggregate",
+            post(query::aggregate).get(live::aggregate),
+        )
         .with_state(state)
 }
 

@@ -35,6 +35,7 @@
 
 mod eval;
 mod expr;
+mod live;
 mod page;
 mod read;
 mod server;
@@ -50,8 +51,9 @@ use crate::Filter;
 use expr::Expr;
 
 pub use eval::{Answer, StageRun};
+pub use live::{GroupChange, Live};
 pub use page::{Order, Page, PageRequest, page};
-pub use read::{AggregateError, Input, aggregate};
+pub use read::{AggregateError, Input, aggregate, load_live};
 pub use server::{Features, ServerQuery, probe, probe_docs};
 
 /// The most stages a pipeline may have.

@@ -1,8 +1,8 @@
 //! `/api/changes` through the real binary: initial documents and changes exactly once under
 //! concurrent writes (capped and keyed), filters and their 400s, `squash`, resuming by
 //! `Last-Event-ID` across a restart, `gap` after lost history, a client that stops reading,
-//! the stream limit, `tailrace tail --collection`, and the smaller routes that came with them
-//! (ids on the per-feed stream, paged rollups, the page's files).
+//! the stream limit, `tailrace tail --collection`, live aggregates, and the smaller routes that
+//! came with them (ids on the per-feed stream, paged rollups, the page's files).
 //!
 //! The store side of the same promises (both engines) is in `store/tests/contract/`.
 
@@ -63,7 +63,11 @@ struct Client {
 
 /// Opens a stream; panics (with the body) unless it answers 200.
 async fn open(t: &Tailrace, query: &str, sse: bool, last_event_id: Option<&str>) -> Client {
-    let url = format!("http://{}/api/changes?{query}", t.addr);
+    open_at(t, &format!("/api/changes?{query}"), sse, last_event_id).await
+}
+
+async fn open_at(t: &Tailrace, path: &str, sse: bool, last_event_id: Option<&str>) -> Client {
+    let url = format!("http://{}{path}", t.addr);
     let mut req = ingest::source::http::client()
         .build()
         .unwrap()
@@ -866,4 +870,177 @@ async fn tail_cli_feed_ids_rollup_pages_and_page_files() {
     }
     let (status, _) = t.get("/assets/../Cargo.toml").await;
     assert_eq!(status, 404);
+}
+
+/// Applies a live answer's events to `groups` (by `_id`): a snapshot replaces them all, a
+/// change replaces or removes one; until an event carries the id `until`. Returns the kinds of
+/// the events applied.
+async fn apply_live(
+    client: &mut Client,
+    groups: &mut BTreeMap<String, Value>,
+    until: &str,
+) -> Vec<String> {
+    let mut kinds = Vec::new();
+    loop {
+        let ev = client.expect().await;
+        kinds.push(ev.kind.clone());
+        match ev.kind.as_str() {
+            "snapshot" => {
+                groups.clear();
+                for d in ev.data["docs"].as_array().unwrap() {
+                    groups.insert(d["_id"].to_string(), d.clone());
+                }
+            }
+            "change" => {
+                let key = ev.data["_id"].to_string();
+                match &ev.data["doc"] {
+                    Value::Null => groups.remove(&key),
+                    d => groups.insert(key, d.clone()),
+                };
+            }
+            other => panic!("a live answer sent {other}: {ev:?}"),
+        }
+        if ev.id.as_deref() == Some(until) {
+            return kinds;
+        }
+    }
+}
+
+async fn ask(t: &Tailrace, pipeline: Value) -> Vec<Value> {
+    let body = json!({"collection": "events", "pipeline": pipeline}).to_string();
+    let resp = ingest::source::http::client()
+        .build()
+        .unwrap()
+        .post(format!("http://{}/api/aggregate", t.addr))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let answer: Value = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
+    answer["docs"].as_array().unwrap().clone()
+}
+
+/// The window now, as a live answer's id names it (`<newest>.<oldest>`), and the groups a
+/// query from scratch answers over it.
+async fn from_scratch(t: &Tailrace, group: &Value) -> (String, BTreeMap<String, Value>) {
+    let bounds = ask(
+        t,
+        json!([{"$group": {"_id": null, "lo": {"$min": "$_id"}, "hi": {"$max": "$_id"}}}]),
+    )
+    .await;
+    let id = format!("{}.{}", bounds[0]["hi"], bounds[0]["lo"]);
+    let groups = ask(t, json!([group]))
+        .await
+        .into_iter()
+        .map(|d| (d["_id"].to_string(), d))
+        .collect();
+    (id, groups)
+}
+
+/// Appends `n` events to the file a `file` source follows, numbered from `from`.
+fn append_events(path: &std::path::Path, from: u64, n: u64) {
+    let langs = ["ja", "en", "ar", "🌍", "und", "pt"];
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    for i in from..from + n {
+        let e = json!({"id": i, "lang": langs[(i * i % 6) as usize], "user": {"followers_count": (i * 7919 % 1000) as f64 / 7.0}});
+        writeln!(f, "{e}").unwrap();
+    }
+}
+
+/// A live `$group` over a capped window: the groups a client holds after applying the events
+/// up to the window's id equal a query from scratch, as documents arrive and as they are
+/// evicted. A client that reconnects with its last id gets the changes since, with no new
+/// snapshot, across a restart too, while the window it covered is still stored; once part of
+/// it was evicted, a new snapshot. A pipeline that cannot be kept live is a 400 naming its
+/// stage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_group_equals_a_query_from_scratch_across_reconnects() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("events.ndjson");
+    append_events(&file, 0, 1_000);
+    let sources = format!(
+        r#"[{{ name = "f", kind = "file", path = "{}", follow = true }}]"#,
+        file.display()
+    );
+    let env = [
+        ("TAILRACE_SOURCES", sources.as_str()),
+        ("TAILRACE_STORE__EVENTS__MAX_DOCS", "3000"),
+    ];
+    let data = dir.path().join("data");
+    let mut t = Tailrace::start(&data, &env).await;
+    written(&t, 1_000).await;
+
+    let group = json!({"$group": {"_id": "$lang", "n": {"$sum": 1}, "first": {"$first": "$id"}, "followers": {"$avg": "$user.followers_count"}}});
+    let path = format!(
+        "/api/aggregate?live=true&collection=events&pipeline={}",
+        encode(&json!([{"$match": {"id": {"$gte": 0}}}, group]).to_string())
+    );
+    let mut groups = BTreeMap::new();
+    let mut client = open_at(&t, &path, true, None).await;
+    let (id, want) = from_scratch(&t, &group).await;
+    assert_eq!(
+        apply_live(&mut client, &mut groups, &id).await,
+        ["snapshot"]
+    );
+    assert_eq!(groups, want, "at {id}");
+    let only_changes = |kinds: &[String]| kinds.iter().all(|k| k == "change");
+
+    // Reconnected with the last id: changes only, from where it was.
+    drop(client);
+    append_events(&file, 1_000, 500);
+    written(&t, 1_500).await;
+    let mut client = open_at(&t, &path, true, Some(&id)).await;
+    let (id, want) = from_scratch(&t, &group).await;
+    let kinds = apply_live(&mut client, &mut groups, &id).await;
+    assert!(only_changes(&kinds), "{kinds:?}");
+    assert_eq!(groups, want, "after a reconnect, at {id}");
+
+    // Across a restart too.
+    drop(client);
+    t.stop().await;
+    append_events(&file, 1_500, 500);
+    let mut t = Tailrace::start(&data, &env).await;
+    written(&t, 500).await;
+    let mut client = open_at(&t, &path, true, Some(&id)).await;
+    let (id, want) = from_scratch(&t, &group).await;
+    let kinds = apply_live(&mut client, &mut groups, &id).await;
+    assert!(only_changes(&kinds), "{kinds:?}");
+    assert_eq!(groups, want, "after a restart, at {id}");
+
+    // A thousand past the window's bound: the oldest thousand leave it, and their groups move.
+    append_events(&file, 2_000, 2_000);
+    written(&t, 2_500).await;
+    let (id, want) = from_scratch(&t, &group).await;
+    assert!(id.ends_with(".1001"), "{id}");
+    let kinds = apply_live(&mut client, &mut groups, &id).await;
+    assert!(kinds.len() >= 6 && only_changes(&kinds), "{kinds:?}");
+    assert_eq!(groups, want, "at {id}, after evictions");
+
+    // Gone for longer than the window it held stays stored: a new snapshot.
+    drop(client);
+    append_events(&file, 4_000, 100);
+    written(&t, 2_600).await;
+    let mut client = open_at(&t, &path, true, Some(&id)).await;
+    let (id, want) = from_scratch(&t, &group).await;
+    assert_eq!(
+        apply_live(&mut client, &mut groups, &id).await,
+        ["snapshot"]
+    );
+    assert_eq!(groups, want, "at {id}, after a snapshot");
+    drop(client);
+
+    // Only a $group after at most one $match is kept live.
+    let sorted = encode(&json!([group, {"$sort": {"n": -1}}]).to_string());
+    let (status, body) = t
+        .get(&format!("/api/aggregate?live=true&pipeline={sorted}"))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("[1].$sort"), "{body}");
+    t.stop().await;
 }

@@ -430,7 +430,7 @@ pub(super) fn compare(a: &Value, b: &Value) -> Ordering {
 }
 
 /// A group key as text: equal keys (1 and 1.0 alike, as MongoDB groups them) give equal text.
-fn canonical(v: &Value) -> String {
+pub(super) fn canonical(v: &Value) -> String {
     let mut out = String::new();
     write_canonical(v, &mut out);
     out
@@ -476,7 +476,7 @@ fn size_of(v: &Value) -> usize {
     }
 }
 
-fn size_of_doc(o: &Document) -> usize {
+pub(super) fn size_of_doc(o: &Document) -> usize {
     48 + o
         .iter()
         .map(|(k, v)| 32 + k.len() + size_of(v))

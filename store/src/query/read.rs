@@ -9,7 +9,7 @@ use futures::StreamExt;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use super::{Answer, Limits, Pipeline, QueryError};
+use super::{Answer, Limits, Live, Pipeline, QueryError};
 use crate::{Capped, Document, Keyed, Position, Start, StoreError, TimeSpan};
 
 /// Documents handed over at a time: one wake-up of the evaluation per batch, not per document.
@@ -164,46 +164,7 @@ async fn read(
                 },
                 None => (bounds.oldest, bounds.newest),
             };
-            if first > newest {
-                return Ok(());
-            }
-            // The engine's own reading when it has one (projected, on every core), else a tail.
-            let projected: Option<Arc<[String]>> = fields.map(Arc::from);
-            if let Some(mut scan) = c.scan(first, newest, projected) {
-                while let Some(records) = scan.next().await {
-                    for record in records? {
-                        let mut doc = take(record.doc, None);
-                        doc.insert("_id".to_owned(), Value::from(record.position.0));
-                        batch.push(doc);
-                    }
-                    if batch.len() >= BATCH && !hand_over(&tx, &mut batch).await {
-                        return Ok(());
-                    }
-                }
-            } else {
-                let start = if first > bounds.oldest {
-                    Start::After(Position(first.0 - 1))
-                } else {
-                    Start::Oldest
-                };
-                let mut tail = c.tail(start);
-                while let Some(record) = tail.next().await {
-                    let record = record?;
-                    if record.position > newest {
-                        break;
-                    }
-                    let mut doc = take(record.doc, fields);
-                    doc.insert("_id".to_owned(), Value::from(record.position.0));
-                    batch.push(doc);
-                    let last = record.position >= newest;
-                    if (batch.len() == BATCH || last) && !hand_over(&tx, &mut batch).await {
-                        return Ok(());
-                    }
-                    if last {
-                        break;
-                    }
-                }
-            }
+            return read_range(c, first, newest, fields, tx).await;
         }
         Input::Keyed(k) => {
             let mut snapshot = k.snapshot(None).await?;
@@ -217,6 +178,88 @@ async fn read(
     }
     hand_over(&tx, &mut batch).await;
     Ok(())
+}
+
+/// Sends the documents of `c` at positions `[first, newest]` still retained, each with its
+/// position as `_id`, in batches, until the evaluation stops taking them.
+async fn read_range(
+    c: Arc<dyn Capped>,
+    first: Position,
+    newest: Position,
+    fields: Option<&[String]>,
+    tx: mpsc::Sender<Vec<Document>>,
+) -> Result<(), StoreError> {
+    let mut batch = Vec::with_capacity(BATCH);
+    if first > newest {
+        return Ok(());
+    }
+    // The engine's own reading when it has one (projected, on every core), else a tail.
+    let projected: Option<Arc<[String]>> = fields.map(Arc::from);
+    if let Some(mut scan) = c.scan(first, newest, projected) {
+        while let Some(records) = scan.next().await {
+            for record in records? {
+                let mut doc = take(record.doc, None);
+                doc.insert("_id".to_owned(), Value::from(record.position.0));
+                batch.push(doc);
+            }
+            if batch.len() >= BATCH && !hand_over(&tx, &mut batch).await {
+                return Ok(());
+            }
+        }
+    } else {
+        let oldest = c.bounds().await?.map_or(first, |b| b.oldest);
+        let start = if first > oldest {
+            Start::After(Position(first.0 - 1))
+        } else {
+            Start::Oldest
+        };
+        let mut tail = c.tail(start);
+        while let Some(record) = tail.next().await {
+            let record = record?;
+            if record.position > newest {
+                break;
+            }
+            let mut doc = take(record.doc, fields);
+            doc.insert("_id".to_owned(), Value::from(record.position.0));
+            batch.push(doc);
+            let last = record.position >= newest;
+            if (batch.len() == BATCH || last) && !hand_over(&tx, &mut batch).await {
+                return Ok(());
+            }
+            if last {
+                break;
+            }
+        }
+    }
+    hand_over(&tx, &mut batch).await;
+    Ok(())
+}
+
+/// Reads the documents of `c` at positions `[first, last]` still retained into `live`, on a
+/// blocking thread (a window's worth of groups is computed there, never on the runtime's).
+pub async fn load_live(
+    c: Arc<dyn Capped>,
+    mut live: Live,
+    first: Position,
+    last: Position,
+) -> Result<Live, AggregateError> {
+    let fields = live.fields_read();
+    let (tx, mut rx) = mpsc::channel::<Vec<Document>>(IN_FLIGHT);
+    let fill = tokio::task::spawn_blocking(move || {
+        while let Some(batch) = rx.blocking_recv() {
+            for doc in batch {
+                let position = doc.get("_id").and_then(Value::as_u64).unwrap_or(0);
+                live.add(Position(position), &doc)?;
+            }
+        }
+        Ok::<_, QueryError>(live)
+    });
+    let read = read_range(c, first, last, fields.as_deref(), tx).await;
+    let live = fill
+        .await
+        .map_err(|e| StoreError::Invalid(format!("the live answer's reading stopped: {e}")))?;
+    read?;
+    Ok(live?)
 }
 
 /// The document, or only the top-level fields the pipeline's paths start with: a document of
