@@ -930,8 +930,11 @@ async fn from_scratch(t: &Tailrace, group: &Value) -> (String, BTreeMap<String, 
         json!([{"$group": {"_id": null, "lo": {"$min": "$_id"}, "hi": {"$max": "$_id"}}}]),
     )
     .await;
-    let id = format!("{}.{}", bounds[0]["hi"], bounds[0]["lo"]);
-    let groups = ask(t, json!([group]))
+    let (hi, lo) = (&bounds[0]["hi"], &bounds[0]["lo"]);
+    let id = format!("{hi}.{lo}");
+    // Over exactly that window, whatever arrives meanwhile.
+    let window = json!({"$match": {"_id": {"$gte": lo, "$lte": hi}}});
+    let groups = ask(t, json!([window, group]))
         .await
         .into_iter()
         .map(|d| (d["_id"].to_string(), d))
@@ -956,7 +959,7 @@ fn append_events(path: &std::path::Path, from: u64, n: u64) {
 /// A live `$group` over a capped window: the groups a client holds after applying the events
 /// up to the window's id equal a query from scratch, as documents arrive and as they are
 /// evicted. A client that reconnects with its last id gets the changes since, with no new
-/// snapshot, across a restart too, while the window it covered is still stored; once part of
+/// snapshot, across a crash and restart too, while the window it covered is still stored; once part of
 /// it was evicted, a new snapshot. A pipeline that cannot be kept live is a 400 naming its
 /// stage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1001,9 +1004,10 @@ async fn a_live_group_equals_a_query_from_scratch_across_reconnects() {
     assert!(only_changes(&kinds), "{kinds:?}");
     assert_eq!(groups, want, "after a reconnect, at {id}");
 
-    // Across a restart too.
+    // Across a crash too: SIGKILL, events appended meanwhile, a restart.
     drop(client);
-    t.stop().await;
+    t.signal("KILL");
+    t.wait_exit(Duration::from_secs(15)).await;
     append_events(&file, 1_500, 500);
     let mut t = Tailrace::start(&data, &env).await;
     written(&t, 500).await;
@@ -1011,7 +1015,7 @@ async fn a_live_group_equals_a_query_from_scratch_across_reconnects() {
     let (id, want) = from_scratch(&t, &group).await;
     let kinds = apply_live(&mut client, &mut groups, &id).await;
     assert!(only_changes(&kinds), "{kinds:?}");
-    assert_eq!(groups, want, "after a restart, at {id}");
+    assert_eq!(groups, want, "after a crash and a restart, at {id}");
 
     // A thousand past the window's bound: the oldest thousand leave it, and their groups move.
     append_events(&file, 2_000, 2_000);
