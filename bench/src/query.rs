@@ -6,13 +6,22 @@
 //! minutes" hold what they would at ~12 events/s. Each pipeline runs `--iterations` times (5)
 //! after one untimed run; the table gives the median, the documents read and the answer's
 //! size, and the targets say which bounds are met.
+//!
+//! Then events arrive at 70/s (journaled, one at a time, as the sample stream lands) for
+//! `--duration` (30 s) twice: once with no question asked, once with every question asked back
+//! to back. A tail of the collection notes how long after each commit it holds the event (the
+//! notification latency); the table compares the two runs, with the events stored per second
+//! and the process's resident memory.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
 
 use serde_json::{Value, json};
 use store::query::{Input, Limits, Pipeline, aggregate};
-use store::{Capped, Durability};
+use store::{Capped, Durability, Start};
 
 use super::dataset::Docs;
 use super::measure::{Samples, fmt_us, thousands};
@@ -169,8 +178,60 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         });
         lines.push((q.name.to_owned(), samples));
     }
+    // The same questions back to back while events arrive at 70/s, against the same arrivals
+    // with no question asked.
+    let pipelines: Vec<Pipeline> = questions(end_us)
+        .iter()
+        .filter_map(|q| Pipeline::parse(&q.pipeline).ok())
+        .collect();
+    let span = bench.duration(Duration::from_secs(30), Duration::from_secs(1));
+    let quiet = under_load(bench, &coll, &[], span).await?;
+    let busy = under_load(bench, &coll, &pipelines, span).await?;
+    let mut l = Table::new(&[
+        "at 70 events/s",
+        "notify p50",
+        "notify p99",
+        "stored/s",
+        "RSS max",
+        "questions",
+    ]);
+    for (name, run) in [("no questions", &quiet), ("questions back to back", &busy)] {
+        let s = run.notify.summary();
+        l.row(vec![
+            name.to_owned(),
+            fmt_us(s.p50),
+            fmt_us(s.p99),
+            format!("{:.1}", run.stored_per_sec),
+            format!("{:.1} MiB", run.rss_max_kib as f64 / 1024.0),
+            thousands(run.questions),
+        ]);
+        report.series.push(Series {
+            name: format!("70/s, {name}"),
+            params: json!({"questions": run.questions, "rss_max_kib": run.rss_max_kib,
+                           "stored_per_sec": run.stored_per_sec, "latency": "notification: committed → a tail holds it"}),
+            latency_us: s,
+            ops: run.notify.len() as u64,
+            elapsed_secs: span.as_secs_f64(),
+            throughput_per_sec: run.stored_per_sec,
+            ..Series::default()
+        });
+    }
+    let (q99, b99) = (quiet.notify.summary().p99, busy.notify.summary().p99);
+    report.targets.push(Target::at_most(
+        "notification p99 with questions back to back ≤ 1.2× without",
+        b99 / q99.max(1.0),
+        1.2,
+        "×",
+    ));
+    report.targets.push(Target::at_least(
+        "events stored per second with questions ≥ 0.99× without",
+        busy.stored_per_sec / quiet.stored_per_sec.max(1e-9),
+        0.99,
+        "×",
+    ));
     report.params = json!({
         "docs": docs, "iterations": n, "dataset": bench.args.dataset.describe(),
+        "under_load_secs": span.as_secs_f64(),
         "receipt_times": "spread evenly over the 24 hours before the run",
         "evaluated": "in tailrace (store::query), every stage; documents read from the capped collection oldest first",
     });
@@ -192,6 +253,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
     )?);
     report.print_header();
     t.print();
+    l.print();
     report.print_footer();
     drop(coll);
     store.close().await?;
@@ -231,4 +293,121 @@ async fn load(bench: &Bench, coll: &Arc<dyn Capped>, docs: u64) -> Result<i64> {
     }
     pb.finish_and_clear();
     Ok(start_us + (docs as i64 - 1) * step)
+}
+
+/// One run at 70 events/s.
+struct LoadRun {
+    /// Commit → the tail holds the event, per event.
+    notify: Samples,
+    stored_per_sec: f64,
+    rss_max_kib: u64,
+    /// Questions answered while it ran.
+    questions: u64,
+}
+
+/// The process's resident memory, in KiB (0 where `/proc` has none).
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Appends one event every 1/70 s for `span` while `pipelines` are asked back to back, and
+/// tails the collection meanwhile.
+async fn under_load(
+    bench: &Bench,
+    coll: &Arc<dyn Capped>,
+    pipelines: &[Pipeline],
+    span: Duration,
+) -> Result<LoadRun> {
+    let newest = coll.bounds().await?.map(|b| b.newest);
+    let mut tail = coll.tail(newest.map_or(Start::Oldest, Start::After));
+    let done = Arc::new(AtomicBool::new(false));
+    let stored = Arc::new(AtomicU64::new(0));
+    let consumer = {
+        let (done, stored) = (done.clone(), stored.clone());
+        tokio::spawn(async move {
+            let mut notify = Samples::with_capacity(4096);
+            let mut held = 0;
+            loop {
+                if done.load(Ordering::Relaxed) && held >= stored.load(Ordering::Relaxed) {
+                    break;
+                }
+                match tokio::time::timeout(Duration::from_millis(200), tail.next()).await {
+                    Ok(Some(Ok(r))) => {
+                        let now = super::wall_us();
+                        if let Some(c) = r.committed_at_us {
+                            notify.push_us((now - c as f64).max(0.0));
+                        }
+                        held += 1;
+                    }
+                    Ok(Some(Err(e))) => return Err(BenchError::from(e)),
+                    Ok(None) => break,
+                    Err(_) => {}
+                }
+            }
+            Ok(notify)
+        })
+    };
+    let asked = Arc::new(AtomicU64::new(0));
+    let asker = {
+        let (done, asked, coll) = (done.clone(), asked.clone(), coll.clone());
+        let pipelines = pipelines.to_vec();
+        tokio::spawn(async move {
+            while !pipelines.is_empty() && !done.load(Ordering::Relaxed) {
+                for p in &pipelines {
+                    if done.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    aggregate(Input::Capped(coll.clone()), p.clone(), Limits::default())
+                        .await
+                        .map_err(|e| BenchError::Scenario(format!("under load: {e}")))?;
+                    asked.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok::<_, BenchError>(())
+        })
+    };
+    let mut g = Docs::new(bench.args.dataset, 70);
+    let label = if pipelines.is_empty() {
+        "query: 70/s, no questions"
+    } else {
+        "query: 70/s, questions back to back"
+    };
+    let pb = bench.progress(span.as_millis() as u64, label);
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / 70.0));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let started = Instant::now();
+    let mut rss_max = rss_kib();
+    let mut seq = 0_u64;
+    while started.elapsed() < span {
+        tick.tick().await;
+        seq += 1;
+        coll.append(vec![g.stamped(seq)], Durability::Journaled).await?;
+        stored.fetch_add(1, Ordering::Relaxed);
+        if seq.is_multiple_of(35) {
+            rss_max = rss_max.max(rss_kib());
+            pb.set_position(started.elapsed().as_millis() as u64);
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    done.store(true, Ordering::Relaxed);
+    pb.finish_and_clear();
+    asker
+        .await
+        .map_err(|e| BenchError::Scenario(format!("the questions stopped: {e}")))??;
+    let notify = consumer
+        .await
+        .map_err(|e| BenchError::Scenario(format!("the tail stopped: {e}")))??;
+    Ok(LoadRun {
+        notify,
+        stored_per_sec: seq as f64 / elapsed,
+        rss_max_kib: rss_max,
+        questions: asked.load(Ordering::Relaxed),
+    })
 }
