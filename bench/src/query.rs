@@ -388,7 +388,8 @@ async fn under_load(
     while started.elapsed() < span {
         tick.tick().await;
         seq += 1;
-        coll.append(vec![g.stamped(seq)], Durability::Journaled).await?;
+        coll.append(vec![g.stamped(seq)], Durability::Journaled)
+            .await?;
         stored.fetch_add(1, Ordering::Relaxed);
         if seq.is_multiple_of(35) {
             rss_max = rss_max.max(rss_kib());

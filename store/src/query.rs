@@ -53,7 +53,7 @@ use expr::Expr;
 pub use eval::{Answer, StageRun};
 pub use live::{GroupChange, Live};
 pub use page::{Order, Page, PageRequest, page};
-pub use read::{AggregateError, Input, aggregate, load_live};
+pub use read::{AggregateError, Input, aggregate, load_live, lowest_priority};
 pub use server::{Features, ServerQuery, probe, probe_docs};
 
 /// The most stages a pipeline may have.

@@ -212,7 +212,7 @@ const SCAN_CHUNK: u64 = 1024;
 /// per core (at most four), each a thread of its own (`tailrace-query`) that reads and decodes
 /// its chunks in order; the stream takes the workers' results in the same turn, so the
 /// documents come out in position order while the decoding, most of a query's cost, runs on
-/// every core. The workers run at the lowest priority ([`lowest_priority`]): on a busy
+/// every core. The workers run at the lowest priority ([`crate::query::lowest_priority`]): on a busy
 /// machine a query gives way to the writer, the feeds and the ingester, and on an idle one it
 /// has every core.
 pub(super) fn scan(
@@ -231,7 +231,7 @@ pub(super) fn scan(
             let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<Record>>>(2);
             let (inner, coll, fields) = (inner.clone(), coll.clone(), fields.clone());
             let worker = move || {
-                lowest_priority();
+                crate::query::lowest_priority();
                 let paths = fields.as_deref().map(crate::query::only_paths);
                 let decode = |json: &[u8]| match &paths {
                     Some(p) => parse_paths(json, p),
@@ -272,15 +272,6 @@ pub(super) fn scan(
         })
         .flatten()
         .boxed()
-}
-
-/// Gives the calling thread the lowest priority there is (nice 19): a thread's own on Linux.
-/// Refused (a sandbox), the thread runs as it was.
-fn lowest_priority() {
-    #[cfg(target_os = "linux")]
-    if let Err(e) = rustix::process::setpriority_process(None, 19) {
-        tracing::debug!(error = %e, "could not lower a query reader's priority");
-    }
 }
 
 fn spilled_pos(prefix: &[u8], k: &[u8]) -> u64 {

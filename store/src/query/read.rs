@@ -67,16 +67,41 @@ pub async fn aggregate(
     let fields = pipeline.fields_read();
     let range = pipeline.received_range();
     let (tx, mut rx) = mpsc::channel::<Vec<Document>>(IN_FLIGHT);
-    let eval = tokio::task::spawn_blocking(move || {
+    let eval = evaluate(move || {
         let batches = std::iter::from_fn(move || rx.blocking_recv());
         pipeline.run(batches.flatten(), limits)
-    });
+    })?;
     let read = read(input, fields.as_deref(), range, tx).await;
     let answer = eval
         .await
-        .map_err(|e| StoreError::Invalid(format!("the query's evaluation stopped: {e}")))?;
+        .map_err(|_| StoreError::Invalid("the query's evaluation stopped".into()))?;
     read?;
     Ok(answer?)
+}
+
+/// Runs a query's evaluation on a thread of its own at the lowest priority: on a busy machine
+/// the ingester and the feeds come first, and a long `$group` takes the time they leave.
+fn evaluate<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<tokio::sync::oneshot::Receiver<T>, StoreError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("tailrace-query".into())
+        .spawn(move || {
+            lowest_priority();
+            let _ = tx.send(f());
+        })
+        .map_err(|e| StoreError::Invalid(format!("starting the query's evaluation: {e}")))?;
+    Ok(rx)
+}
+
+/// Gives the calling thread the lowest priority there is (nice 19): a thread's own on Linux.
+/// Refused (a sandbox), the thread runs as it was.
+pub fn lowest_priority() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = rustix::process::setpriority_process(None, 19) {
+        tracing::debug!(error = %e, "could not lower a query thread's priority");
+    }
 }
 
 /// Runs the first `n` stages on `server` and the rest here, over what comes out.
@@ -91,10 +116,10 @@ async fn on_server(
     let rest = pipeline.after(n);
     let mut docs = server.run(pipeline.server_stages(n)).await?;
     let (tx, mut rx) = mpsc::channel::<Vec<Document>>(IN_FLIGHT);
-    let eval = tokio::task::spawn_blocking(move || {
+    let eval = evaluate(move || {
         let batches = std::iter::from_fn(move || rx.blocking_recv());
         rest.run(batches.flatten(), limits)
-    });
+    })?;
     let mut batch = Vec::with_capacity(BATCH);
     let mut failed = None;
     while let Some(doc) = docs.next().await {
@@ -117,7 +142,7 @@ async fn on_server(
     drop(tx);
     let answer = eval
         .await
-        .map_err(|e| StoreError::Invalid(format!("the query's evaluation stopped: {e}")))?;
+        .map_err(|_| StoreError::Invalid("the query's evaluation stopped".into()))?;
     if let Some(e) = failed {
         return Err(e.into());
     }
