@@ -9,6 +9,7 @@
 pub mod filter_cases;
 mod filters;
 mod queries;
+mod reference;
 
 pub use filters::{filter_cases_on_capped, filter_cases_on_keyed};
 pub use queries::{

@@ -10,6 +10,7 @@ use store::query::{Input, Limits, Pipeline, aggregate};
 use store::{Document, Durability, Store};
 
 use super::capped;
+use super::reference;
 
 /// A small deterministic generator (xorshift64*): the same pipelines on every engine and run.
 struct Rng(u64);
@@ -88,12 +89,25 @@ fn first_match(r: &mut Rng) -> Option<Value> {
 
 /// The rest of a pipeline: a group, an unwind and count, a projection, or a count; each stage
 /// as JSON text (which keeps a `$sort`'s keys in order).
-fn rest(r: &mut Rng) -> Vec<String> {
+/// With each, the stage as [`reference::evaluate`] takes it (a `$sort` as ordered pairs).
+fn rest(r: &mut Rng) -> Vec<(String, Value)> {
     rest_values(r)
         .into_iter()
-        .map(|s| match s.get("$sort").and_then(|k| k.get("n")) {
-            Some(_) => r#"{"$sort": {"n": -1, "_id": 1}}"#.to_owned(),
-            None => s.to_string(),
+        .map(|s| match s.get("$sort") {
+            Some(keys) if keys.get("n").is_some() => (
+                r#"{"$sort": {"n": -1, "_id": 1}}"#.to_owned(),
+                json!({"$sort": [["n", -1], ["_id", 1]]}),
+            ),
+            Some(keys) => {
+                let pairs: Vec<Value> = keys
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, v)| json!([k, v]))
+                    .collect();
+                (s.to_string(), json!({"$sort": pairs}))
+            }
+            None => (s.to_string(), s),
         })
         .collect()
 }
@@ -147,7 +161,8 @@ fn rest_values(r: &mut Rng) -> Vec<Value> {
     }
 }
 
-/// Random pipelines answer through the engine as over the same documents in memory.
+/// Random pipelines answer through the engine as over the same documents in memory, and
+/// in memory as a naive reference evaluator answers them.
 pub async fn random_pipelines_answer_as_in_memory(store: &dyn Store) {
     let c = capped(store, "c_queries", 100_000, 256 << 20).await;
     let mut all: Vec<Document> = Vec::new();
@@ -166,14 +181,24 @@ pub async fn random_pipelines_answer_as_in_memory(store: &dyn Store) {
     let mut r = Rng(0x7A11_5ACE_D00D_F00D);
     let mut failures = Vec::new();
     for _ in 0..150 {
-        let mut stages: Vec<String> = first_match(&mut r)
-            .map(|m| json!({"$match": m}).to_string())
+        let mut stages: Vec<(String, Value)> = first_match(&mut r)
+            .map(|m| (json!({"$match": m}).to_string(), json!({"$match": m})))
             .into_iter()
             .collect();
         stages.extend(rest(&mut r));
-        let json = format!("[{}]", stages.join(", "));
+        let texts: Vec<&str> = stages.iter().map(|(t, _)| t.as_str()).collect();
+        let json = format!("[{}]", texts.join(", "));
         let pipeline = Pipeline::parse_text(&json).unwrap_or_else(|e| panic!("{json}: {e}"));
         let want = pipeline.run(all.clone(), Limits::default()).unwrap();
+        let reference: Vec<Value> = stages.into_iter().map(|(_, v)| v).collect();
+        let by_reference = reference::evaluate(&all, &reference);
+        if sets_sorted(want.docs.clone()) != sets_sorted(by_reference.clone()) {
+            failures.push(format!(
+                "{json}\n  tailrace:  {}\n  reference: {}",
+                Value::Array(want.docs.clone()),
+                Value::Array(by_reference)
+            ));
+        }
         let got = aggregate(Input::Capped(c.clone()), pipeline, Limits::default())
             .await
             .unwrap_or_else(|e| panic!("{json}: {e}"));
