@@ -1412,7 +1412,7 @@ fn geo_is_a_key_of_every_source_kind() {
 }
 
 /// A source without `geo` gets its stream's preset, if tailrace knows the stream; `geo = {}`
-/// turns the preset off.
+/// turns the preset off; the ingester is given the rules of every source that has some.
 #[test]
 fn geo_presets_fill_in_only_where_no_geo_is_set() {
     use crate::geo::GeoConfig;
@@ -1427,6 +1427,13 @@ fn geo_presets_fill_in_only_where_no_geo_is_set() {
         "... so the preset: {preset:?}"
     );
     assert_eq!(c.sources[1].geo_rules(), None, "a file has no preset");
+    let options = crate::pipeline::parts::ingest_options(&c);
+    assert_eq!(
+        options.geo.keys().collect::<Vec<_>>(),
+        ["wiki"],
+        "the ingester gets the rules of the sources that have some"
+    );
+
     let c = with_toml(&format!("{wiki}geo = {{}}\n")).unwrap();
     assert_eq!(
         c.sources[0].geo_rules(),
