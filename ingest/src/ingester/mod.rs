@@ -6,7 +6,8 @@
 //! writer always has the next commit queued:
 //! - **prepare** takes up to `ingest.batch_max_events` records (or what came within
 //!   `ingest.batch_max_wait_ms`), validates each, stamps it with its source's next sequence
-//!   number and derives its rollup updates;
+//!   number and its place, if its source's rules find one ([`crate::geo`]), and derives its
+//!   rollup updates;
 //! - **events** writes the batch's events and dead letters, in hand-over order (`order`): a
 //!   crash leaves each source a prefix of what it handed over, so a source resumed after its
 //!   newest stored record loses nothing;
