@@ -238,14 +238,18 @@ impl GeoConfig {
 
     /// The rules of a stream tailrace knows, used when its source sets no `geo`:
     /// - `synthetic`: its `coordinates` (a point, on about one event in twenty) and `lang`;
-    /// - an `http` source of Wikimedia's EventStreams (`stream.wikimedia.org`): the language of
-    ///   `meta.domain` (`ja.wikipedia.org`; `commons.wikimedia.org` and `www.wikidata.org`
-    ///   name no language, and place nothing);
-    /// - an `http` source of a Mastodon streaming API (`/api/v1/streaming`): `language`;
-    /// - a `websocket` source of Bluesky's Jetstream (`*.bsky.network/subscribe`):
+    /// - an `http` source of Wikimedia's EventStreams (host `stream.wikimedia.org`, or a path
+    ///   `/v2/stream/...`): the language of `meta.domain` (`ja.wikipedia.org`;
+    ///   `commons.wikimedia.org` and `www.wikidata.org` name no language, and place nothing);
+    /// - an `http` source of a Mastodon streaming API (a path `/api/v1/streaming...`):
+    ///   `language`;
+    /// - a `websocket` source of Bluesky's Jetstream (a path `/subscribe` on a
+    ///   `jetstream*.bsky.network` host, or with Jetstream's `wantedCollections` parameter):
     ///   `commit.record.langs` (its first element).
     ///
-    /// `None` for any other source: it places no event until it sets `geo`.
+    /// The paths count, not only the hosts, so a mirror or a replay of these streams (the
+    /// tests' local servers) gets the same rules. `None` for any other source: it places no
+    /// event until it sets `geo`.
     pub fn preset(kind: &SourceKind) -> Option<GeoConfig> {
         let language = |path: &str| GeoConfig {
             language: Some(path.to_owned()),
@@ -259,7 +263,9 @@ impl GeoConfig {
             }),
             SourceKind::Http(c) => {
                 let url = reqwest::Url::parse(&c.url).ok()?;
-                if url.host_str() == Some("stream.wikimedia.org") {
+                if url.host_str() == Some("stream.wikimedia.org")
+                    || url.path().starts_with("/v2/stream/")
+                {
                     Some(language("meta.domain"))
                 } else if url.path().starts_with("/api/v1/streaming") {
                     Some(language("language"))
@@ -269,10 +275,11 @@ impl GeoConfig {
             }
             SourceKind::Websocket(c) => {
                 let url = reqwest::Url::parse(&c.url).ok()?;
-                let jetstream = url
+                let bluesky = url
                     .host_str()
-                    .is_some_and(|h| h.ends_with(".bsky.network") && h.starts_with("jetstream"))
-                    && url.path() == "/subscribe";
+                    .is_some_and(|h| h.ends_with(".bsky.network") && h.starts_with("jetstream"));
+                let wanted = url.query_pairs().any(|(k, _)| k == "wantedCollections");
+                let jetstream = url.path() == "/subscribe" && (bluesky || wanted);
                 jetstream.then(|| language("commit.record.langs"))
             }
             SourceKind::File(_) | SourceKind::Stdin(_) | SourceKind::Command(_) => None,

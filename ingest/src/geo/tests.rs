@@ -229,6 +229,13 @@ fn presets_place_the_known_streams() {
         None
     );
     assert_eq!(GeoConfig::preset(&ws("wss://example.com/subscribe")), None);
+    assert_eq!(
+        GeoConfig::preset(&ws(
+            "ws://127.0.0.1:9/subscribe?wantedCollections=app.bsky.feed.post"
+        )),
+        Some(jetstream.clone()),
+        "a replay of Jetstream on another host"
+    );
 
     let mastodon = GeoConfig::preset(&http(
         "https://streaming.mastodon.social/api/v1/streaming/public",
@@ -240,6 +247,11 @@ fn presets_place_the_known_streams() {
     );
     assert_eq!(placed(&mastodon, json!({"language": null})), None);
     assert_eq!(GeoConfig::preset(&http("https://example.com/events")), None);
+    assert_eq!(
+        GeoConfig::preset(&http("http://127.0.0.1:9/v2/stream/recentchange")),
+        Some(wikimedia.clone()),
+        "a replay of EventStreams on another host"
+    );
 
     let synthetic = GeoConfig::preset(&SourceKind::Synthetic(SyntheticConfig::at(70.0)))
         .expect("a preset for the synthetic stream");
