@@ -11,11 +11,12 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::geo::{Geo, Precision};
 use metrics::{
     Counter, Gauge, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram,
     gauge, histogram,
 };
+
+use crate::geo::{Geo, Precision};
 
 /// Events read, by source.
 pub const SOURCE_EVENTS: &str = "tailrace_source_events_total";
