@@ -163,6 +163,10 @@ def validate():
         "too_large": small(4) + j(TWEET),
         "duplicate_keys": LARGE + b'{"a":1,"a":{"$b":2}}',
         "whitespace": LARGE + b' \r\n\t{ "a" : [ ] , "b" : { } }\n ',
+        "geo_tweet": LARGE + j({"coordinates": {"type": "Point", "coordinates": [139.69, 35.68]},
+                               "place": {"country_code": "JP", "bounding_box": {"type": "Polygon",
+                               "coordinates": [[[177.0, -19.0], [-178.0, -19.0], [-178.0, -16.0]]]}},
+                               "lang": ["pt-BR"]}),
     })
     return out
 

@@ -181,6 +181,7 @@ fn child_config(bench: &Bench, dir: &Path, events: &Path, topk: bool) -> Config 
     c.sources = vec![SourceConfig {
         name: "replay".into(),
         kind: SourceKind::File(FileConfig::new(events)),
+        geo: None,
     }];
     if !topk {
         c.stats.topk_field = NO_FIELD.into();

@@ -15,9 +15,13 @@
 //! - bytes and their parsed value get the same verdict (the value's size is measured on its
 //!   serialization, so only `too_large` may differ);
 //! - the dead letter is a JSON object that serializes and parses, with `raw_len` the record's
-//!   length and at most `DEAD_LETTER_RAW_BYTES` of it kept.
+//!   length and at most `DEAD_LETTER_RAW_BYTES` of it kept;
+//! - an accepted document's place (`ingest::geo`, by a tweet's paths and by Wikimedia's preset)
+//!   is bounded whatever the document holds: a position in range, a precision that placed it,
+//!   a country among the ISO codes, four keys none starting with `$`, numbers as doubles.
 #![no_main]
 
+use ingest::geo::{GeoConfig, Precision, country};
 use ingest::ingester::validate::{DEAD_LETTER_RAW_BYTES, MAX_KEY_PARTS, dead_letter, validate};
 use ingest::source::{Raw, RejectReason};
 use libfuzzer_sys::fuzz_target;
@@ -63,6 +67,41 @@ fn check_accepted(doc: &Map<String, Value>, max: usize, what: &str) {
     }
 }
 
+/// Places `doc` by a tweet's paths and by Wikimedia's (the language of `meta.domain`), and
+/// checks that what is stamped is bounded.
+fn check_place(doc: &Map<String, Value>) {
+    let tweet = GeoConfig {
+        point: Some("coordinates".into()),
+        place: Some("place.bounding_box".into()),
+        country: Some("place.country_code".into()),
+        language: Some("lang".into()),
+    };
+    let wiki = GeoConfig {
+        language: Some("meta.domain".into()),
+        ..GeoConfig::default()
+    };
+    for rules in [tweet, wiki] {
+        let Some(geo) = rules.locate(doc) else {
+            continue;
+        };
+        assert!(
+            (-180.0..=180.0).contains(&geo.lon) && (-90.0..=90.0).contains(&geo.lat),
+            "a place out of range: {geo:?}"
+        );
+        assert_ne!(geo.precision, Precision::None, "{geo:?}");
+        if let Some(code) = geo.country {
+            assert!(
+                country(code).is_some(),
+                "a country outside the ISO codes: {geo:?}"
+            );
+        }
+        let v = geo.to_value();
+        let o = v.as_object().expect("a place is an object");
+        assert!(o.len() == 4 && o.keys().all(|k| !k.starts_with('$')), "{v}");
+        assert!(v["lon"].is_f64() && v["lat"].is_f64(), "{v}");
+    }
+}
+
 fuzz_target!(|input: &[u8]| {
     let mut knobs = Knobs::new(input);
     let max = knobs.limit(1 << 20) * 16;
@@ -78,6 +117,7 @@ fuzz_target!(|input: &[u8]| {
                 bytes.len()
             );
             check_accepted(doc, max, "bytes");
+            check_place(doc);
             assert_eq!(
                 parsed.as_ref(),
                 Some(&Value::Object(doc.clone())),

@@ -37,6 +37,7 @@ fn options() -> IngestOptions {
         rollup_fields: vec!["lang".into(), "hashtags".into()],
         summary_fields: vec!["retweet_count".into(), "hashtags".into()],
         durability: Durability::Journaled,
+        geo: Default::default(),
     }
 }
 

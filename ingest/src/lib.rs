@@ -26,6 +26,7 @@
 //! ```
 
 pub mod config;
+pub mod geo;
 pub mod ingester;
 pub mod live;
 pub mod pipeline;

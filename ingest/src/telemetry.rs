@@ -16,10 +16,18 @@ use metrics::{
     gauge, histogram,
 };
 
+use crate::geo::{Geo, Precision};
+
 /// Events read, by source.
 pub const SOURCE_EVENTS: &str = "tailrace_source_events_total";
 /// Bad records kept as dead letters, by source and reason.
 pub const REJECTED: &str = "tailrace_events_rejected_total";
+/// Events stamped, by how precisely their place is known (`precision`: point, place, country,
+/// language, none).
+pub const EVENTS_GEO: &str = "tailrace_events_geo_total";
+/// Events stamped, by the country of their place: an ISO 3166-1 alpha-2 code, or `none` (no
+/// place, or a place of no known country). Bounded: about 250 codes and `none`.
+pub const EVENTS_GEO_COUNTRY: &str = "tailrace_events_geo_country_total";
 /// Reconnects of network sources and restarts of command sources, by source and reason.
 pub const SOURCE_RECONNECTS: &str = "tailrace_source_reconnects_total";
 /// 1 while a source holds a live connection (http) or a running program (command).
@@ -78,6 +86,14 @@ pub fn describe() {
     describe_counter!(
         REJECTED,
         "Records rejected and kept as dead letters, by source and reason."
+    );
+    describe_counter!(
+        EVENTS_GEO,
+        "Events stamped, by the precision of their place (_tailrace.geo): point (their own coordinates), place (the centre of their place's polygon), country (a country code), language (the likely country of their language), none (no place)."
+    );
+    describe_counter!(
+        EVENTS_GEO_COUNTRY,
+        "Events stamped, by the ISO 3166-1 alpha-2 code of their place's country, or none."
     );
     describe_counter!(
         SOURCE_RECONNECTS,
@@ -450,9 +466,57 @@ pub struct Meters {
     write_latency: std::sync::Mutex<Vec<(&'static str, String, store::Durability, Histogram)>>,
     /// One gauge per source.
     last_seq: std::sync::Mutex<std::collections::HashMap<std::sync::Arc<str>, Gauge>>,
+    /// The counters of placed events, registered (at zero) with the first event.
+    geo: std::sync::OnceLock<GeoCounters>,
+}
+
+/// [`EVENTS_GEO`] by precision, [`EVENTS_GEO_COUNTRY`] by country.
+struct GeoCounters {
+    /// One per precision, in the order of [`Precision::ALL`].
+    by_precision: [Counter; 5],
+    /// `country="none"`.
+    no_country: Counter,
+    /// Each country seen so far (the codes are `crate::geo`'s: at most about 250).
+    by_country: std::sync::Mutex<std::collections::HashMap<&'static str, Counter>>,
+}
+
+impl GeoCounters {
+    fn new() -> Self {
+        let by_precision = Precision::ALL.map(|p| {
+            let c = counter!(EVENTS_GEO, "precision" => p.as_str());
+            c.absolute(0);
+            c
+        });
+        let no_country = counter!(EVENTS_GEO_COUNTRY, "country" => "none");
+        no_country.absolute(0);
+        GeoCounters {
+            by_precision,
+            no_country,
+            by_country: Default::default(),
+        }
+    }
 }
 
 impl Meters {
+    /// An event was stamped, placed by `geo` or not at all.
+    pub fn placed(&self, geo: Option<&Geo>) {
+        let counters = self.geo.get_or_init(GeoCounters::new);
+        let precision = geo.map_or(Precision::None, |g| g.precision);
+        if let Some(i) = Precision::ALL.iter().position(|p| *p == precision) {
+            counters.by_precision[i].increment(1);
+        }
+        let Some(country) = geo.and_then(|g| g.country) else {
+            return counters.no_country.increment(1);
+        };
+        match counters.by_country.lock() {
+            Ok(mut known) => known
+                .entry(country)
+                .or_insert_with(|| counter!(EVENTS_GEO_COUNTRY, "country" => country))
+                .increment(1),
+            Err(_) => counter!(EVENTS_GEO_COUNTRY, "country" => country).increment(1),
+        }
+    }
+
     /// The newest sequence number of a source that the store acknowledged.
     pub fn sequence_acked(&self, source: &std::sync::Arc<str>, seq: u64) {
         let Ok(mut gauges) = self.last_seq.lock() else {

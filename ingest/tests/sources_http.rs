@@ -506,6 +506,7 @@ async fn sse_bad_input_reaches_the_dead_letters_and_good_events_all_arrive() {
             rollup_fields: vec![],
             summary_fields: vec!["n".into(), "t".into()],
             durability: Durability::Acknowledged,
+            geo: Default::default(),
         },
         engine: "embedded",
         stats: Arc::new(IngestStats::default()),

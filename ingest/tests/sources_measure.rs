@@ -98,6 +98,7 @@ async fn http_source_sustained_rate_into_the_embedded_store() {
             rollup_fields: vec!["lang".into(), "hashtags".into()],
             summary_fields: vec!["retweet_count".into(), "hashtags".into()],
             durability: Durability::Journaled,
+            geo: Default::default(),
         },
         engine: "embedded",
         stats: Arc::new(IngestStats::default()),

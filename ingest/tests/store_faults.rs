@@ -61,6 +61,7 @@ async fn ingest_in_bursts(
             rollup_fields: vec!["lang".into()],
             summary_fields: vec!["n".into(), "tags".into()],
             durability: Durability::Journaled,
+            geo: Default::default(),
         },
         engine: "embedded",
         stats: Arc::new(IngestStats::default()),

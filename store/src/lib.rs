@@ -74,7 +74,7 @@ pub use engine::{Engine, EngineSettings, OpenWith};
 pub use error::{Result, StoreError};
 pub use filter::Filter;
 pub use names::MAX_KEY_BYTES;
-pub use stamp::{RECEIVED_PATH, STAMP_FIELD, STAMP_SOURCE_PATH, Stamp};
+pub use stamp::{GEO_FIELD, GEO_PATH, RECEIVED_PATH, STAMP_FIELD, STAMP_SOURCE_PATH, Stamp};
 pub use types::{
     Bounds, CappedSpec, Change, ChangeFilter, ChangeOp, ChangeStart, Document, Durability,
     KeyUpdate, KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record, ResumeToken, Start,

@@ -20,6 +20,15 @@ pub const RECEIVED_PATH: &str = "_tailrace.received";
 /// The indexed path of the stamp's source (used to recover each source's sequence).
 pub const STAMP_SOURCE_PATH: &str = "_tailrace.source";
 
+/// The field of the stamp where the ingester writes where an event comes from, when it can
+/// tell: `{"lon": .., "lat": .., "precision": "point" | "place" | "country" | "language",
+/// "country": "JP" | null}` (`ingest::geo`). Absent when nothing placed the event; not part of
+/// [`Stamp`], which the feeds read for every event and which has no use for it.
+pub const GEO_FIELD: &str = "geo";
+
+/// The path of an event's place ([`GEO_FIELD`] inside the stamp).
+pub const GEO_PATH: &str = "_tailrace.geo";
+
 /// Where and when an event entered tailrace.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stamp {

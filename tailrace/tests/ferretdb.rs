@@ -515,6 +515,44 @@ async fn the_pipeline_runs_on_ferretdb() {
         Some(0.0)
     );
 
+    // Each synthetic event's place is stored as the server's types: the stamp's `geo` with
+    // doubles (an integer would be an Int64, a query on `lon` ranges still matching, but the
+    // stamp promises doubles) and a country string.
+    let placed: Vec<BsonDoc> = f
+        .client()
+        .database(&db)
+        .collection::<BsonDoc>("events")
+        .find(doc! {"_tailrace.geo.precision": {"$in": ["point", "language"]}})
+        .limit(20)
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(
+        !placed.is_empty(),
+        "placed events are stored\n{}",
+        t.report()
+    );
+    for d in &placed {
+        let geo = d
+            .get_document("_tailrace")
+            .unwrap()
+            .get_document("geo")
+            .unwrap();
+        assert!(
+            geo.get_f64("lon").is_ok() && geo.get_f64("lat").is_ok(),
+            "lon and lat are doubles: {geo}"
+        );
+        if geo.get_str("precision").ok() == Some("language") {
+            assert_eq!(geo.get_str("country").ok().map(str::len), Some(2), "{geo}");
+        }
+    }
+    assert!(
+        m.sum("tailrace_events_geo_total", &[("precision", "language")]) > 0.0,
+        "synthetic events are placed by their language"
+    );
+
     // `latest` by an indexed field, newest first.
     let latest = t
         .json("/api/events/latest?field=user.screen_name&value=sakura")

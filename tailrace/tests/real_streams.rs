@@ -94,6 +94,25 @@ async fn check_metrics(t: &Tailrace, source: &str, distinct: usize, duplicates: 
         duplicates,
         "{source}: every replayed event dropped and counted, nothing else"
     );
+    // Each stored event counted once by the precision of its place; the example's stream is
+    // placed by its language (its geo preset), and no event claims a country outside the
+    // ISO codes.
+    assert_eq!(
+        m.sum("tailrace_events_geo_total", &[]) as usize,
+        distinct,
+        "{source}: every event counted once by precision\n{}",
+        t.report()
+    );
+    assert!(
+        m.sum("tailrace_events_geo_total", &[("precision", "language")]) > 0.0,
+        "{source}: events placed by the language of its preset\n{}",
+        t.report()
+    );
+    assert_eq!(
+        m.sum("tailrace_events_geo_country_total", &[]) as usize,
+        distinct,
+        "{source}: every event counted once by country"
+    );
     // Both feeds see every event once.
     t.wait_until(
         "both feeds processed every event",

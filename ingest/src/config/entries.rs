@@ -23,8 +23,20 @@ pub trait Entry: Sized {
     /// lowercase (`synthetic`, `http`, ...).
     type Kind: Serialize + DeserializeOwned;
 
+    /// The keys every table of the section takes besides `name` and `kind`, whatever its kind
+    /// (a source's `geo`): a struct of them, unknown keys refused. Written back flat, after
+    /// the kind's keys.
+    type Shared: Serialize + DeserializeOwned;
+
+    /// Their names: these keys of a table are read into [`Entry::Shared`], the others by the
+    /// kind; an unknown key's error lists them among the allowed ones.
+    const SHARED: &'static [&'static str];
+
     /// Puts an entry together.
-    fn new(name: String, kind: Self::Kind) -> Self;
+    fn new(name: String, kind: Self::Kind, shared: Self::Shared) -> Self;
+
+    /// Its shared keys, to write them back.
+    fn shared(&self) -> Self::Shared;
 
     /// Its name.
     fn name(&self) -> &str;
@@ -74,14 +86,16 @@ fn parse_inner<E: Entry>(value: &Value) -> Result<E, (figment::Error, String)> {
             .map_err(|e: figment::Error| (e.with_path("kind"), no_kind.clone()))?,
         None => return Err((figment::Error::missing_field("kind"), no_kind)),
     };
-    let body: Dict = dict
+    let (shared, body): (Dict, Dict) = dict
         .iter()
         .filter(|(k, _)| *k != "name" && *k != "kind")
         .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+        .partition(|(k, _)| E::SHARED.contains(&k.as_str()));
+    let shared = E::Shared::deserialize(&Value::Dict(*tag, shared))
+        .map_err(|e: figment::Error| (e, kind.clone()))?;
     let tagged = Value::Dict(*tag, Dict::from([(kind.clone(), Value::Dict(*tag, body))]));
     match E::Kind::deserialize(&tagged) {
-        Ok(k) => Ok(E::new(name, k)),
+        Ok(k) => Ok(E::new(name, k, shared)),
         Err(mut e) => {
             let at_top = e.path.is_empty() || e.path == [kind.clone()];
             if matches!(e.kind, Kind::UnknownVariant(..)) && at_top {
@@ -134,11 +148,26 @@ pub fn serialize<E: Entry, S: Serializer>(entry: &E, s: S) -> Result<S::Ok, S::E
             )));
         }
     };
-    let mut map = s.serialize_map(Some(body.len() + 2))?;
+    let shared = match serde_json::to_value(entry.shared()).map_err(S::Error::custom)? {
+        serde_json::Value::Object(o) => o,
+        serde_json::Value::Null => Default::default(),
+        other => {
+            return Err(S::Error::custom(format!(
+                "the shared keys must serialize as a table, got {other}"
+            )));
+        }
+    };
+    let mut map = s.serialize_map(Some(body.len() + shared.len() + 2))?;
     map.serialize_entry("name", entry.name())?;
     map.serialize_entry("kind", &kind)?;
-    for (k, v) in &body {
+    for (k, v) in body.iter().chain(&shared) {
         map.serialize_entry(k, v)?;
     }
     map.end()
 }
+
+/// [`Entry::Shared`] of a section whose tables take no keys beside `name`, `kind` and their
+/// kind's.
+#[derive(Debug, Default, serde::Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoShared {}

@@ -65,9 +65,15 @@ impl FeedConfig {
 
 impl Entry for FeedConfig {
     type Kind = FeedKindConfig;
+    type Shared = entries::NoShared;
+    const SHARED: &'static [&'static str] = &[];
 
-    fn new(name: String, kind: FeedKindConfig) -> Self {
+    fn new(name: String, kind: FeedKindConfig, _: entries::NoShared) -> Self {
         FeedConfig { name, kind }
+    }
+
+    fn shared(&self) -> entries::NoShared {
+        entries::NoShared {}
     }
 
     fn name(&self) -> &str {

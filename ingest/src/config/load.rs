@@ -192,10 +192,14 @@ fn read_entries<E: entries::Entry>(
                 let mut path = vec![section.to_owned(), i.to_string()];
                 path.append(&mut error.path);
                 error.path = path;
+                let leading: Vec<&str> = ["name", "kind"]
+                    .into_iter()
+                    .chain(E::SHARED.iter().copied())
+                    .collect();
                 let tagged = kind.as_deref().map(|value| Tagged {
                     key: "kind",
                     value,
-                    leading: &["name", "kind"],
+                    leading: &leading,
                     depth: 2,
                 });
                 Loaded::Unreadable(describe_entry_error(figment, &error, tagged.as_ref()))

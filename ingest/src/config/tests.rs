@@ -273,7 +273,7 @@ fn unknown_key_in_array_element_names_index() {
     let message = toml_err("[[sources]]\nname = \"a\"\nkind = \"stdin\"\nurll = \"x\"\n");
     assert_eq!(
         message,
-        "unknown key sources[0].urll (allowed: name, kind) (from TOML source string)"
+        "unknown key sources[0].urll (allowed: name, kind, geo) (from TOML source string)"
     );
     let message = toml_err("[store.dead_letters]\nindexes = [\"id\"]\n");
     assert!(
@@ -625,6 +625,7 @@ fn source(name: &str, kind: SourceKind) -> SourceConfig {
     SourceConfig {
         name: name.into(),
         kind,
+        geo: None,
     }
 }
 
@@ -741,8 +742,8 @@ fn source_kinds_get_their_defaults_and_only_their_keys() {
     assert_eq!(
         found,
         [
-            "unknown key sources[0].follow (allowed: name, kind) (from TOML source string)",
-            "unknown key sources[1].restart (allowed: name, kind, url, format, headers, \
+            "unknown key sources[0].follow (allowed: name, kind, geo) (from TOML source string)",
+            "unknown key sources[1].restart (allowed: name, kind, geo, url, format, headers, \
              connect_timeout_ms, idle_timeout_ms, reconnect_max_ms, events, resume) (from TOML source string)",
         ]
     );
@@ -1114,6 +1115,10 @@ fn dollar_prefixed_paths_are_one_line_errors_naming_the_key() {
             format!("{http}resume = {{ field = \"$seq\", param = \"since\" }}\n"),
             "sources[0].resume.field",
         ),
+        (
+            format!("{http}geo = {{ country = \"place.$cc\" }}\n"),
+            "sources[0].geo.country",
+        ),
     ] {
         let err = toml_err(&toml);
         assert_eq!(
@@ -1226,6 +1231,10 @@ fn every_example_loads_and_builds() {
             let c = Config::load(Some(Path::new(&name))).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(c.sources.len(), 1, "{name}: one source");
             assert!(
+                c.sources[0].geo.is_none() && c.sources[0].geo_rules().is_some(),
+                "{name}: places its events by its stream's geo preset"
+            );
+            assert!(
                 !c.store.events.indexes.is_empty() && !c.ingest.rollup_fields.is_empty(),
                 "{name}: sets indexes and rollup fields"
             );
@@ -1307,4 +1316,138 @@ fn the_ferretdb_config_loads_and_asks_for_no_change_stream() {
         assert!(!c.ingest.rollup_fields.iter().any(|f| f == "hashtags"));
         Ok(())
     });
+}
+
+/// A source's `geo` is read beside its kind's keys, whatever the kind; each bad value is one
+/// line naming its key and what is allowed; printed, it reads back the same.
+#[test]
+fn geo_is_a_key_of_every_source_kind() {
+    use crate::geo::GeoConfig;
+    let stdin = "[[sources]]\nname = \"in\"\nkind = \"stdin\"\n";
+    let c = with_toml(&format!(
+        "{stdin}geo = {{ point = \"coordinates\", place = \"place.bounding_box\", country = \"place.country_code\", language = \"lang\" }}\n"
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let twitter = GeoConfig {
+        point: Some("coordinates".into()),
+        place: Some("place.bounding_box".into()),
+        country: Some("place.country_code".into()),
+        language: Some("lang".into()),
+    };
+    assert_eq!(c.sources[0].geo.as_ref(), Some(&twitter));
+    let c = with_toml(&format!("{stdin}geo = {{ language = \"lang\" }}\n")).unwrap();
+    assert_eq!(
+        c.sources[0].geo,
+        Some(GeoConfig {
+            language: Some("lang".into()),
+            ..GeoConfig::default()
+        }),
+        "every key optional"
+    );
+
+    for (geo, expected) in [
+        (
+            "geo = { pont = \"coordinates\" }",
+            "unknown key sources[0].geo.pont (allowed: point, place, country, language) (from TOML source string)",
+        ),
+        (
+            "geo = \"coordinates\"",
+            "sources[0].geo: expected a table, found string \"coordinates\" (from TOML source string)",
+        ),
+        (
+            "geo = { point = 3 }",
+            "sources[0].geo.point: expected a string, found integer 3 (from TOML source string)",
+        ),
+        (
+            "geo = { language = \"\" }",
+            "sources[0].geo.language: \"\" is not a field path (dot-separated names, e.g. \"user.id\") (from TOML source string)",
+        ),
+        (
+            "geo = { place = \"place..bounding_box\" }",
+            "sources[0].geo.place: \"place..bounding_box\" is not a field path (dot-separated names, e.g. \"user.id\") (from TOML source string)",
+        ),
+    ] {
+        assert_eq!(toml_err(&format!("{stdin}{geo}\n")), expected, "{geo}");
+    }
+    // Feeds take no `geo`.
+    let err = toml_err("[[feeds]]\nname = \"t\"\nkind = \"tailable\"\ngeo = {}\n");
+    assert!(
+        err.starts_with("unknown key feeds[0].geo (allowed: name, kind, collection)"),
+        "{err}"
+    );
+
+    // From the environment too, with the rest of the table.
+    Jail::expect_with(|jail| {
+        jail.clear_env();
+        jail.set_env(
+            "TAILRACE_SOURCES",
+            "[{ name = \"in\", kind = \"stdin\", geo = { country = \"cc\" } }]",
+        );
+        let c = Config::load(None).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.sources[0].geo.as_ref().and_then(|g| g.country.as_deref()),
+            Some("cc")
+        );
+        Ok(())
+    });
+
+    let mut config = Config::default();
+    let mut with_geo = source("in", SourceKind::Stdin(Default::default()));
+    with_geo.geo = Some(twitter);
+    config.sources.push(with_geo);
+    let mut none = source("off", SourceKind::Stdin(Default::default()));
+    none.geo = Some(GeoConfig::default());
+    config.sources.push(none);
+    let json = serde_json::to_value(&config).unwrap();
+    assert_eq!(json["sources"][1]["geo"]["point"], "coordinates");
+    assert_eq!(json["sources"][2]["geo"], serde_json::json!({}));
+    assert!(
+        json["sources"][0].get("geo").is_none(),
+        "no geo, none printed"
+    );
+    let text = toml::to_string_pretty(&config).unwrap();
+    let back = Config::from_figment(Figment::from(Toml::string(&text)))
+        .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(back, config, "as TOML, as check-config prints it");
+}
+
+/// A source without `geo` gets its stream's preset, if tailrace knows the stream; `geo = {}`
+/// turns the preset off; the ingester is given the rules of every source that has some.
+#[test]
+fn geo_presets_fill_in_only_where_no_geo_is_set() {
+    use crate::geo::GeoConfig;
+    let wiki = "[[sources]]\nname = \"wiki\"\nkind = \"http\"\nurl = \"https://stream.wikimedia.org/v2/stream/recentchange\"\nformat = \"sse\"\n";
+    let file = "[[sources]]\nname = \"f\"\nkind = \"file\"\npath = \"x.ndjson\"\n";
+    let c = with_toml(&format!("{wiki}{file}")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.sources[0].geo, None, "nothing set ...");
+    let preset = c.sources[0].geo_rules();
+    assert_eq!(
+        preset.as_ref().and_then(|g| g.language.as_deref()),
+        Some("meta.domain"),
+        "... so the preset: {preset:?}"
+    );
+    assert_eq!(c.sources[1].geo_rules(), None, "a file has no preset");
+    let options = crate::pipeline::parts::ingest_options(&c);
+    assert_eq!(
+        options.geo.keys().collect::<Vec<_>>(),
+        ["wiki"],
+        "the ingester gets the rules of the sources that have some"
+    );
+
+    let c = with_toml(&format!("{wiki}geo = {{}}\n")).unwrap();
+    assert_eq!(
+        c.sources[0].geo_rules(),
+        Some(GeoConfig::default()),
+        "turned off"
+    );
+    let c = with_toml(&format!("{wiki}geo = {{ country = \"cc\" }}\n")).unwrap();
+    assert_eq!(
+        c.sources[0].geo_rules().and_then(|g| g.language),
+        None,
+        "a geo of one's own replaces the preset whole"
+    );
+    assert!(
+        Config::default().sources[0].geo_rules().is_some(),
+        "the default synthetic source has a preset"
+    );
 }

@@ -68,6 +68,9 @@ pub(super) fn problems<'a>(
                 let at = format!("sources[{i}]");
                 p.name(&format!("{at}.name"), &s.name, &mut names);
                 s.settings().validate(&at, &mut p);
+                if let Some(geo) = &s.geo {
+                    geo.validate(&format!("{at}.geo"), &mut p);
+                }
                 out.extend(drain(&mut p));
             }
             Loaded::Unreadable(line) => out.push(Problem::Unreadable(line)),

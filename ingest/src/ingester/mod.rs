@@ -6,7 +6,8 @@
 //! writer always has the next commit queued:
 //! - **prepare** takes up to `ingest.batch_max_events` records (or what came within
 //!   `ingest.batch_max_wait_ms`), validates each, stamps it with its source's next sequence
-//!   number and derives its rollup updates;
+//!   number and its place, if its source's rules find one ([`crate::geo`]), and derives its
+//!   rollup updates;
 //! - **events** writes the batch's events and dead letters, in hand-over order (`order`): a
 //!   crash leaves each source a prefix of what it handed over, so a source resumed after its
 //!   newest stored record loses nothing;
@@ -53,7 +54,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use store::backoff::Backoff;
 use store::clock::now_us;
-use store::{Capped, Document, Durability, KeyUpdate, Keyed, STAMP_SOURCE_PATH, Stamp, StoreError};
+use store::{
+    Capped, Document, Durability, GEO_FIELD, KeyUpdate, Keyed, STAMP_FIELD, STAMP_SOURCE_PATH,
+    Stamp, StoreError,
+};
 use tokio::sync::mpsc;
 
 use durability::{interim_durability, rollups_durability};
@@ -66,6 +70,7 @@ use write::{
     Refused, Written, write_isolating, write_isolating_remade, write_together, write_until_refused,
 };
 
+use crate::geo::GeoRules;
 use crate::source::{Raw, RejectReason};
 use crate::telemetry as t;
 
@@ -86,6 +91,9 @@ pub struct IngestOptions {
     pub summary_fields: Vec<String>,
     /// Write concern of every write.
     pub durability: Durability,
+    /// Where each source's events come from, by source name, presets filled in
+    /// ([`crate::geo`]): stamped as `_tailrace.geo`. A source not in it places no event.
+    pub geo: GeoRules,
 }
 
 /// A record as handed over by a source, with the time of hand-over.
@@ -475,7 +483,19 @@ impl Ingester {
                         ingested_us: now,
                         position: h.position,
                     };
+                    // Read from the event as sent, before its own `_id`/`_tailrace` move.
+                    let geo = self
+                        .options
+                        .geo
+                        .get(&*h.source)
+                        .and_then(|rules| rules.locate(&doc));
                     validate::stamp(&mut doc, &stamp);
+                    if let Some(geo) = &geo
+                        && let Some(Value::Object(stamped)) = doc.get_mut(STAMP_FIELD)
+                    {
+                        stamped.insert(GEO_FIELD.to_owned(), geo.to_value());
+                    }
+                    self.stats.meters.placed(geo.as_ref());
                     ready.last_seq.insert(h.source.clone(), *seq);
                     *seq += 1;
                     rollups(&doc, &h.source, &self.options, &mut ready.updates);

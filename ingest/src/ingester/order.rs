@@ -193,6 +193,7 @@ mod tests {
                 rollup_fields: vec![],
                 summary_fields: vec!["retweet_count".into(), "hashtags".into()],
                 durability: Durability::Acknowledged,
+                geo: Default::default(),
             },
             engine: "embedded",
             stats: Arc::new(IngestStats::default()),

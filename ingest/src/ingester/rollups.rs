@@ -331,6 +331,7 @@ mod tests {
             rollup_fields: vec!["lang".into(), "hashtags".into()],
             summary_fields: vec!["retweet_count".into(), "hashtags".into()],
             durability: Durability::Acknowledged,
+            geo: Default::default(),
         };
         let doc = json!({"lang": "EN", "hashtags": ["Rust", "db"], "retweet_count": 4,
                          "_tailrace": {"source": "s", "seq": 9, "original": {"_id": 1}}});
@@ -384,6 +385,7 @@ mod tests {
             rollup_fields: vec![],
             summary_fields: vec!["length.new".into(), "tags".into()],
             durability: Durability::Acknowledged,
+            geo: Default::default(),
         };
         let edit = json!({"length": {"old": 10, "new": 12}, "tags": [{"name": "rust"}]});
         let log = json!({"log_type": "block"});

@@ -83,6 +83,11 @@ pub fn ingest_options(c: &Config) -> IngestOptions {
             .map(|(_, path)| path)
             .collect(),
         durability: c.store.durability,
+        geo: c
+            .sources
+            .iter()
+            .filter_map(|s| Some((s.name.clone(), s.geo_rules()?)))
+            .collect(),
     }
 }
 

@@ -37,6 +37,7 @@ use serde_json::Value;
 
 use crate::config::entries::{self, Entry};
 use crate::config::problems::Problems;
+use crate::geo::GeoConfig;
 pub use crate::telemetry::RejectReason;
 
 /// The `User-Agent` of every outgoing request, unless a source's `headers` set one: services
@@ -150,13 +151,27 @@ pub struct BuildContext {
     pub max_line: usize,
 }
 
-/// One `[[sources]]` table: a name and the settings of its kind.
+/// One `[[sources]]` table: a name, the settings of its kind, and the keys every kind takes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SourceConfig {
     /// Unique name, `[a-z0-9_-]+`; labels metrics and is stored with each event.
     pub name: String,
     /// What produces the events, with the settings of that kind.
     pub kind: SourceKind,
+    /// Where its events' places are (`geo = { point = "coordinates", ... }`); `None` when the
+    /// table has no `geo`: the preset of a stream tailrace knows, if any
+    /// ([`crate::geo::GeoConfig::preset`]). `geo = {}` places nothing.
+    pub geo: Option<GeoConfig>,
+}
+
+/// The keys of a `[[sources]]` table that are not its kind's: read beside the kind's own,
+/// whatever the kind ([`Entry::Shared`]).
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceShared {
+    /// [`SourceConfig::geo`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub geo: Option<GeoConfig>,
 }
 
 /// The source kinds, each with its settings (`kind = "..."` in `[[sources]]`).
@@ -216,7 +231,13 @@ impl SourceConfig {
         SourceConfig {
             name: "sample".into(),
             kind: SourceKind::Synthetic(synthetic::SyntheticConfig::at(70.0)),
+            geo: None,
         }
+    }
+
+    /// Where its events' places are: its own `geo`, else its kind's preset, if any.
+    pub fn geo_rules(&self) -> Option<GeoConfig> {
+        self.geo.clone().or_else(|| GeoConfig::preset(&self.kind))
     }
 
     /// The settings of its kind.
@@ -232,9 +253,21 @@ impl SourceConfig {
 
 impl Entry for SourceConfig {
     type Kind = SourceKind;
+    type Shared = SourceShared;
+    const SHARED: &'static [&'static str] = &["geo"];
 
-    fn new(name: String, kind: SourceKind) -> Self {
-        SourceConfig { name, kind }
+    fn new(name: String, kind: SourceKind, shared: SourceShared) -> Self {
+        SourceConfig {
+            name,
+            kind,
+            geo: shared.geo,
+        }
+    }
+
+    fn shared(&self) -> SourceShared {
+        SourceShared {
+            geo: self.geo.clone(),
+        }
     }
 
     fn name(&self) -> &str {
