@@ -71,7 +71,9 @@ pub async fn aggregate(
         let batches = std::iter::from_fn(move || rx.blocking_recv());
         pipeline.run(batches.flatten(), limits)
     })?;
-    let read = read(input, fields.as_deref(), range, tx).await;
+    let read = off_runtime(async move { read(input, fields.as_deref(), range, tx).await })?
+        .await
+        .map_err(|_| StoreError::Invalid("the query's reading stopped".into()))?;
     let answer = eval
         .await
         .map_err(|_| StoreError::Invalid("the query's evaluation stopped".into()))?;
@@ -92,6 +94,24 @@ fn evaluate<T: Send + 'static>(
             let _ = tx.send(f());
         })
         .map_err(|e| StoreError::Invalid(format!("starting the query's evaluation: {e}")))?;
+    Ok(rx)
+}
+
+/// Drives a query's reading on a thread of its own at the lowest priority, not on the
+/// runtime's: handing a million documents to the evaluation is work per document, and on the
+/// runtime's threads it delays every task woken meanwhile (a feed told of a new event).
+fn off_runtime<T: Send + 'static>(
+    read: impl std::future::Future<Output = T> + Send + 'static,
+) -> Result<tokio::sync::oneshot::Receiver<T>, StoreError> {
+    let handle = tokio::runtime::Handle::current();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("tailrace-query".into())
+        .spawn(move || {
+            lowest_priority();
+            let _ = tx.send(handle.block_on(read));
+        })
+        .map_err(|e| StoreError::Invalid(format!("starting the query's reading: {e}")))?;
     Ok(rx)
 }
 
@@ -279,7 +299,9 @@ pub async fn load_live(
         }
         Ok::<_, QueryError>(live)
     });
-    let read = read_range(c, first, last, fields.as_deref(), tx).await;
+    let read = off_runtime(async move { read_range(c, first, last, fields.as_deref(), tx).await })?
+        .await
+        .map_err(|_| StoreError::Invalid("the live answer's reading stopped".into()))?;
     let live = fill
         .await
         .map_err(|e| StoreError::Invalid(format!("the live answer's reading stopped: {e}")))?;
