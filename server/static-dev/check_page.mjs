@@ -441,6 +441,30 @@ async function run() {
     }
   });
 
+  await step('a breakout of the rate is marked on its chart and named under it', async () => {
+    // The test's source bursts (tailrace/tests/page.rs): the first burst after a calm window
+    // breaks out of the band within about half a minute of the start.
+    const said = await waitFor(
+      'a breakout mark on #chart-rate',
+      120000,
+      () => Number(document.getElementById('chart-rate').dataset.marks) >= 1 && document.getElementById('trend-last').textContent,
+    );
+    assert(/^[▲▼] \S+'s rate broke out (up|down) at \d\d:\d\d:\d\d: /.test(said), `the newest breakout named; saw ${JSON.stringify(said)}`);
+    // What the page marks is what the server stored.
+    const stored = await page.evaluate(async () => {
+      const r = await fetch('/api/aggregate', {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ collection: 'trends', pipeline: [{ $match: { statistic: 'rate' } }, { $count: 'n' }] }),
+      });
+      const b = await r.json();
+      return b.docs.length ? b.docs[0].n : 0;
+    });
+    const marked = (await snapshot()).trends.marks;
+    assert(marked >= 1 && marked <= stored, `${marked} marked of ${stored} stored breakouts`);
+    return `${JSON.stringify(said)}; ${marked} marked, ${stored} stored`;
+  });
+
   await step('screenshots, light and dark', async () => {
     await page.screenshot({ path: shotPath, fullPage: true });
     await page.emulateMedia({ colorScheme: 'dark' });

@@ -183,6 +183,8 @@ class Chart {
    * @param {(keys: string[]) => object[]} [o.bands]
    * @param {(v: number) => string} [o.yFormat]
    * @param {boolean} [o.zeroBased]
+   * @param {() => {x: number, dir: string}[]} [o.marks] vertical marks (trend changes), drawn
+   *   over the plot; how many are in view is `data-marks` on the container
    */
   constructor(node, o) {
     this.node = node;
@@ -249,6 +251,7 @@ class Chart {
         hooks: {
           // Without a cursor over the plot, the legend shows the newest values.
           setData: [(u) => u.cursor.left < 0 && u.data[0].length > 0 && u.setLegend({ idx: u.data[0].length - 1 })],
+          draw: o.marks ? [(u) => drawMarks(u, o.marks(), this.node)] : [],
         },
       },
       this.data(),
@@ -280,6 +283,36 @@ class Chart {
   restyle() {
     if (this.u) this.build();
   }
+}
+
+/**
+ * Draws each mark in the x range as a dashed vertical line with ▲ (up) or ▼ (down) at the top;
+ * sets `data-marks` on `node` to how many were drawn.
+ */
+function drawMarks(u, marks, node) {
+  const { min, max } = u.scales.x;
+  const dpr = devicePixelRatio || 1;
+  const { top, height } = u.bbox;
+  const ctx = u.ctx;
+  let drawn = 0;
+  ctx.save();
+  ctx.lineWidth = dpr;
+  ctx.setLineDash([3 * dpr, 3 * dpr]);
+  ctx.font = `${11 * dpr}px system-ui, sans-serif`;
+  ctx.textAlign = 'center';
+  for (const m of marks) {
+    if (min === null || m.x < min || m.x > max) continue;
+    const px = u.valToPos(m.x, 'x', true);
+    ctx.strokeStyle = ctx.fillStyle = css(m.dir === 'up' ? '--s2' : '--s3');
+    ctx.beginPath();
+    ctx.moveTo(px, top);
+    ctx.lineTo(px, top + height);
+    ctx.stroke();
+    ctx.fillText(m.dir === 'up' ? '▲' : '▼', px, top + 11 * dpr);
+    drawn++;
+  }
+  ctx.restore();
+  node.dataset.marks = String(drawn);
 }
 
 const PALETTE = ['--s1', '--s2', '--s3', '--s4', '--s5', '--s6'];
@@ -335,6 +368,16 @@ const stats = {
   /** Non-fatal notes (gaps) for the header tooltip. */
   gaps: 0,
 };
+
+/** Breakouts of the feeds' rates from their bands (the `trends` collection). */
+const trends = {
+  /** @type {{feed: string, x: number, dir: string}[]} oldest first, at most MAX_TRENDS */
+  marks: [],
+  /** The newest breakout document of the rate chart's feed. */
+  last: null,
+  stream: null,
+};
+const MAX_TRENDS = 200;
 
 const events = {
   /** The stream whose events are shown. */
@@ -527,6 +570,50 @@ function onStatsEvent(ev) {
     default:
       break; // `state` and event types added later are not errors
   }
+}
+
+function onTrendEvent(ev) {
+  if (ev.type !== 'initial' && ev.type !== 'change') return;
+  let msg;
+  try {
+    msg = JSON.parse(ev.data);
+  } catch (e) {
+    console.warn('tailrace: a trends message is not JSON; skipped', e);
+    return;
+  }
+  const doc = msg && msg.doc;
+  if (!doc || doc.statistic !== 'rate' || typeof doc.feed !== 'string') return;
+  const at = doc.at && typeof doc.at === 'object' ? Date.parse(doc.at.$date) : NaN;
+  if (!Number.isFinite(at)) return;
+  const x = Math.floor(at / 1000);
+  // A document written again (a feed replaying after a restart) is the same mark.
+  if (!trends.marks.some((m) => m.feed === doc.feed && m.x === x)) {
+    trends.marks.push({ feed: doc.feed, x, dir: doc.direction === 'down' ? 'down' : 'up' });
+    trends.marks.sort((a, b) => a.x - b.x);
+    if (trends.marks.length > MAX_TRENDS) trends.marks.shift();
+  }
+  if (!trends.last || at >= Date.parse(trends.last.at.$date)) trends.last = doc;
+  showLastTrend();
+  charts.rate.table.dirty = true;
+  scheduleRender();
+}
+
+/** The rate chart's feed's marks. */
+function rateMarks() {
+  return trends.marks.filter((m) => !stats.rateFeed || m.feed === stats.rateFeed);
+}
+
+function showLastTrend() {
+  const d = trends.last;
+  if (!d || (stats.rateFeed && d.feed !== stats.rateFeed)) return;
+  const band = d.band && typeof d.band === 'object' ? d.band : {};
+  const edge = d.direction === 'down' ? band.lower : band.upper;
+  const clock = fmtClock(Date.parse(d.at.$date) * 1000).slice(0, 8);
+  setText(
+    $('trend-last'),
+    `${d.direction === 'down' ? '▼' : '▲'} ${d.feed}'s rate broke out ${d.direction} at ${clock}: ` +
+      `${fmtRate(num(d.rate))}/s, ${d.direction === 'down' ? 'below' : 'above'} ${fmtRate(num(edge))}/s`,
+  );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -960,6 +1047,7 @@ function start() {
       const low = keys.indexOf('lower') + 1;
       return up > 0 && low > 0 ? [{ series: [up, low], fill: css('--band') }] : [];
     },
+    marks: rateMarks,
   });
   charts.notify = new Chart($('chart-notify'), { log: true, yFormat: fmtUsAxis, series: quantileSeries });
   charts.write = new Chart($('chart-write'), { log: true, yFormat: fmtUsAxis, series: quantileSeries });
@@ -1006,6 +1094,12 @@ function start() {
     },
   });
   stats.stream.start();
+  trends.stream = new SseStream({
+    url: '/api/changes?collection=trends&include_initial=true',
+    idleMs: STATS_IDLE_MS,
+    onEvent: onTrendEvent,
+  });
+  trends.stream.start();
 
   const initial = new URLSearchParams(location.search).get('filter') || '';
   $('filter').value = initial;
@@ -1016,6 +1110,7 @@ function start() {
   // connections as a network failure would (they resume after their last event id).
   window.tailrace = Object.freeze({
     snapshot: () => ({
+      trends: { marks: rateMarks().length, state: trends.stream.state },
       stats: {
         state: stats.stream.state,
         connections: stats.stream.connections,

@@ -96,7 +96,10 @@ async fn the_live_page_works_in_chromium_against_the_real_binary() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let t = Tailrace::start(dir.path(), &[]).await;
+    // The synthetic stream with more frequent bursts than the default, from a seed whose first
+    // burst after a calm window comes early: the page must mark its breakout.
+    let sources = r#"[{ name = "sample", kind = "synthetic", rate_per_sec = 70.0, seed = 3, burst_probability = 0.04, burst_multiplier = 8.0, burst_secs = 4 }]"#;
+    let t = Tailrace::start(dir.path(), &[("TAILRACE_SOURCES", sources)]).await;
     let shot = target_dir().join("page.png");
     let script = workspace().join("server/static-dev/check_page.mjs");
     let child = tokio::process::Command::new(&node)
