@@ -45,10 +45,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use store::{Capability, ChangeOp, Filter, ResumeToken, StoreError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -337,14 +336,5 @@ pub(super) async fn changes(
     };
     let format = req.format;
     let body = follow::start(req, s.store.clone(), s.streams.stall, permit);
-    (
-        [
-            (header::CONTENT_TYPE, format.content_type()),
-            (header::CACHE_CONTROL, "no-store"),
-            // Tells nginx-like proxies not to buffer the stream.
-            (header::HeaderName::from_static("x-accel-buffering"), "no"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response()
+    follow::response(format, body)
 }

@@ -110,6 +110,22 @@ where
     Drain { rx, buffered }
 }
 
+/// The response of a stream: `body`, with the headers every stream sends.
+pub(super) fn response(format: Format, body: Drain) -> axum::response::Response {
+    use axum::http::header;
+    use axum::response::IntoResponse;
+    (
+        [
+            (header::CONTENT_TYPE, format.content_type()),
+            (header::CACHE_CONTROL, "no-store"),
+            // Tells nginx-like proxies not to buffer the stream.
+            (header::HeaderName::from_static("x-accel-buffering"), "no"),
+        ],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
+}
+
 /// The response's end of a stream's channel. Counts the buffered bytes down as it takes
 /// them, and on drop (the client went away) for what it never took.
 ///

@@ -26,13 +26,13 @@ use std::time::Duration;
 
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures::{FutureExt, StreamExt};
 use serde_json::{Map, Value, json};
 use store::query::{Limits, Live, Pipeline, QueryError, load_live};
 use store::{Capped, Position, Start, StoreError};
 
-use super::follow::{Sink, Stop, spawn};
+use super::follow::{Sink, Stop, response, spawn};
 use super::wire::{Event, Format};
 use super::{AppState, error};
 
@@ -153,15 +153,7 @@ pub(super) async fn aggregate(
         permit,
         move |sink| async move { follow(req, limits, &sink).await }.boxed(),
     );
-    (
-        [
-            (header::CONTENT_TYPE, format.content_type()),
-            (header::CACHE_CONTROL, "no-store"),
-            (header::HeaderName::from_static("x-accel-buffering"), "no"),
-        ],
-        axum::body::Body::from_stream(body),
-    )
-        .into_response()
+    response(format, body)
 }
 
 /// Where a live answer stands: the window `[oldest, newest]` its groups cover.
