@@ -81,8 +81,9 @@ pub async fn aggregate(
     Ok(answer?)
 }
 
-/// Runs a query's evaluation on a thread of its own at the lowest priority: on a busy machine
-/// the ingester and the feeds come first, and a long `$group` takes the time they leave.
+/// Runs a query's evaluation (or its reading, [`off_runtime`]) on a thread of its own at the
+/// lowest priority: on a busy machine the ingester and the feeds come first, and a long
+/// `$group` takes the time they leave.
 fn evaluate<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<tokio::sync::oneshot::Receiver<T>, StoreError> {
@@ -93,7 +94,7 @@ fn evaluate<T: Send + 'static>(
             lowest_priority();
             let _ = tx.send(f());
         })
-        .map_err(|e| StoreError::Invalid(format!("starting the query's evaluation: {e}")))?;
+        .map_err(|e| StoreError::Invalid(format!("starting a query's thread: {e}")))?;
     Ok(rx)
 }
 
@@ -104,15 +105,7 @@ fn off_runtime<T: Send + 'static>(
     read: impl std::future::Future<Output = T> + Send + 'static,
 ) -> Result<tokio::sync::oneshot::Receiver<T>, StoreError> {
     let handle = tokio::runtime::Handle::current();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("tailrace-query".into())
-        .spawn(move || {
-            lowest_priority();
-            let _ = tx.send(handle.block_on(read));
-        })
-        .map_err(|e| StoreError::Invalid(format!("starting the query's reading: {e}")))?;
-    Ok(rx)
+    evaluate(move || handle.block_on(read))
 }
 
 /// Gives the calling thread the lowest priority there is (nice 19): a thread's own on Linux.
