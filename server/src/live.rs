@@ -276,16 +276,7 @@ async fn keep(c: &Arc<dyn Capped>, stand: &mut Stand, sink: &Sink) -> Result<(),
                 stand.newest = newest.or(stand.newest);
                 // What this batch's appends evicted goes in the same changes.
                 let evicted = oldest_now(c, stand).await?;
-                let live = std::mem::replace(&mut stand.live, placeholder());
-                let (live, changes) = tokio::task::spawn_blocking(move || {
-                    let mut live = live;
-                    let changes = take(&mut live, records, evicted);
-                    (live, changes)
-                })
-                .await
-                .map_err(|e| Stop::Store(StoreError::Invalid(format!("the live answer stopped: {e}"))))?;
-                stand.live = live;
-                send_changes(stand, changes.map_err(query_stop)?, sink).await?;
+                move_groups(stand, records, evicted, sink).await?;
                 quiet_since = tokio::time::Instant::now();
             }
             _ = check.tick() => {
@@ -354,10 +345,22 @@ async fn evict(c: &Arc<dyn Capped>, stand: &mut Stand, sink: &Sink) -> Result<bo
     let Some(oldest) = oldest_now(c, stand).await? else {
         return Ok(false);
     };
+    move_groups(stand, Vec::new(), Some(oldest), sink).await
+}
+
+/// Takes `records` and lets the documents before `evicted` go ([`take`], on a blocking
+/// thread: each moved group is computed again), then sends the changes: whether any group
+/// moved.
+async fn move_groups(
+    stand: &mut Stand,
+    records: Vec<store::Record>,
+    evicted: Option<Position>,
+    sink: &Sink,
+) -> Result<bool, Stop> {
     let live = std::mem::replace(&mut stand.live, placeholder());
     let (live, changes) = tokio::task::spawn_blocking(move || {
         let mut live = live;
-        let changes = take(&mut live, Vec::new(), Some(oldest));
+        let changes = take(&mut live, records, evicted);
         (live, changes)
     })
     .await
