@@ -41,6 +41,9 @@ pub const RATE: &str = "tailrace_rate_events_per_second";
 pub const BOLLINGER: &str = "tailrace_bollinger";
 /// Times a feed's rate broke out of its Bollinger band, by direction.
 pub const TREND_CHANGES: &str = "tailrace_trend_changes_total";
+/// Times a value of a field (a hashtag, a language) broke out of its band, by field and
+/// direction.
+pub const VALUE_TREND_CHANGES: &str = "tailrace_value_trend_changes_total";
 /// Top-k counts over the sliding window.
 pub const TOPK: &str = "tailrace_topk_events";
 /// How long a feed could stop before its resume point is evicted.
@@ -104,6 +107,10 @@ pub fn describe() {
     describe_counter!(
         TREND_CHANGES,
         "Times a feed's rate broke out of its Bollinger band and stayed out (direction up or down): a burst begins, or the stream drops."
+    );
+    describe_counter!(
+        VALUE_TREND_CHANGES,
+        "Times a value of a trend field (a hashtag, a language) broke out of the band its share of the stream predicts, by field and direction: something is suddenly talked about."
     );
     describe_gauge!(
         BOLLINGER,

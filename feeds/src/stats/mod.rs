@@ -21,6 +21,7 @@
 //! | [`rate`] | events per closed second, Bollinger bands over it, breakouts from them | the stamp | `rate`, `rate_bands`, `trend`, `trend_changes` | `tailrace_rate_events_per_second`, `tailrace_bollinger{series="rate"}`, `tailrace_trend_changes_total{direction}` |
 //! | [`bollinger`] | Bollinger bands over `value_field` | `value_field` | `value_bands` | `tailrace_bollinger{series="value"}` |
 //! | [`topk`] (counted by [`heavy_hitters`]) | top-k values of `topk_field` over a sliding window | `topk_field` | `top` | `tailrace_topk_events` |
+//! | [`value_trend`] (counted by [`heavy_hitters`]) | values of `trend_fields` whose count over the trailing minute breaks out of the band their share of the stream predicts | `trend_fields` | `value_trends` | `tailrace_value_trend_changes_total{field,direction}` |
 //! | [`sequence`] | per-source sequence completeness | the stamp | `missing`, `duplicates`, `last_outcome` | `tailrace_feed_missing_events_total`, `tailrace_feed_duplicate_events_total` |
 
 pub mod bollinger;
@@ -28,6 +29,7 @@ pub mod heavy_hitters;
 pub mod rate;
 pub mod sequence;
 pub mod topk;
+pub mod value_trend;
 
 pub use bollinger::{Bands, Bollinger};
 pub use rate::{RateSeries, RateUpdate};
@@ -109,11 +111,12 @@ pub struct Registration {
 }
 
 /// Every statistic: the one registration point.
-pub const STATISTICS: [Registration; 4] = [
+pub const STATISTICS: [Registration; 5] = [
     rate::REGISTRATION,
     bollinger::REGISTRATION,
     topk::REGISTRATION,
     sequence::REGISTRATION,
+    value_trend::REGISTRATION,
 ];
 
 /// For a statistic that reads nothing but the stamp.
@@ -156,6 +159,14 @@ fn default_topk_field() -> String {
 fn default_topk_window_secs() -> u64 {
     60
 }
+fn default_trend_fields() -> Vec<String> {
+    vec!["hashtags".to_owned(), "lang".to_owned()]
+}
+fn default_trend_k() -> f64 {
+    5.0
+}
+/// Fields whose values' trends are followed, at most: each costs a top-k window.
+pub const MAX_TREND_FIELDS: usize = 8;
 fn default_topk_capacity() -> usize {
     heavy_hitters::DEFAULT_CAPACITY
 }
@@ -201,6 +212,16 @@ pub struct StatsConfig {
     /// (values counted in the window) / this. Bounds the saved state too. At least `topk`.
     #[serde(default = "default_topk_capacity")]
     pub topk_capacity: usize,
+    /// Fields (dotted paths; arrays count each element) whose values break out on their own
+    /// ([`value_trend`]): the `topk` most frequent values of each, judged against `period`
+    /// minutes of their share of the stream. At most [`MAX_TREND_FIELDS`]; empty for none.
+    #[serde(default = "default_trend_fields")]
+    pub trend_fields: Vec<String>,
+    /// Band width of the value trends in standard deviations, greater than 0. Wider than
+    /// `k`: a feed judges its top values every second, and a value's minute overlaps the
+    /// last, so 2σ would cry wolf.
+    #[serde(default = "default_trend_k")]
+    pub trend_k: f64,
     /// How often each feed saves its position and state, so a restart resumes there (and
     /// replays what came after). Also saved when the feed stops. At least 1.
     #[serde(default = "default_checkpoint_interval_ms")]
@@ -221,6 +242,8 @@ impl Default for StatsConfig {
             topk_field: default_topk_field(),
             topk_window_secs: default_topk_window_secs(),
             topk_capacity: default_topk_capacity(),
+            trend_fields: default_trend_fields(),
+            trend_k: default_trend_k(),
             checkpoint_interval_ms: default_checkpoint_interval_ms(),
             publish_interval_ms: default_publish_interval_ms(),
         }
@@ -260,6 +283,23 @@ impl StatsConfig {
                 "topk_window_secs",
                 format!("must be >= 1 (got {})", self.topk_window_secs),
             ));
+        }
+        if self.trend_fields.len() > MAX_TREND_FIELDS {
+            p.push((
+                "trend_fields",
+                format!(
+                    "at most {MAX_TREND_FIELDS} fields (got {})",
+                    self.trend_fields.len()
+                ),
+            ));
+        }
+        for f in &self.trend_fields {
+            if let Err(e) = store::update::check_path(f) {
+                p.push(("trend_fields", format!("{f:?}: {e}")));
+            }
+        }
+        if !(self.trend_k.is_finite() && self.trend_k > 0.0) {
+            p.push(("trend_k", format!("must be > 0 (got {})", self.trend_k)));
         }
         if self.checkpoint_interval_ms < 1 {
             p.push((
@@ -489,12 +529,14 @@ mod tests {
             fields_read(&c),
             [
                 ("value_field", "retweet_count".to_string()),
-                ("topk_field", "hashtags".to_string())
+                ("topk_field", "hashtags".to_string()),
+                ("trend_fields", "lang".to_string())
             ]
         );
         let same = StatsConfig {
             value_field: "n".into(),
             topk_field: "n".into(),
+            trend_fields: vec!["n".into()],
             ..c
         };
         assert_eq!(fields_read(&same), [("value_field", "n".to_string())]);
@@ -511,6 +553,8 @@ mod tests {
             topk_field: "hashtags".into(),
             topk_window_secs: 60,
             topk_capacity: 1024,
+            trend_fields: vec!["hashtags".into(), "lang".into()],
+            trend_k: 5.0,
             checkpoint_interval_ms: 10_000,
             publish_interval_ms: 1000,
         };
@@ -531,6 +575,8 @@ mod tests {
             value_field: "a..b".into(),
             topk: 0,
             topk_window_secs: 0,
+            trend_fields: vec!["x".into(), "$bad".into()],
+            trend_k: f64::NAN,
             checkpoint_interval_ms: 0,
             publish_interval_ms: 0,
             ..StatsConfig::default()
@@ -544,6 +590,8 @@ mod tests {
                 "value_field",
                 "topk",
                 "topk_window_secs",
+                "trend_fields",
+                "trend_k",
                 "checkpoint_interval_ms",
                 "publish_interval_ms"
             ],

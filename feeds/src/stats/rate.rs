@@ -64,9 +64,20 @@ pub struct TrendState {
 }
 
 impl TrendState {
+    /// Steady, and not partway into a breakout: a state with nothing to remember but its
+    /// counts.
+    pub fn is_quiet(&self) -> bool {
+        self.trend == Trend::Steady && self.run == 0
+    }
+
     /// Takes one closed second's count against the bands before it; the new trend if it broke
     /// out with this second.
     pub fn observe(&mut self, count: f64, bands: Option<Bands>) -> Option<Trend> {
+        self.observe_for(count, bands, BREAKOUT_SECONDS)
+    }
+
+    /// [`TrendState::observe`], breaking out after `seconds` in a row beyond a band.
+    pub fn observe_for(&mut self, count: f64, bands: Option<Bands>, seconds: u32) -> Option<Trend> {
         let b = bands?;
         match self.trend {
             Trend::Up if count <= b.middle => self.trend = Trend::Steady,
@@ -80,9 +91,9 @@ impl TrendState {
         } else {
             0
         };
-        let breakout = if self.run >= i64::from(BREAKOUT_SECONDS) && self.trend != Trend::Up {
+        let breakout = if self.run >= i64::from(seconds) && self.trend != Trend::Up {
             Trend::Up
-        } else if self.run <= -i64::from(BREAKOUT_SECONDS) && self.trend != Trend::Down {
+        } else if self.run <= -i64::from(seconds) && self.trend != Trend::Down {
             Trend::Down
         } else {
             return None;

@@ -4,6 +4,7 @@
 //! when it leaves the window, and running totals make `top` independent of
 //! the number of buckets.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -172,6 +173,22 @@ fn key_of(v: &Value) -> Option<&str> {
     }
 }
 
+/// The keys a field's value counts as: each element of an array, or the value itself; strings,
+/// numbers (as written) and entity objects ([`key_of`]); anything else counts as nothing.
+pub(super) fn keys_of(v: Option<&Value>) -> Vec<Cow<'_, str>> {
+    fn one(v: &Value) -> Option<Cow<'_, str>> {
+        match v {
+            Value::Number(n) => Some(Cow::Owned(n.to_string())),
+            v => key_of(v).map(Cow::Borrowed),
+        }
+    }
+    match v {
+        Some(Value::Array(items)) => items.iter().filter_map(one).collect(),
+        Some(v) => one(v).into_iter().collect(),
+        None => Vec::new(),
+    }
+}
+
 /// Built for every feed; reads `topk_field`.
 pub const REGISTRATION: Registration = Registration {
     build: |c, feed| Box::new(TopKeys::new(c, feed)),
@@ -184,22 +201,8 @@ impl Statistic for TopKeys {
     }
 
     fn on_event(&mut self, e: &Event<'_>) {
-        match store::update::get_path(e.doc, &self.field) {
-            Some(Value::Array(items)) => {
-                let numbers: Vec<String> = items
-                    .iter()
-                    .filter_map(|v| v.as_number().map(ToString::to_string))
-                    .collect();
-                let keys = items
-                    .iter()
-                    .filter_map(key_of)
-                    .chain(numbers.iter().map(String::as_str));
-                self.top.record(e.t_us, keys);
-            }
-            Some(Value::Number(n)) => self.top.record(e.t_us, [n.to_string().as_str()]),
-            Some(v) => self.top.record(e.t_us, key_of(v)),
-            None => {}
-        }
+        let keys = keys_of(store::update::get_path(e.doc, &self.field));
+        self.top.record(e.t_us, keys.iter().map(|k| k.as_ref()));
         self.top.expire(e.t_us);
     }
 
