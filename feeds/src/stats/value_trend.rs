@@ -435,8 +435,9 @@ mod states {
 /// field `value_trends` (`[{"field", "value", "direction"}]`, the values broken out now);
 /// metric `tailrace_value_trend_changes_total{field,direction}`.
 pub struct ValueTrends {
-    feed: String,
     fields: Vec<(String, FieldTrends)>,
+    /// Per field, up and down: registered when built, so the series exist at 0.
+    meters: Vec<[metrics::Counter; 2]>,
     /// Breakouts per field counted into the metric so far.
     counted: Vec<[u64; 2]>,
 }
@@ -457,9 +458,18 @@ impl ValueTrends {
                 (f.clone(), trends)
             })
             .collect();
+        let meters = fields
+            .iter()
+            .map(|(field, _)| {
+                ["up", "down"].map(|d| {
+                    metrics::counter!(t::VALUE_TREND_CHANGES, "feed" => feed.to_string(),
+                        "field" => field.clone(), "direction" => d)
+                })
+            })
+            .collect();
         ValueTrends {
-            feed: feed.to_string(),
             counted: vec![[0; 2]; fields.len()],
+            meters,
             fields,
         }
     }
@@ -508,15 +518,12 @@ impl Statistic for ValueTrends {
     }
 
     fn publish(&mut self, _figures: &Map<String, Value>) {
-        for ((field, trends), counted) in self.fields.iter().zip(&mut self.counted) {
+        let meters = self.meters.iter().zip(&mut self.counted);
+        for ((_, trends), (meter, counted)) in self.fields.iter().zip(meters) {
+            // Counted once each: a restored feed continues from its checkpoint's counts.
             let changes = trends.changes();
-            for (i, direction) in ["up", "down"].into_iter().enumerate() {
-                let new = changes[i].saturating_sub(counted[i]);
-                if new > 0 {
-                    metrics::counter!(t::VALUE_TREND_CHANGES, "feed" => self.feed.clone(),
-                        "field" => field.clone(), "direction" => direction)
-                    .increment(new);
-                }
+            for ((counter, now), before) in meter.iter().zip(changes).zip(*counted) {
+                counter.increment(now.saturating_sub(before));
             }
             *counted = changes;
         }
