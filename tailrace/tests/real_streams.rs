@@ -281,6 +281,23 @@ struct Measured {
     duplicates: usize,
     closes: usize,
     secs: f64,
+    /// Share of the stored events by the precision of their place.
+    placed: Vec<(&'static str, f64)>,
+}
+
+/// Each precision's share of the events counted in `tailrace_events_geo_total`.
+async fn placed(t: &Tailrace) -> Vec<(&'static str, f64)> {
+    let m = t.metrics().await;
+    let all = m.sum("tailrace_events_geo_total", &[]).max(1.0);
+    ["point", "place", "country", "language", "none"]
+        .into_iter()
+        .map(|p| {
+            (
+                p,
+                m.sum("tailrace_events_geo_total", &[("precision", p)]) / all,
+            )
+        })
+        .collect()
 }
 
 impl Measured {
@@ -293,6 +310,14 @@ impl Measured {
             self.served,
             self.duplicates,
             self.closes
+        ) + &format!(
+            "\n{:<10} placed: {}",
+            "",
+            self.placed
+                .iter()
+                .map(|(p, share)| format!("{p} {:.1} %", share * 100.0))
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     }
 }
@@ -329,6 +354,7 @@ async fn wikimedia_replay(
         duplicates: 0,
         closes,
         secs,
+        placed: placed(&t).await,
     };
     if !full {
         t.stop().await;
@@ -431,6 +457,7 @@ async fn jetstream_replay(
         duplicates: served.len() - n,
         closes,
         secs,
+        placed: placed(&t).await,
     };
     if !full {
         t.stop().await;
@@ -525,6 +552,7 @@ async fn mastodon_replay(
         duplicates: 0,
         closes,
         secs,
+        placed: placed(&t).await,
     };
     if !full {
         t.stop().await;
