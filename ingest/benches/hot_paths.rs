@@ -10,6 +10,9 @@
 //! - `coalesce_batch_1000`: what the rollups stage does per batch — merge the counter updates
 //!   of 1,000 long-tail events (the realistic source's default shape: hashtags Zipf over
 //!   2,000,000 values) into one update per key;
+//! - `geo_stamp_1000`: what placing costs per batch of 1,000 realistic events — the
+//!   synthetic preset's rules (their GeoJSON point, else their language's likely country)
+//!   and the stamp's `geo` value; per event, a thousandth of it (issue's budget: 0.5 µs);
 //! - `document_types_1000`: parse, read two fields of, encode and drop 1,000 realistic events,
 //!   as the pipeline's documents (`serde_json`'s map) and as sonic-rs's `Value`: the share of
 //!   an event's cost a cheaper document type could take away.
@@ -190,12 +193,40 @@ fn document_types(c: &mut Criterion) {
     group.finish();
 }
 
+fn geo_stamp(c: &mut Criterion) {
+    let mut g = Realistic::new(7, Shape::default());
+    let events: Vec<Document> = (0..1000)
+        .map(|_| {
+            let v = g.event("2026-12-04T00:00:00Z");
+            v.as_object().cloned().unwrap_or_default()
+        })
+        .collect();
+    let rules = ingest::geo::GeoConfig {
+        point: Some("coordinates".into()),
+        language: Some("lang".into()),
+        ..Default::default()
+    };
+    c.bench_function("geo_stamp_1000", |b| {
+        b.iter(|| {
+            let mut placed = 0;
+            for doc in &events {
+                if let Some(geo) = rules.locate(black_box(doc)) {
+                    let mut stamp = serde_json::Map::new();
+                    stamp.insert("geo".to_owned(), geo.to_value());
+                    placed += stamp.len();
+                }
+            }
+            placed
+        })
+    });
+}
+
 criterion_group! {
     name = hot_paths;
     // Short runs: these are regression signals, not publication figures.
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = validate_and_stamp, rolling_stats_update, encode_batch, coalesce_batch, document_types
+    targets = validate_and_stamp, rolling_stats_update, encode_batch, coalesce_batch, geo_stamp, document_types
 }
 criterion_main!(hot_paths);

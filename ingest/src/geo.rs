@@ -370,6 +370,32 @@ fn language_country(v: &Value) -> Option<&'static Country> {
     if !language.bytes().all(|b| b.is_ascii_lowercase()) {
         return None;
     }
+    LIKELY.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if let Some(found) = cache.get(tag) {
+            return *found;
+        }
+        let found = likely_country(tag);
+        // A stream has a few hundred tags; one that writes garbage cannot grow this unbounded.
+        if cache.len() >= MAX_CACHED_TAGS {
+            cache.clear();
+        }
+        cache.insert(tag.to_owned(), found);
+        found
+    })
+}
+
+/// Tags whose likely country a thread remembers: parsing a tag and looking up its likely
+/// subtags cost most of placing an event by its language, and a stream repeats its tags.
+const MAX_CACHED_TAGS: usize = 4096;
+
+thread_local! {
+    static LIKELY: std::cell::RefCell<std::collections::HashMap<String, Option<&'static Country>>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// The likely country of a language tag, by CLDR.
+fn likely_country(tag: &str) -> Option<&'static Country> {
     let mut locale = tag.parse::<Locale>().ok()?;
     // CLDR's likely subtags, the extended set: compiled in, so making one costs nothing (and
     // it cannot be shared between threads).
