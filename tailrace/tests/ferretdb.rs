@@ -480,17 +480,24 @@ async fn the_pipeline_runs_on_ferretdb() {
     )
     .await;
     let m = t.metrics().await;
-    // An event the server refused is a dead letter, not an event: its sequence number is
-    // missing from `events`, and a feed counts it so. Nothing else may be missing.
+    // An event the server refused is a dead letter with its sequence number: a feed counts
+    // that number refused, not missing. Nothing is missing.
     let refused = m.sum(
         "tailrace_events_rejected_total",
         &[("reason", "store_rejected")],
     );
+    assert!(refused > 0.0, "the server refused events\n{}", t.report());
     for feed in ["tail", "oplog"] {
         assert_eq!(
             m.sum("tailrace_feed_missing_events_total", &[("feed", feed)]),
+            0.0,
+            "{feed}: missing\n{}",
+            t.report()
+        );
+        assert_eq!(
+            m.sum("tailrace_feed_refused_events_total", &[("feed", feed)]),
             refused,
-            "{feed}: missing, beyond the events the server refused\n{}",
+            "{feed}: refused, as many as the server refused\n{}",
             t.report()
         );
         assert_eq!(
@@ -693,8 +700,9 @@ async fn feeds_the_server_cannot_serve_are_refused_at_startup() {
 
 /// SIGKILL of tailrace during ingestion, several times, then a clean run: per source the
 /// sequence numbers are 1..=n with no hole and none twice, at least every acknowledged one is
-/// stored, and the replayed file's lines are each stored once (an event or a dead letter),
-/// in order, the next run continuing at the stored offset.
+/// stored, the replayed file's lines are each stored once (an event or a dead letter),
+/// in order, the next run continuing at the stored offset, and the tail feed counts the
+/// numbers of the events the server refused as refused, none as missing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_cycles_lose_and_double_nothing_on_ferretdb() {
     let _serial = SERIAL.lock().await;
@@ -809,6 +817,24 @@ async fn sigkill_cycles_lose_and_double_nothing_on_ferretdb() {
     for (source, seqs) in all_seqs(&events, &letters) {
         assert_contiguous(&format!("after the clean stop, {source}"), &seqs);
     }
+    // The feed's audit across the kills: the numbers of the events the server refused (kept
+    // as dead letters) are refused, not missing, and nothing else is missing.
+    let refused = letters
+        .iter()
+        .filter(|l| l["reason"] == json!("store_rejected") && l["seq"].is_u64())
+        .count() as u64;
+    assert!(refused > 0, "the server refused the `$kind` lines");
+    let stats = all_docs(&f, &db, "stats").await;
+    let tail = stats
+        .iter()
+        .find(|d| d["_id"] == json!("tail"))
+        .expect("the tail feed's statistics");
+    let audit = &tail["stats"];
+    assert_eq!(
+        (audit["missing"].as_u64(), audit["refused"].as_u64()),
+        (Some(0), Some(refused)),
+        "the tail feed's missing and refused numbers: {tail}"
+    );
 }
 
 /// SIGTERM and a clean exit (0). A stop on a slow server takes longer than on the embedded
