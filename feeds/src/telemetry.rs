@@ -37,6 +37,9 @@ pub const FEED_EVENTS: &str = "tailrace_feed_events_total";
 pub const FEED_CHECKPOINTS: &str = "tailrace_feed_checkpoints_total";
 /// The rolling rate.
 pub const RATE: &str = "tailrace_rate_events_per_second";
+/// Per-source sequence numbers a feed did not see because the store refused their events (kept
+/// as dead letters): not missing.
+pub const FEED_REFUSED: &str = "tailrace_feed_refused_events_total";
 /// Bollinger bands.
 pub const BOLLINGER: &str = "tailrace_bollinger";
 /// Times a feed's rate broke out of its Bollinger band, by direction.
@@ -85,16 +88,20 @@ pub fn describe() {
     );
     describe_counter!(
         FEED_MISSING,
-        "Per-source sequence numbers a feed never saw."
+        "Per-source sequence numbers a feed never saw, those of events the store refused (kept as dead letters) aside."
     );
     describe_counter!(
         FEED_DUPLICATES,
         "Per-source sequence numbers a feed saw more than once."
     );
+    describe_counter!(
+        FEED_REFUSED,
+        "Per-source sequence numbers a feed did not see because the store refused their events, which are kept as dead letters (reason store_rejected): not counted as missing."
+    );
     describe_counter!(FEED_EVENTS, "Events a feed processed.");
     describe_counter!(
         FEED_ERRORS,
-        "A feed's problems other than restarts and gaps, by feed and error_type: checkpoint_ignored (it started from the oldest entry), statistic_reset (one statistic started afresh), write_failed (a checkpoint, stats or gap document not written); each is logged."
+        "A feed's problems other than restarts and gaps, by feed and error_type: checkpoint_ignored (it started from the oldest entry), statistic_reset (one statistic started afresh), write_failed (a checkpoint, stats or gap document not written), refusals_unread (a gap counted as missing because the dead letters could not be read); each is logged."
     );
     describe_counter!(
         FEED_CHECKPOINTS,
@@ -340,6 +347,24 @@ impl FeedWriteFailed<'_> {
     pub fn emit(self) {
         feed_error(self.feed, "write_failed");
         tracing::warn!(feed = %self.feed, error = %self.error, "could not write the {}", self.what);
+    }
+}
+
+/// The dead letters could not be read to tell a gap's refused numbers from its lost ones; the
+/// gap counts as missing.
+pub struct RefusalsUnread<'a> {
+    /// The feed.
+    pub feed: &'a str,
+    /// The error, in words.
+    pub error: String,
+}
+
+impl RefusalsUnread<'_> {
+    /// Counts and logs it.
+    pub fn emit(self) {
+        feed_error(self.feed, "refusals_unread");
+        tracing::warn!(feed = %self.feed, error = %self.error,
+            "could not read the dead letters' refused sequence numbers: this gap counts as missing");
     }
 }
 

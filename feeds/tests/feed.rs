@@ -776,3 +776,72 @@ async fn a_new_hashtag_writes_one_value_trend() {
     assert_eq!(doc["feed"], "scripted");
     assert_eq!(store::date::millis(&doc["at"]), Some(up * 1000));
 }
+
+/// A gap of sequence numbers the store refused (their events kept as dead letters with reason
+/// `store_rejected`) is refused, not missing; a number no letter accounts for is missing, and
+/// so is one whose letter says another reason or names another source.
+#[tokio::test]
+async fn refused_numbers_are_not_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, events, _) = open(&dir, 10_000).await;
+    let spec = CappedSpec {
+        max_docs: 1_000,
+        max_bytes: 1 << 20,
+        indexes: vec![],
+    };
+    let letters = store.capped("dead_letters", &spec).await.unwrap();
+    let letter = |source: &str, seq: u64, reason: &str| {
+        json!({"source": source, "seq": seq, "reason": reason, "detail": "x", "raw": "{}"})
+            .as_object()
+            .cloned()
+            .unwrap()
+    };
+    // Source s: 1 2 3 _ 5 6 _ _ 9 10 _ 12. Refused: 4 and 11; 7 refused for another source
+    // only; 8 a dead letter for another reason (never stamped into `events` as 8 would be).
+    letters
+        .append(
+            vec![
+                letter("s", 4, "store_rejected"),
+                letter("t", 7, "store_rejected"),
+                letter("s", 8, "oversized"),
+                letter("s", 11, "store_rejected"),
+            ],
+            Durability::Journaled,
+        )
+        .await
+        .unwrap();
+    let now = store::clock::now_us();
+    let docs: Vec<Document> = [1u64, 2, 3, 5, 6, 9, 10, 12]
+        .iter()
+        .map(|seq| {
+            json!({"_tailrace": {"source": "s", "seq": seq, "received_us": now}})
+                .as_object()
+                .cloned()
+                .unwrap()
+        })
+        .collect();
+    events.append(docs, Durability::Journaled).await.unwrap();
+    let mut feed = Feed::new(
+        FeedSpec {
+            name: "audit".into(),
+            reader: Box::new(Tail::new(events.clone())),
+            stats: StatsConfig::default(),
+        },
+        store.clone(),
+    )
+    .await
+    .unwrap();
+    feed.refusals_from(letters);
+    let handle = feed.handle();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(feed.run(stop.clone()));
+    let running = Running { handle, stop, task };
+    let s = running.wait("every event", |s| events_of(s) == 8).await;
+    let stats = s.stats.unwrap();
+    assert_eq!(
+        (stats.count("missing"), stats.count("refused")),
+        (Some(2), Some(2)),
+        "7 and 8 missing, 4 and 11 refused: {stats:?}"
+    );
+    running.stop().await;
+}

@@ -34,6 +34,7 @@
 mod checkpoint;
 mod handle;
 mod reader;
+mod refused;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -158,6 +159,9 @@ pub struct Feed {
     /// written (a tick whose writes are under way leaves them to the next).
     trends: Arc<dyn Keyed>,
     unwritten_trends: Vec<(String, Document)>,
+    /// The dead letters' refused sequence numbers, when the feed was given them
+    /// ([`Feed::refusals_from`]): a gap of those is refused, not missing.
+    refused: Option<refused::Refused>,
     handle: FeedHandle,
     meters: FeedMeters,
     /// Events committed before this moment are replays: they get no latency sample.
@@ -357,7 +361,15 @@ impl Feed {
             restarts: 0,
             notify_window,
             observer: None,
+            refused: None,
         })
+    }
+
+    /// Tells gaps of refused events from lost ones by the dead letters in `dead_letters`: the
+    /// ingester keeps an event the store refused there with its sequence number
+    /// (`refused::STORE_REJECTED`). Without it every gap counts as missing.
+    pub fn refusals_from(&mut self, dead_letters: Arc<dyn store::Capped>) {
+        self.refused = Some(refused::Refused::new(dead_letters));
     }
 
     /// The handle to watch this feed from outside.
@@ -401,7 +413,7 @@ impl Feed {
                     }
                     item = stream.next() => match item {
                         Some(Ok(item)) => {
-                            self.process(item);
+                            self.process(item).await;
                             dirty = true;
                             backoff.reset();
                         }
@@ -467,7 +479,7 @@ impl Feed {
             // comes held every such stop for the whole deadline.
             let slice = (tokio::time::Instant::now() + DRAIN_SLICE).min(deadline);
             match tokio::time::timeout_at(slice, stream.next()).await {
-                Ok(Some(Ok(item))) => self.process(item),
+                Ok(Some(Ok(item))) => self.process(item).await,
                 Ok(_) => return,
                 Err(_) if slice >= deadline => return,
                 Err(_) => {}
@@ -475,7 +487,7 @@ impl Feed {
         }
     }
 
-    fn process(&mut self, item: Item) {
+    async fn process(&mut self, item: Item) {
         let now = now_us();
         let committed = item.committed_at_us();
         if let Some(o) = &self.observer {
@@ -489,6 +501,19 @@ impl Feed {
             .map(|s| s.received_us)
             .or(committed)
             .unwrap_or(now);
+        if let (Some(s), Some(refused)) = (&stamp, self.refused.as_mut())
+            && let Some(expected) = self.stats.expected_seq(&s.source)
+            && s.seq > expected
+        {
+            match refused.in_gap(&s.source, expected, s.seq).await {
+                Ok(n) => self.stats.refused_before_next(n),
+                Err(e) => t::RefusalsUnread {
+                    feed: &self.name,
+                    error: e.to_string(),
+                }
+                .emit(),
+            }
+        }
         self.stats.on_event(&Event {
             t_us,
             stamp: stamp.as_ref(),

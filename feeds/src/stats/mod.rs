@@ -22,7 +22,7 @@
 //! | [`bollinger`] | Bollinger bands over `value_field` | `value_field` | `value_bands` | `tailrace_bollinger{series="value"}` |
 //! | [`topk`] (counted by [`heavy_hitters`]) | top-k values of `topk_field` over a sliding window | `topk_field` | `top` | `tailrace_topk_events` |
 //! | [`value_trend`] (counted by [`heavy_hitters`]) | values of `trend_fields` whose count over the trailing minute breaks out of the band their share of the stream predicts | `trend_fields` | `value_trends` | `tailrace_value_trend_changes_total{field,direction}` |
-//! | [`sequence`] | per-source sequence completeness | the stamp | `missing`, `duplicates`, `last_outcome` | `tailrace_feed_missing_events_total`, `tailrace_feed_duplicate_events_total` |
+//! | [`sequence`] | per-source sequence completeness | the stamp | `missing`, `duplicates`, `refused`, `last_outcome` | `tailrace_feed_missing_events_total`, `tailrace_feed_duplicate_events_total`, `tailrace_feed_refused_events_total` |
 
 pub mod bollinger;
 pub mod heavy_hitters;
@@ -84,6 +84,16 @@ pub trait Statistic: Send + Sync + 'static {
     fn take_changes(&mut self) -> Vec<StatChange> {
         Vec::new()
     }
+
+    /// The sequence number expected next from `source`, for a statistic that tracks them
+    /// (completeness); `None` by default. A feed asks before an event, to look up a gap.
+    fn expected_seq(&self, _source: &str) -> Option<u64> {
+        None
+    }
+
+    /// Of the numbers the next event skips, `refused` were refused by the store (kept as
+    /// dead letters), not lost. Ignored by default.
+    fn refused_before_next(&mut self, _refused: u64) {}
 
     /// Its whole state, for a checkpoint.
     fn save(&self) -> Value;
@@ -401,6 +411,19 @@ impl RollingStats {
         }
     }
 
+    /// The sequence number expected next from `source` ([`Statistic::expected_seq`]).
+    pub fn expected_seq(&self, source: &str) -> Option<u64> {
+        self.stats.iter().find_map(|s| s.expected_seq(source))
+    }
+
+    /// Of the numbers the next event skips, `refused` were refused by the store
+    /// ([`Statistic::refused_before_next`]).
+    pub fn refused_before_next(&mut self, refused: u64) {
+        for s in &mut self.stats {
+            s.refused_before_next(refused);
+        }
+    }
+
     /// Every statistic's changes since the last call ([`Statistic::take_changes`]).
     pub fn take_changes(&mut self) -> Vec<StatChange> {
         self.stats
@@ -647,7 +670,10 @@ mod tests {
             [
                 Some(SeqOutcome::InOrder),
                 Some(SeqOutcome::InOrder),
-                Some(SeqOutcome::Gap { missing: 2 }),
+                Some(SeqOutcome::Gap {
+                    missing: 2,
+                    refused: 0
+                }),
                 Some(SeqOutcome::Duplicate),
                 // No stamp: the previous outcome is carried.
                 Some(SeqOutcome::Duplicate),
@@ -773,7 +799,10 @@ mod tests {
         }
         assert_eq!(
             outcome(&feed(&mut s, &e)),
-            Some(SeqOutcome::Gap { missing: 1 }),
+            Some(SeqOutcome::Gap {
+                missing: 1,
+                refused: 0
+            }),
             "gap on the unnamed source"
         );
         let fresh = RollingStats::new(&StatsConfig::default(), "test");

@@ -15,14 +15,22 @@ use crate::telemetry as t;
 pub enum SeqOutcome {
     /// Exactly the expected number (or the first one seen for the source).
     InOrder,
-    /// The number jumped ahead; `missing` numbers were skipped.
+    /// The number jumped ahead; `missing` numbers were skipped, and `refused` more the
+    /// store refused (kept as dead letters).
     Gap {
-        /// `seq - expected`: how many numbers never arrived (so far).
+        /// How many numbers never arrived (so far), those the store refused aside.
         missing: u64,
+        /// How many of the skipped numbers the store refused.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        refused: u64,
     },
     /// The number is below the expected one: a resend, a replay, or a late
     /// arrival of a number already counted as missing.
     Duplicate,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Next expected sequence number per source plus running totals of what
@@ -39,6 +47,10 @@ pub struct SequenceTracker {
     expected: BTreeMap<String, u64>,
     missing: u64,
     duplicates: u64,
+    /// Numbers skipped because the store refused their events (absent from older
+    /// checkpoints).
+    #[serde(default)]
+    refused: u64,
 }
 
 impl SequenceTracker {
@@ -57,6 +69,12 @@ impl SequenceTracker {
     /// wrapping, so a wrapped-around source reads as duplicates, not as one
     /// enormous gap.
     pub fn observe(&mut self, source: &str, seq: u64) -> SeqOutcome {
+        self.observe_refusing(source, seq, 0)
+    }
+
+    /// [`SequenceTracker::observe`], knowing that the store refused `refused` of the numbers
+    /// a gap before `seq` would skip: those count as refused, not missing.
+    pub fn observe_refusing(&mut self, source: &str, seq: u64, refused: u64) -> SeqOutcome {
         let next = seq.saturating_add(1);
         let Some(expected) = self.expected.get_mut(source) else {
             self.expected.insert(source.to_owned(), next);
@@ -66,10 +84,13 @@ impl SequenceTracker {
             *expected = next;
             SeqOutcome::InOrder
         } else if seq > *expected {
-            let missing = seq - *expected;
+            let skipped = seq - *expected;
+            let refused = refused.min(skipped);
+            let missing = skipped - refused;
             *expected = next;
             self.missing = self.missing.saturating_add(missing);
-            SeqOutcome::Gap { missing }
+            self.refused = self.refused.saturating_add(refused);
+            SeqOutcome::Gap { missing, refused }
         } else {
             self.duplicates = self.duplicates.saturating_add(1);
             SeqOutcome::Duplicate
@@ -79,6 +100,11 @@ impl SequenceTracker {
     /// Total sequence numbers skipped over all sources.
     pub fn missing(&self) -> u64 {
         self.missing
+    }
+
+    /// Total sequence numbers skipped because the store refused their events.
+    pub fn refused(&self) -> u64 {
+        self.refused
     }
 
     /// Total duplicate (or late) sequence numbers over all sources.
@@ -101,9 +127,12 @@ pub struct Completeness {
     state: CompletenessState,
     missing: Counter,
     duplicates: Counter,
-    /// Totals already added to the counters: the state's totals survive restarts, the
-    /// process's counters do not.
-    reported: (u64, u64),
+    refused: Counter,
+    /// Totals already added to the counters (missing, duplicates, refused): the state's
+    /// totals survive restarts, the process's counters do not.
+    reported: (u64, u64, u64),
+    /// Numbers the store refused in the gap before the next event ([`Statistic::refused_before_next`]).
+    refused_next: u64,
 }
 
 /// What a checkpoint keeps of [`Completeness`].
@@ -123,8 +152,18 @@ impl Completeness {
             state: CompletenessState::default(),
             missing: metrics::counter!(t::FEED_MISSING, "feed" => feed.to_string()),
             duplicates: metrics::counter!(t::FEED_DUPLICATES, "feed" => feed.to_string()),
-            reported: (0, 0),
+            refused: metrics::counter!(t::FEED_REFUSED, "feed" => feed.to_string()),
+            reported: (0, 0, 0),
+            refused_next: 0,
         }
+    }
+}
+
+impl Completeness {
+    /// Missing, duplicates and refused so far.
+    fn totals(&self) -> (u64, u64, u64) {
+        let t = &self.state.tracker;
+        (t.missing(), t.duplicates(), t.refused())
     }
 }
 
@@ -140,9 +179,22 @@ impl Statistic for Completeness {
     }
 
     fn on_event(&mut self, e: &Event<'_>) {
+        let refused = std::mem::take(&mut self.refused_next);
         if let Some(stamp) = e.stamp {
-            self.state.last_outcome = Some(self.state.tracker.observe(&stamp.source, stamp.seq));
+            let outcome = self
+                .state
+                .tracker
+                .observe_refusing(&stamp.source, stamp.seq, refused);
+            self.state.last_outcome = Some(outcome);
         }
+    }
+
+    fn expected_seq(&self, source: &str) -> Option<u64> {
+        self.state.tracker.expected(source)
+    }
+
+    fn refused_before_next(&mut self, refused: u64) {
+        self.refused_next = refused;
     }
 
     fn advance(&mut self, _now_us: i64) {}
@@ -150,19 +202,19 @@ impl Statistic for Completeness {
     fn snapshot(&self, out: &mut Map<String, Value>) {
         out.insert("missing".into(), json!(self.state.tracker.missing()));
         out.insert("duplicates".into(), json!(self.state.tracker.duplicates()));
+        out.insert("refused".into(), json!(self.state.tracker.refused()));
         out.insert("last_outcome".into(), json!(self.state.last_outcome));
     }
 
     fn publish(&mut self, _figures: &Map<String, Value>) {
-        let (missing, duplicates) = (
-            self.state.tracker.missing(),
-            self.state.tracker.duplicates(),
-        );
+        let now = self.totals();
         self.missing
-            .increment(missing.saturating_sub(self.reported.0));
+            .increment(now.0.saturating_sub(self.reported.0));
         self.duplicates
-            .increment(duplicates.saturating_sub(self.reported.1));
-        self.reported = (missing, duplicates);
+            .increment(now.1.saturating_sub(self.reported.1));
+        self.refused
+            .increment(now.2.saturating_sub(self.reported.2));
+        self.reported = now;
     }
 
     fn save(&self) -> Value {
@@ -171,10 +223,7 @@ impl Statistic for Completeness {
 
     fn restore(&mut self, state: &Value) -> Result<(), String> {
         self.state = from_state(state)?;
-        self.reported = (
-            self.state.tracker.missing(),
-            self.state.tracker.duplicates(),
-        );
+        self.reported = self.totals();
         Ok(())
     }
 }
@@ -193,11 +242,27 @@ mod tests {
             (1000, InOrder, 0, 0), // first seen: accepted mid-stream
             (1001, InOrder, 0, 0),
             (1002, InOrder, 0, 0),
-            (1007, Gap { missing: 4 }, 4, 0), // 1003..=1006 skipped
-            (1005, Duplicate, 4, 1),          // late arrival of a missing one
-            (1007, Duplicate, 4, 2),          // resend
+            (
+                1007,
+                Gap {
+                    missing: 4,
+                    refused: 0,
+                },
+                4,
+                0,
+            ), // 1003..=1006 skipped
+            (1005, Duplicate, 4, 1), // late arrival of a missing one
+            (1007, Duplicate, 4, 2), // resend
             (1008, InOrder, 4, 2),
-            (1010, Gap { missing: 1 }, 5, 2),
+            (
+                1010,
+                Gap {
+                    missing: 1,
+                    refused: 0,
+                },
+                5,
+                2,
+            ),
             (0, Duplicate, 5, 3),
             (1011, InOrder, 5, 3),
         ];
@@ -211,6 +276,43 @@ mod tests {
             assert_eq!(t.duplicates(), dups, "step {i}: duplicates total");
         }
         assert_eq!(t.expected("a"), Some(1012), "next expected");
+    }
+
+    /// Numbers the store refused are refused, not missing; a gap holding both counts each.
+    #[test]
+    fn refused_numbers_are_not_missing() {
+        let mut t = SequenceTracker::new();
+        t.observe("a", 1);
+        assert_eq!(
+            t.observe_refusing("a", 4, 2),
+            Gap {
+                missing: 0,
+                refused: 2
+            }
+        );
+        assert_eq!(
+            t.observe_refusing("a", 9, 1),
+            Gap {
+                missing: 3,
+                refused: 1
+            }
+        );
+        // More refusals than the gap holds (a miscount) never make missing negative.
+        assert_eq!(
+            t.observe_refusing("a", 11, 5),
+            Gap {
+                missing: 0,
+                refused: 1
+            }
+        );
+        // Refusals given with an event in order change nothing.
+        assert_eq!(t.observe_refusing("a", 12, 3), InOrder);
+        assert_eq!((t.missing(), t.refused()), (3, 4));
+        // An older checkpoint has no `refused`.
+        let old: SequenceTracker =
+            serde_json::from_str(r#"{"expected": {"a": 3}, "missing": 1, "duplicates": 0}"#)
+                .unwrap();
+        assert_eq!(old.refused(), 0);
     }
 
     #[test]
@@ -227,8 +329,22 @@ mod tests {
         assert_eq!(t.observe("a", 1), InOrder, "a 1");
         assert_eq!(t.observe("b", 50), InOrder, "b 50");
         assert_eq!(t.observe("a", 2), InOrder, "a 2");
-        assert_eq!(t.observe("b", 53), Gap { missing: 2 }, "b 53");
-        assert_eq!(t.observe("a", 5), Gap { missing: 2 }, "a 5");
+        assert_eq!(
+            t.observe("b", 53),
+            Gap {
+                missing: 2,
+                refused: 0
+            },
+            "b 53"
+        );
+        assert_eq!(
+            t.observe("a", 5),
+            Gap {
+                missing: 2,
+                refused: 0
+            },
+            "a 5"
+        );
         assert_eq!(t.observe("b", 53), Duplicate, "b 53 again");
         assert_eq!(t.observe("a", 6), InOrder, "a 6");
         assert_eq!((t.missing(), t.duplicates()), (4, 1), "totals over sources");
@@ -244,7 +360,8 @@ mod tests {
         assert_eq!(
             t.observe("a", u64::MAX),
             Gap {
-                missing: u64::MAX - 1
+                missing: u64::MAX - 1,
+                refused: 0
             },
             "jump to max"
         );

@@ -304,7 +304,11 @@ async fn open_feeds(
             reader,
             stats: config.stats.clone(),
         };
-        feeds.push(Feed::new(spec, store.clone()).await?);
+        let mut feed = Feed::new(spec, store.clone()).await?;
+        // An event the store refused is a dead letter with its sequence number: a gap of
+        // those is not a loss.
+        feed.refusals_from(collections.dead_letters.clone());
+        feeds.push(feed);
     }
     Ok(feeds)
 }
