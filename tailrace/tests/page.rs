@@ -9,7 +9,8 @@
 //! `PLAYWRIGHT_DIR` to a directory whose `node_modules` holds it) and Chromium
 //! (`/usr/bin/chromium`, Debian's `chromium`, or `CHROMIUM=/path`). Without them this prints a
 //! notice and passes, except under `CI`, where it fails. The screenshots are kept as artifacts:
-//! `target/page.png` and `target/page-dark.png`.
+//! `target/page.png` and `target/page-dark.png`. `/api/geo`, where the page's map starts its
+//! counts, is checked without a browser.
 
 #![allow(clippy::unwrap_used)]
 
@@ -23,6 +24,9 @@ use common::Tailrace;
 
 /// The whole check takes ~15 s; a loaded CI machine gets ample room.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// Where each event of a followed file finds its place (every rule, as for Twitter's stream).
+const GEO_RULES: &str = r#"geo = { point = "coordinates", place = "place.bounding_box", country = "place.country_code", language = "lang" }"#;
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -131,4 +135,77 @@ async fn the_live_page_works_in_chromium_against_the_real_binary() {
         "every check passed and the screenshot {} was written:\n{stdout}",
         shot.display()
     );
+}
+
+/// A binary whose only source, `places`, follows `file` (created empty) with every geo rule.
+async fn with_places(dir: &Path, file: &Path) -> Tailrace {
+    std::fs::write(file, "").unwrap();
+    let sources = format!(
+        r#"[{{ name = "places", kind = "file", path = "{}", follow = true, {GEO_RULES} }}]"#,
+        file.display()
+    );
+    Tailrace::start(dir, &[("TAILRACE_SOURCES", &sources)]).await
+}
+
+/// `/api/geo` is what `/metrics` counted, with the newest sequence number of each source it
+/// includes: here, once the source is quiet, the newest stored event's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_geo_is_the_metrics_counts_at_a_sequence_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("places.ndjson");
+    let t = with_places(&dir.path().join("data"), &file).await;
+    let empty = t.json("/api/geo").await;
+    assert_eq!(
+        empty,
+        serde_json::json!({
+            "precision": {"point": 0, "place": 0, "country": 0, "language": 0, "none": 0},
+            "country": {},
+            "seq": {},
+        }),
+        "nothing counted yet"
+    );
+    let lines = [
+        r#"{"coordinates": {"type": "Point", "coordinates": [139.69, 35.69]}, "place": {"country_code": "JP"}}"#,
+        r#"{"coordinates": {"type": "Point", "coordinates": [-140, 10]}}"#,
+        r#"{"place": {"country_code": "BR"}}"#,
+        r#"{"place": {"country_code": "BR"}}"#,
+        r#"{"lang": "fr"}"#,
+        r#"{"text": "nowhere"}"#,
+    ];
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    t.wait_until("every line is stored", Duration::from_secs(30), async |t| {
+        t.json("/api/status").await["ingest"]["written"].as_u64() == Some(lines.len() as u64)
+    })
+    .await;
+    let geo = t.json("/api/geo").await;
+    let newest = t.json("/api/events?limit=1").await;
+    let seq = &newest[0]["doc"]["_tailrace"]["seq"];
+    assert!(
+        seq.is_u64(),
+        "the newest event has a sequence number: {newest}"
+    );
+    assert_eq!(
+        geo,
+        serde_json::json!({
+            "precision": {"point": 2, "place": 0, "country": 2, "language": 1, "none": 1},
+            "country": {"BR": 2, "FR": 1, "JP": 1, "none": 2},
+            "seq": {"places": seq},
+        }),
+        "the counts of the six lines, at the newest one's sequence number"
+    );
+    let m = t.metrics().await;
+    for (precision, n) in geo["precision"].as_object().unwrap() {
+        assert_eq!(
+            m.sum("tailrace_events_geo_total", &[("precision", precision)]),
+            n.as_f64().unwrap(),
+            "/metrics and /api/geo agree on {precision}"
+        );
+    }
+    for (country, n) in geo["country"].as_object().unwrap() {
+        assert_eq!(
+            m.sum("tailrace_events_geo_country_total", &[("country", country)]),
+            n.as_f64().unwrap(),
+            "/metrics and /api/geo agree on {country}"
+        );
+    }
 }
