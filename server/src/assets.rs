@@ -8,9 +8,10 @@
 //! `include_initial` (each feed's document, with its notification latency `notify_us`, and the
 //! `ingest` document of [`ingest::live`]) and `events` with the filter box; its question box
 //! (`query.js`) posts pipelines to `/api/aggregate`.
-//! World-atlas' country outlines (`vendor/countries-110m.json`, read with
-//! `vendor/topojson-client.min.js`) are keyed by ISO numeric ids; `iso3166.json` turns them
-//! into the alpha-2 codes events carry, and is checked here against the ingester's (`keshvar`'s).
+//! Its map (`map.js`) draws world-atlas' country outlines (`vendor/countries-110m.json`, read
+//! with `vendor/topojson-client.min.js`), follows `events` and starts its counts from
+//! `/api/geo`; `iso3166.json` turns the outlines' ISO numeric ids into the alpha-2 codes events
+//! carry, and is checked here against the codes the ingester stamps (`keshvar`'s).
 //! `tailrace/tests/page.rs` drives it in headless Chromium against the real binary.
 
 use axum::extract::Path;
@@ -41,12 +42,17 @@ const INDEX: Asset = Asset {
 };
 
 /// Everything under `/assets/`.
-const ASSETS: [Asset; 13] = [
+const ASSETS: [Asset; 14] = [
     INDEX,
     Asset {
         path: "app.js",
         content_type: JS,
         body: include_bytes!("../static/app.js"),
+    },
+    Asset {
+        path: "map.js",
+        content_type: JS,
+        body: include_bytes!("../static/map.js"),
     },
     Asset {
         path: "iso3166.json",

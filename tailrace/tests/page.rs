@@ -4,13 +4,16 @@
 //! events are listed (bounded, newest first, as text), that the filter box narrows the list and
 //! shows the server's 400 for a bad filter, that both streams resume exactly after a dropped
 //! connection, that reconnecting adds no listeners, and that the console stays free of errors.
+//! A second run checks the live map (`--map-fixture`) against a binary whose only source
+//! follows a file the check appends events with known places to: land drawn offline, dots
+//! within 1 px of their projected position, the legend equal to `/metrics`, click-to-filter,
+//! replay. `/api/geo`, where the map starts its counts, is checked without a browser.
 //!
 //! Needs `node`, `playwright-core` (npm; `.ci/run` installs it into `target/ci-node`, or set
 //! `PLAYWRIGHT_DIR` to a directory whose `node_modules` holds it) and Chromium
 //! (`/usr/bin/chromium`, Debian's `chromium`, or `CHROMIUM=/path`). Without them this prints a
 //! notice and passes, except under `CI`, where it fails. The screenshots are kept as artifacts:
-//! `target/page.png` and `target/page-dark.png`. `/api/geo`, where the page's map starts its
-//! counts, is checked without a browser.
+//! `target/page.png` and `target/page-dark.png`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -24,6 +27,10 @@ use common::Tailrace;
 
 /// The whole check takes ~15 s; a loaded CI machine gets ample room.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// One browser at a time: two Chromiums and two binaries on a 2-core machine would make the
+/// page's timed checks (a chart advances within 2 s) measure the contention.
+static BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Where each event of a followed file finds its place (every rule, as for Twitter's stream).
 const GEO_RULES: &str = r#"geo = { point = "coordinates", place = "place.bounding_box", country = "place.country_code", language = "lang" }"#;
@@ -99,19 +106,34 @@ async fn the_live_page_works_in_chromium_against_the_real_binary() {
     let Some((node, pw_dir, chromium)) = tools() else {
         return;
     };
+    let _one = BROWSER.lock().await;
     let dir = tempfile::tempdir().unwrap();
     // The synthetic stream with more frequent bursts than the default, from a seed whose first
     // burst after a calm window comes early: the page must mark its breakout.
     let sources = r#"[{ name = "sample", kind = "synthetic", rate_per_sec = 70.0, seed = 3, burst_probability = 0.04, burst_multiplier = 8.0, burst_secs = 4 }]"#;
     let t = Tailrace::start(dir.path(), &[("TAILRACE_SOURCES", sources)]).await;
     let shot = target_dir().join("page.png");
+    run_check(&node, &pw_dir, &chromium, &t, &shot, &[]).await;
+}
+
+/// Runs `check_page.mjs` against `t` with `extra` arguments; fails with its output unless every
+/// check passed and `shot` was written.
+async fn run_check(
+    node: &Path,
+    pw_dir: &Path,
+    chromium: &Path,
+    t: &Tailrace,
+    shot: &Path,
+    extra: &[&std::ffi::OsStr],
+) {
     let script = workspace().join("server/static-dev/check_page.mjs");
-    let child = tokio::process::Command::new(&node)
+    let child = tokio::process::Command::new(node)
         .arg(&script)
         .arg(format!("http://{}", t.addr))
-        .arg(&shot)
-        .current_dir(&pw_dir)
-        .env("CHROMIUM", &chromium)
+        .arg(shot)
+        .args(extra)
+        .current_dir(pw_dir)
+        .env("CHROMIUM", chromium)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -145,6 +167,27 @@ async fn with_places(dir: &Path, file: &Path) -> Tailrace {
         file.display()
     );
     Tailrace::start(dir, &[("TAILRACE_SOURCES", &sources)]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_map_works_offline_in_chromium() {
+    let Some((node, pw_dir, chromium)) = tools() else {
+        return;
+    };
+    let _one = BROWSER.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = dir.path().join("places.ndjson");
+    let t = with_places(&dir.path().join("data"), &fixture).await;
+    let shot = target_dir().join("page-map-check.png");
+    run_check(
+        &node,
+        &pw_dir,
+        &chromium,
+        &t,
+        &shot,
+        &["--map-fixture".as_ref(), fixture.as_os_str()],
+    )
+    .await;
 }
 
 /// `/api/geo` is what `/metrics` counted, with the newest sequence number of each source it
