@@ -418,6 +418,15 @@ const events = {
  * software raster; the paused list alone costs 5%). Events arriving meanwhile are batched.
  */
 const RENDER_INTERVAL_MS = 200;
+/**
+ * Above BUSY_RATE events/s the list is redrawn once a second instead: each redraw then
+ * replaces all its rows, whose text (every script, emoji) is styled and laid out anew in one
+ * long frame, and five of those a second made the map's animation stutter. Nobody reads a
+ * list that turns over in a tenth of a second anyway.
+ */
+const BUSY_RATE = 250;
+const BUSY_LIST_INTERVAL_MS = 1000;
+let lastListRender = 0;
 let renderPending = false;
 let lastRender = 0;
 
@@ -977,7 +986,11 @@ function render() {
     stats.dirty = false;
     renderTables();
   }
-  renderEvents();
+  const rate = events.perSecond.length ? events.perSecond.reduce((a, b) => a + b, 0) / events.perSecond.length : 0;
+  if (rate <= BUSY_RATE || lastRender - lastListRender >= BUSY_LIST_INTERVAL_MS) {
+    lastListRender = lastRender;
+    renderEvents();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
