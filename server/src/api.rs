@@ -87,7 +87,9 @@ pub(super) async fn status(State(s): State<AppState>) -> Json<Value> {
 /// `GET /api/geo`: the geo counters with the point of each source's sequence they are exact
 /// at (`ingest::geo::GeoTally`). The live page's map starts its counts here: it opens its
 /// events stream first, then reads this, and adds only the streamed events of a source past
-/// that source's `seq`; an event stamped later is written later, so the stream has it.
+/// that source's `seq`; an event stamped later is written later, so the stream has it. (An
+/// event the store refuses once stamped, a dead letter, is counted here and in /metrics but
+/// never streamed.)
 pub(super) async fn geo(State(s): State<AppState>) -> Response {
     match s.ingest.geo.lock() {
         Ok(tally) => Json(tally.to_value()).into_response(),
