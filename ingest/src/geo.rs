@@ -112,6 +112,9 @@ impl Precision {
 pub struct Country {
     /// The code, upper case (`JP`).
     pub code: String,
+    /// Its ISO 3166-1 numeric code, three digits (`392`): the ids of the live page's map
+    /// outlines (world-atlas), which the page reads through a table checked against this.
+    pub numeric: &'static str,
     /// Longitude of its representative point, degrees east.
     pub lon: f64,
     /// Latitude, degrees north.
@@ -126,6 +129,7 @@ static COUNTRIES: LazyLock<Vec<Country>> = LazyLock::new(|| {
             let geo = a.to_country().geo();
             Country {
                 code: a.to_string().to_ascii_uppercase(),
+                numeric: a.to_country().number(),
                 lon: geo.longitude(),
                 lat: geo.latitude(),
             }
@@ -152,6 +156,62 @@ pub fn country(code: &str) -> Option<&'static Country> {
 /// Every country [`country`] knows (the bounded set of `country` labels, besides `none`).
 pub fn countries() -> &'static [Country] {
     &COUNTRIES
+}
+
+/// What `tailrace_events_geo_total` and `tailrace_events_geo_country_total` have counted, with
+/// the newest sequence number of each source among the events counted: a point in the
+/// stream where the counts are exact, from which a client adds the events it follows
+/// (`GET /api/geo`, the live page's map). The ingester adds each batch once it is stamped,
+/// in one step under a lock, so counts and sequence numbers always belong together.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GeoTally {
+    /// Events per precision, in the order of [`Precision::ALL`] (`none` last).
+    pub by_precision: [u64; 5],
+    /// Events per country code; events without a country are `none`.
+    pub by_country: std::collections::BTreeMap<&'static str, u64>,
+    /// Each source's newest sequence number counted.
+    pub seq: std::collections::BTreeMap<String, u64>,
+}
+
+impl GeoTally {
+    /// Counts one event, placed by `geo` or not at all, as the metrics do.
+    pub fn add(&mut self, geo: Option<&Geo>) {
+        let precision = geo.map_or(Precision::None, |g| g.precision);
+        if let Some(i) = Precision::ALL.iter().position(|p| *p == precision) {
+            self.by_precision[i] += 1;
+        }
+        let country = geo.and_then(|g| g.country).unwrap_or("none");
+        *self.by_country.entry(country).or_default() += 1;
+    }
+
+    /// Adds a batch's counts, and moves each source's sequence number to the batch's newest.
+    pub fn merge<'a>(
+        &mut self,
+        batch: &GeoTally,
+        last_seq: impl IntoIterator<Item = (&'a str, u64)>,
+    ) {
+        for (sum, n) in self.by_precision.iter_mut().zip(batch.by_precision) {
+            *sum += n;
+        }
+        for (country, n) in &batch.by_country {
+            *self.by_country.entry(country).or_default() += n;
+        }
+        for (source, seq) in last_seq {
+            let at = self.seq.entry(source.to_owned()).or_default();
+            *at = (*at).max(seq);
+        }
+    }
+
+    /// `{"precision": {"point": n, ..., "none": n}, "country": {"JP": n, ..., "none": n},
+    /// "seq": {"source": n}}`; every precision present, countries only once counted.
+    pub fn to_value(&self) -> Value {
+        let precision: serde_json::Map<String, Value> = Precision::ALL
+            .iter()
+            .zip(self.by_precision)
+            .map(|(p, n)| (p.as_str().to_owned(), json!(n)))
+            .collect();
+        json!({"precision": precision, "country": self.by_country, "seq": self.seq})
+    }
 }
 
 /// Where an event was placed.

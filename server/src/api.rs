@@ -61,6 +61,7 @@ pub(super) async fn index() -> Json<Value> {
             "/api/rollups?prefix=P&limit=N&after=K": "per-key counters whose key starts with P (e.g. hashtags:), by key, N per page (default 100); the next page starts after the last key K",
             "POST /api/aggregate": "a MongoDB aggregation pipeline over one collection's stored documents: {\"collection\": \"events\" (or dead_letters, rollups, stats, trends), \"pipeline\": [{\"$match\": ...}, {\"$group\": ...}]}; stages $match $sort $limit $skip $project $unwind $group $count $sortByCount; the answer says where each stage ran, documents read, time taken",
             "GET /api/aggregate?live=true&collection=events&pipeline=[...]": "a $group (after at most one $match) kept live over SSE or NDJSON: a snapshot event, then a change event ({_id, doc}, doc null when the group left) for each group an arriving or evicted event moves; resume with Last-Event-ID or resume_after",
+            "/api/geo": "what tailrace_events_geo_total and tailrace_events_geo_country_total have counted (precision, country) and the newest sequence number of each source counted (seq): follow /api/changes?collection=events and add the events of a source whose _tailrace.seq is above it, and the counts stay exact",
             "/metrics": "Prometheus metrics",
             "/": "the live page",
         }
@@ -81,6 +82,22 @@ pub(super) async fn status(State(s): State<AppState>) -> Json<Value> {
         },
         "feeds": feeds,
     }))
+}
+
+/// `GET /api/geo`: the geo counters with the point of each source's sequence they are exact
+/// at (`ingest::geo::GeoTally`). The live page's map starts its counts here: it opens its
+/// events stream first, then reads this, and adds only the streamed events of a source past
+/// that source's `seq`; an event stamped later is written later, so the stream has it. (An
+/// event the store refuses once stamped, a dead letter, is counted here and in /metrics but
+/// never streamed.)
+pub(super) async fn geo(State(s): State<AppState>) -> Response {
+    match s.ingest.geo.lock() {
+        Ok(tally) => Json(tally.to_value()).into_response(),
+        Err(_) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the geo tally is unavailable (a writer panicked)",
+        ),
+    }
 }
 
 pub(super) async fn feeds_list(State(s): State<AppState>) -> Json<Value> {

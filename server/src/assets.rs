@@ -8,6 +8,10 @@
 //! `include_initial` (each feed's document, with its notification latency `notify_us`, and the
 //! `ingest` document of [`ingest::live`]) and `events` with the filter box; its question box
 //! (`query.js`) posts pipelines to `/api/aggregate`.
+//! Its map (`map.js`) draws world-atlas' country outlines (`vendor/countries-110m.json`, read
+//! with `vendor/topojson-client.min.js`), follows `events` and starts its counts from
+//! `/api/geo`; `iso3166.json` turns the outlines' ISO numeric ids into the alpha-2 codes events
+//! carry, and is checked here against the codes the ingester stamps (`keshvar`'s).
 //! `tailrace/tests/page.rs` drives it in headless Chromium against the real binary.
 
 use axum::extract::Path;
@@ -27,6 +31,8 @@ struct Asset {
 const JS: &str = "text/javascript; charset=utf-8";
 const CSS: &str = "text/css; charset=utf-8";
 const HTML: &str = "text/html; charset=utf-8";
+const JSON: &str = "application/json";
+const TEXT: &str = "text/plain; charset=utf-8";
 
 /// `/`.
 const INDEX: Asset = Asset {
@@ -36,12 +42,22 @@ const INDEX: Asset = Asset {
 };
 
 /// Everything under `/assets/`.
-const ASSETS: [Asset; 8] = [
+const ASSETS: [Asset; 14] = [
     INDEX,
     Asset {
         path: "app.js",
         content_type: JS,
         body: include_bytes!("../static/app.js"),
+    },
+    Asset {
+        path: "map.js",
+        content_type: JS,
+        body: include_bytes!("../static/map.js"),
+    },
+    Asset {
+        path: "iso3166.json",
+        content_type: JSON,
+        body: include_bytes!("../static/iso3166.json"),
     },
     Asset {
         path: "query.js",
@@ -71,8 +87,29 @@ const ASSETS: [Asset; 8] = [
     // uPlot's MIT license travels with it.
     Asset {
         path: "vendor/LICENSE",
-        content_type: "text/plain; charset=utf-8",
+        content_type: TEXT,
         body: include_bytes!("../static/vendor/LICENSE"),
+    },
+    Asset {
+        path: "vendor/topojson-client.min.js",
+        content_type: JS,
+        body: include_bytes!("../static/vendor/topojson-client.min.js"),
+    },
+    Asset {
+        path: "vendor/countries-110m.json",
+        content_type: JSON,
+        body: include_bytes!("../static/vendor/countries-110m.json"),
+    },
+    // Their ISC licenses travel with them.
+    Asset {
+        path: "vendor/LICENSE.topojson-client",
+        content_type: TEXT,
+        body: include_bytes!("../static/vendor/LICENSE.topojson-client"),
+    },
+    Asset {
+        path: "vendor/LICENSE.world-atlas",
+        content_type: TEXT,
+        body: include_bytes!("../static/vendor/LICENSE.world-atlas"),
     },
 ];
 
@@ -123,7 +160,7 @@ mod tests {
         }
         for file in &on_disk {
             if file == "vendor/README.md" {
-                continue; // where uPlot came from, for people, not for the page
+                continue; // where the vendored files came from, for people, not for the page
             }
             let a = ASSETS.iter().find(|a| a.path == file);
             assert!(
@@ -135,6 +172,7 @@ mod tests {
                     Some("js") => JS,
                     Some("css") => CSS,
                     Some("html") => HTML,
+                    Some("json") => JSON,
                     _ => a.content_type,
                 };
                 assert_eq!(a.content_type, want, "{file}");
@@ -147,5 +185,40 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// `iso3166.json` is the ingester's country list (`keshvar`'s codes), numeric to alpha-2,
+    /// byte for byte: never a table typed by hand. After a `keshvar` upgrade, write it again
+    /// with `TAILRACE_WRITE_ISO3166=1 cargo test -p server iso3166`.
+    #[test]
+    fn iso3166_json_is_the_ingesters_country_list() {
+        let mut pairs: Vec<(&str, &str)> = ingest::geo::countries()
+            .iter()
+            .map(|c| (c.numeric, c.code.as_str()))
+            .collect();
+        pairs.sort_unstable();
+        let body: Vec<String> = pairs
+            .iter()
+            .map(|(numeric, code)| format!("  \"{numeric}\": \"{code}\""))
+            .collect();
+        let want = format!("{{\n{}\n}}\n", body.join(",\n"));
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("static/iso3166.json");
+        if std::env::var_os("TAILRACE_WRITE_ISO3166").is_some() {
+            std::fs::write(&path, &want).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            have == want,
+            "{} is not the ingester's country list; write it again with \
+             TAILRACE_WRITE_ISO3166=1 cargo test -p server iso3166",
+            path.display()
+        );
+        let parsed: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&have).unwrap_or_default();
+        assert_eq!(
+            parsed.len(),
+            pairs.len(),
+            "one entry per country, valid JSON"
+        );
     }
 }

@@ -132,6 +132,7 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(api::readyz))
         .route("/api", get(api::index))
         .route("/api/status", get(api::status))
+        .route("/api/geo", get(api::geo))
         .route("/api/feeds", get(api::feeds_list))
         .route("/api/feeds/{name}", get(api::feed_one))
         .route("/api/feeds/{name}/stream", get(api::feed_stream))

@@ -19,9 +19,23 @@
 //
 // --soak SECONDS then keeps the page open that long, sampling heap, DOM nodes, listeners and
 // frame delay every 30 s, and fails if any of them grows without bound.
+//
+// Every request that leaves the page's origin is aborted and counted; any is a failure (the
+// page must work offline).
+//
+// --map-fixture FILE checks the live map instead, against a server whose only source follows
+// FILE (NDJSON; tailrace/tests/page.rs): the check appends events with known places to it and
+// asserts that the land is drawn, that each known point's dot is centred within 1 px of its
+// projected position, that the legend's and the country list's counts equal /metrics' once
+// the source is quiet (also after a dropped connection), that a click on a country filters the
+// list and the dots, and that a replay draws every stored placed event of its window.
+//
+// --measure-map SECONDS keeps the page open that long against a busy server (1,000 events/s)
+// and measures the frame time and the JavaScript heap; it fails above 16 ms (p95) or 5 MB, and
+// writes SCREENSHOT.png of the map.
 
 import { createRequire } from 'node:module';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { appendFileSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -30,8 +44,20 @@ const started = Date.now();
 const args = process.argv.slice(2);
 const soakAt = args.indexOf('--soak');
 const soakSeconds = soakAt >= 0 ? Number(args.splice(soakAt, 2)[1]) : 0;
-if (args.length !== 2 || !/^https?:\/\//.test(args[0]) || !Number.isFinite(soakSeconds)) {
-  console.error('usage: node check_page.mjs BASE_URL SCREENSHOT.png [--soak SECONDS]');
+const fixtureAt = args.indexOf('--map-fixture');
+const fixturePath = fixtureAt >= 0 ? args.splice(fixtureAt, 2)[1] : null;
+const measureAt = args.indexOf('--measure-map');
+const measureSeconds = measureAt >= 0 ? Number(args.splice(measureAt, 2)[1]) : 0;
+if (
+  args.length !== 2 ||
+  !/^https?:\/\//.test(args[0]) ||
+  !Number.isFinite(soakSeconds) ||
+  !Number.isFinite(measureSeconds) ||
+  (fixtureAt >= 0 && !fixturePath)
+) {
+  console.error(
+    'usage: node check_page.mjs BASE_URL SCREENSHOT.png [--soak SECONDS | --map-fixture FILE | --measure-map SECONDS]',
+  );
   process.exit(2);
 }
 const base = args[0].replace(/\/+$/, '');
@@ -87,6 +113,17 @@ const context = await chromium.launchPersistentContext(userDataDir, {
   ],
 });
 const page = context.pages()[0] || (await context.newPage());
+
+// Offline: whatever would leave the page's origin is aborted here, and counted.
+const origin = new URL(base).origin;
+const external = [];
+await context.route(
+  (url) => url.origin !== origin,
+  (route) => {
+    external.push(route.request().url());
+    return route.abort('blockedbyclient');
+  },
+);
 
 page.on('console', (m) => {
   if (m.type() !== 'error' && m.type() !== 'warning') return;
@@ -159,6 +196,7 @@ async function step(name, fn) {
   const result = await fn();
   const extra = result ? ` — ${result}` : '';
   console.log(`ok ${stepNo} - ${name} (${Date.now() - t} ms)${extra}`);
+  assert(external.length === 0, `no request outside ${origin} during "${name}"; saw ${external.join(', ')}`);
   assert(problems.length === 0, `console/network problems during "${name}":\n  ${problems.join('\n  ')}`);
 }
 
@@ -262,6 +300,18 @@ async function run() {
     return `${n[0]} feeds, top ${n[1]}`;
   });
 
+  await step('the map draws the land and counts placed events, offline', async () => {
+    await waitFor('the map ready', 10000, () => document.getElementById('map-wrap').dataset.ready === 'true');
+    const land = await landCheck();
+    const counts = await waitFor('counts in the legend', 10000, () => {
+      const m = window.tailrace.snapshot().map;
+      return m.counts && Object.values(m.counts).reduce((a, b) => a + b, 0) > 0 && m.counts;
+    });
+    await waitFor('a dot on the map', 10000, () => window.tailrace.snapshot().map.drawn > 0);
+    assert(external.length === 0, `no request outside ${origin}; saw ${external.join(', ')}`);
+    return `${land}; counts ${JSON.stringify(counts)}`;
+  });
+
   let lang = '';
   await step('a filter narrows the list', async () => {
     const langs = await page.evaluate(() => [...document.querySelectorAll('#events > li')].map((li) => li.dataset.lang));
@@ -340,7 +390,7 @@ async function run() {
     const ids = await page.evaluate(() => {
       const s = window.tailrace.snapshot();
       window.tailrace.drop();
-      return { stats: s.stats.lastEventId, events: s.events.lastEventId };
+      return { stats: s.stats.lastEventId, events: s.events.lastEventId, map: s.map.lastEventId };
     });
     assert(ids.stats && ids.events, `both streams had an id to resume from; saw ${JSON.stringify(ids)}`);
     await waitFor(
@@ -354,16 +404,19 @@ async function run() {
     );
     const resumed = changeRequests.slice(reqsBefore);
     const statsReq = resumed.find((r) => r.url.includes('collection=stats'));
-    const eventsReq = resumed.find((r) => r.url.includes('collection=events'));
+    // The list's stream; the map's own (initial_limit=1) is checked below.
+    const eventsReq = resumed.find((r) => r.url.includes('collection=events') && !/initial_limit=1(&|$)/.test(r.url));
+    const mapReq = resumed.find((r) => /collection=events.*initial_limit=1(&|$)/.test(r.url));
     assert(statsReq && statsReq.lastEventId === ids.stats, `stats resumed with Last-Event-ID ${ids.stats}; saw ${JSON.stringify(statsReq)}`);
     assert(eventsReq && eventsReq.lastEventId === ids.events, `events resumed with Last-Event-ID ${ids.events}; saw ${JSON.stringify(eventsReq)}`);
+    assert(mapReq && mapReq.lastEventId === ids.map, `the map's events resumed with Last-Event-ID ${ids.map}; saw ${JSON.stringify(mapReq)}`);
     const r0 = (await snapshot()).events.received;
     await waitFor('events after the reconnect', 5000, (r0) => window.tailrace.snapshot().events.received > r0 + 20, r0);
     const after = await snapshot();
     assert(after.events.duplicates === 0, `no event delivered twice; saw ${after.events.duplicates} duplicates`);
     assert(after.events.seqGaps === 0, `no event missed (contiguous _tailrace.seq); saw ${after.events.seqGaps} missing`);
     assert(after.events.gaps === 0, `no gap reported; saw ${after.events.gaps}`);
-    return `resumed after stats ${ids.stats}, events ${ids.events}`;
+    return `resumed after stats ${ids.stats}, events ${ids.events}, map ${ids.map}`;
   });
 
   await step('reconnecting adds no listeners or nodes', async () => {
@@ -499,9 +552,388 @@ async function run() {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The map
+
+/** The map's projection, computed here independently of map.js: canvas pixels of a place. */
+function projected(lon, lat, width, height) {
+  return [((lon + 180) / 360) * width, ((90 - lat) / 180) * height];
+}
+
+/**
+ * Reads a square of `radius` around a place on one of the map's canvases, through a copy (one
+ * read-back per canvas, so Chromium has no reason to warn): the pixel there, and the
+ * alpha-weighted centre of what is drawn in the square.
+ */
+async function readMap(id, lon, lat, radius = 0) {
+  return page.evaluate(
+    ([id, lon, lat, radius]) => {
+      const c = document.getElementById(id);
+      const ex = ((lon + 180) / 360) * c.width;
+      const ey = ((90 - lat) / 180) * c.height;
+      const x0 = Math.floor(ex) - radius;
+      const y0 = Math.floor(ey) - radius;
+      const n = 2 * radius + 1;
+      const copy = document.createElement('canvas');
+      copy.width = n;
+      copy.height = n;
+      const ctx = copy.getContext('2d');
+      ctx.drawImage(c, x0, y0, n, n, 0, 0, n, n);
+      const d = ctx.getImageData(0, 0, n, n).data;
+      let mass = 0;
+      let sx = 0;
+      let sy = 0;
+      for (let j = 0; j < n; j++) {
+        for (let i = 0; i < n; i++) {
+          const a = d[(j * n + i) * 4 + 3];
+          mass += a;
+          sx += a * (x0 + i + 0.5);
+          sy += a * (y0 + j + 0.5);
+        }
+      }
+      const k = (radius * n + radius) * 4;
+      return { ex, ey, mass, cx: mass ? sx / mass : null, cy: mass ? sy / mass : null, rgba: [...d.slice(k, k + 4)], width: c.width, height: c.height };
+    },
+    [id, lon, lat, radius],
+  );
+}
+
+/** `#rrggbb` of a CSS custom property as [r, g, b]. */
+async function cssColor(name) {
+  const hex = await page.evaluate((n) => getComputedStyle(document.documentElement).getPropertyValue(n).trim(), name);
+  const m = /^#([0-9a-f]{2})([0-9a-f]{2})([0-9a-f]{2})$/i.exec(hex);
+  assert(m, `${name} is a #rrggbb colour; saw ${JSON.stringify(hex)}`);
+  return [1, 2, 3].map((i) => parseInt(m[i], 16));
+}
+
+const near = (a, b) => a.every((v, i) => Math.abs(v - b[i]) <= 2);
+
+/** Central Africa is land and the middle of the Pacific is sea, in the page's own colours. */
+async function landCheck() {
+  const [land, ocean] = [await cssColor('--land'), await cssColor('--ocean')];
+  const places = [
+    ['central Africa', 21, 4, land],
+    ['Brazil', -50, -10, land],
+    ['Siberia', 100, 62, land],
+    ['the mid-Pacific', -140, 0, ocean],
+    ['the South Atlantic', -20, -30, ocean],
+  ];
+  for (const [name, lon, lat, want] of places) {
+    const p = await readMap('map-land', lon, lat);
+    assert(near(p.rgba.slice(0, 3), want) && p.rgba[3] === 255, `${name} (${lon}, ${lat}) drawn as ${want}; saw ${p.rgba}`);
+  }
+  return `land ${land}, sea ${ocean} where they belong`;
+}
+
+/** Parses the Prometheus text of /metrics into name{labels} → value for two families. */
+async function geoMetrics() {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  const out = { precision: {}, country: {} };
+  for (const line of text.split('\n')) {
+    const m = /^tailrace_events_geo_(total|country_total)\{(precision|country)="([^"]*)"\} (\S+)$/.exec(line);
+    if (m) out[m[2]][m[3]] = Number(m[4]);
+  }
+  return out;
+}
+
+/** What the page shows: the legend's numbers and the country list's rows, read from the DOM. */
+async function shownCounts() {
+  return page.evaluate(() => {
+    const n = (id) => Number(document.getElementById(id).textContent.replace(/,/g, ''));
+    const precision = {};
+    for (const p of ['point', 'place', 'country', 'language', 'none']) precision[p] = n(`map-count-${p}`);
+    const country = {};
+    for (const tr of document.querySelectorAll('#map-countries tbody tr')) {
+      country[tr.dataset.country] = Number(tr.cells[2].textContent.replace(/,/g, ''));
+    }
+    return { precision, country, total: n('map-total') };
+  });
+}
+
+/**
+ * Waits until the source is quiet (/metrics has counted all `written` events), then until the
+ * page shows /metrics' numbers: every precision, the total, every listed country.
+ */
+async function countsMatchMetrics(written) {
+  const deadline = Date.now() + 15000;
+  let m;
+  for (;;) {
+    m = await geoMetrics();
+    const total = Object.values(m.precision).reduce((a, b) => a + b, 0);
+    if (total === written) break;
+    assert(total < written && Date.now() < deadline, `/metrics counts the ${written} events written; saw ${total}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  let shown;
+  const same = () =>
+    Object.keys(m.precision).every((p) => shown.precision[p] === m.precision[p]) &&
+    shown.total === written &&
+    Object.entries(shown.country).every(([c, v]) => m.country[c] === v);
+  const until = Date.now() + 5000;
+  for (;;) {
+    shown = await shownCounts();
+    if (same()) break;
+    assert(Date.now() < until, `the legend shows /metrics' counts ${JSON.stringify(m)}; saw ${JSON.stringify(shown)}`);
+    await page.waitForTimeout(100);
+  }
+  // Every country /metrics counts is listed (the fixture has fewer than the list's ten).
+  const missing = Object.keys(m.country).filter((c) => m.country[c] > 0 && !(c in shown.country));
+  assert(missing.length === 0, `every counted country listed; missing ${missing}`);
+  return shown;
+}
+
+/** Events with known places, and the precision and country each must be stamped with. */
+const KNOWN_POINTS = [
+  // Open sea, far from any country's point and from each other.
+  [-140, 10],
+  [-30.5, -35.25],
+  [75, -20],
+  [-20.125, 45.5],
+];
+let fixtureSeq = 0;
+const fixtureWritten = { precision: {}, country: {}, n: 0 };
+
+function fixture(kind, extra = {}) {
+  fixtureSeq++;
+  const doc = { id: fixtureSeq, text: `fixture ${fixtureSeq} (${kind})`, ...extra };
+  return doc;
+}
+
+/** Appends events to the followed file; counts what each must be stamped with. */
+function appendFixtures(events) {
+  appendFileSync(fixturePath, events.map(([doc]) => JSON.stringify(doc) + '\n').join(''));
+  for (const [, precision, country] of events) {
+    fixtureWritten.precision[precision] = (fixtureWritten.precision[precision] || 0) + 1;
+    fixtureWritten.country[country] = (fixtureWritten.country[country] || 0) + 1;
+    fixtureWritten.n++;
+  }
+}
+
+function firstFixtures() {
+  const sydney = { type: 'Polygon', coordinates: [[[150.5, -34.2], [151.4, -34.2], [151.4, -33.5], [150.5, -33.5], [150.5, -34.2]]] };
+  const events = [];
+  for (const [lon, lat] of KNOWN_POINTS) events.push([fixture('point', { coordinates: { type: 'Point', coordinates: [lon, lat] } }), 'point', 'none']);
+  // A point in Tokyo with its country: a JP dot of its own precision.
+  events.push([fixture('point', { coordinates: { type: 'Point', coordinates: [139.69, 35.69] }, place: { country_code: 'JP' } }), 'point', 'JP']);
+  for (let i = 0; i < 2; i++) events.push([fixture('place', { place: { bounding_box: sydney, country_code: 'AU' } }), 'place', 'AU']);
+  for (let i = 0; i < 5; i++) events.push([fixture('country', { place: { country_code: 'JP' } }), 'country', 'JP']);
+  for (let i = 0; i < 3; i++) events.push([fixture('country', { place: { country_code: 'BR' } }), 'country', 'BR']);
+  for (let i = 0; i < 4; i++) events.push([fixture('language', { lang: 'fr' }), 'language', 'FR']);
+  for (let i = 0; i < 2; i++) events.push([fixture('language', { lang: 'ja' }), 'language', 'JP']);
+  for (let i = 0; i < 3; i++) events.push([fixture('none', { lang: 42 }), 'none', 'none']);
+  return events;
+}
+
+/** The centre of the dot at a known point, within 1 px of where the projection puts it. */
+async function dotAt(lon, lat) {
+  const d = await readMap('map-dots', lon, lat, 12);
+  assert(d.mass > 0, `a dot at (${lon}, ${lat}), pixel (${d.ex.toFixed(2)}, ${d.ey.toFixed(2)}); saw nothing within 12 px`);
+  const [ex, ey] = projected(lon, lat, d.width, d.height);
+  const off = Math.hypot(d.cx - ex, d.cy - ey);
+  assert(off <= 1, `the dot of (${lon}, ${lat}) centred at (${ex.toFixed(2)}, ${ey.toFixed(2)}) ± 1 px; its centre is (${d.cx.toFixed(2)}, ${d.cy.toFixed(2)}), ${off.toFixed(2)} px off`);
+  return off;
+}
+
+async function runMap() {
+  await cdp.send('Performance.enable');
+  await step('the map loads and draws the land, offline', async () => {
+    const res = await page.goto(`${base}/`, { waitUntil: 'load' });
+    assert(res && res.ok(), `GET / answered ${res && res.status()}`);
+    await waitFor('the map ready', 10000, () => document.getElementById('map-wrap').dataset.ready === 'true');
+    await waitFor('the map counts read from /api/geo', 10000, () => window.tailrace.snapshot().map.snapshots > 0);
+    const land = await landCheck();
+    assert(external.length === 0, `no request outside ${origin}; saw ${external.join(', ')}`);
+    return land;
+  });
+
+  await step('known points land within 1 px of their projected position', async () => {
+    appendFixtures(firstFixtures());
+    const offs = [];
+    for (const [lon, lat] of KNOWN_POINTS) {
+      await waitFor(`a dot at (${lon}, ${lat})`, 10000, () => window.tailrace.snapshot().map.drawn >= 4);
+      offs.push((await dotAt(lon, lat)).toFixed(2));
+    }
+    // Where nothing was placed, nothing is drawn.
+    const empty = await readMap('map-dots', -100, -50, 12);
+    assert(empty.mass === 0, `no dot in the empty South Pacific; saw alpha ${empty.mass}`);
+    return `${KNOWN_POINTS.length} points, off by ${offs.join(', ')} px`;
+  });
+
+  await step("the legend's counts equal /metrics' once the source is quiet", async () => {
+    const shown = await countsMatchMetrics(fixtureWritten.n);
+    // And /metrics counted what the fixture says each event is.
+    for (const [p, v] of Object.entries(fixtureWritten.precision)) assert(shown.precision[p] === v, `${v} events placed by ${p}; shown ${shown.precision[p]}`);
+    for (const [c, v] of Object.entries(fixtureWritten.country)) assert(shown.country[c] === v, `${v} events of country ${c}; shown ${shown.country[c]}`);
+    return JSON.stringify(shown);
+  });
+
+  await step('after a dropped connection the counts stay exact', async () => {
+    const before = await snapshot();
+    await page.evaluate(() => window.tailrace.drop());
+    await waitFor('the map stream reconnected and its counts read again', 10000, ([c, s]) => {
+      const m = window.tailrace.snapshot().map;
+      return m.connections > c && m.snapshots > s;
+    }, [before.map.connections, before.map.snapshots]);
+    const more = [];
+    for (let i = 0; i < 3; i++) more.push([fixture('language', { lang: 'pt-BR' }), 'language', 'BR']);
+    for (let i = 0; i < 2; i++) more.push([fixture('none', {}), 'none', 'none']);
+    appendFixtures(more);
+    const shown = await countsMatchMetrics(fixtureWritten.n);
+    return `${fixtureWritten.n} events, ${JSON.stringify(shown.precision)}`;
+  });
+
+  const jp = fixtureWritten.country.JP;
+  await step('a click on Japan filters the list and the dots; a second click undoes it', async () => {
+    // Where the map is now: the charts above it may have grown a legend line meanwhile.
+    const clickAt = async (lon, lat) => {
+      const box = await page.locator('#map-dots').boundingBox();
+      const at = projected(lon, lat, box.width, box.height);
+      await page.mouse.click(box.x + at[0], box.y + at[1]);
+    };
+    const all = (await snapshot()).map.drawn;
+    await clickAt(138.2, 36.3); // Honshu
+    const want = JSON.stringify({ '_tailrace.geo.country': 'JP' });
+    const n = await waitFor(
+      'only JP events listed',
+      10000,
+      ([want, jp]) => {
+        const s = window.tailrace.snapshot();
+        const lis = [...document.querySelectorAll('#events > li')];
+        return s.events.filter === want && s.map.selected === 'JP' && lis.length === jp && lis.every((li) => li.dataset.country === 'JP') && lis.length;
+      },
+      [want, jp],
+    );
+    const box2 = await page.inputValue('#filter');
+    assert(box2 === want, `the filter box says ${want}; saw ${box2}`);
+    await waitFor(`only JP's ${jp} dots drawn`, 5000, (jp) => window.tailrace.snapshot().map.drawn === jp, jp);
+    const sea = await readMap('map-dots', KNOWN_POINTS[0][0], KNOWN_POINTS[0][1], 12);
+    assert(sea.mass === 0, `the open sea's dot hidden while JP is selected; saw alpha ${sea.mass}`);
+    await clickAt(138.2, 36.3);
+    await waitFor('every event again', 10000, () => {
+      const s = window.tailrace.snapshot();
+      return s.events.filter === '' && s.map.selected === null && document.querySelectorAll('#events > li').length > 0;
+    });
+    await waitFor('every dot again', 5000, (all) => window.tailrace.snapshot().map.drawn >= all, all);
+    return `${n} JP events listed, ${jp} dots of ${all}; cleared`;
+  });
+
+  await step('a replay of the last minute at 10× draws every stored placed event', async () => {
+    await page.selectOption('#map-replay-minutes', '1');
+    await page.selectOption('#map-replay-speed', '10');
+    await page.click('#map-replay');
+    const r = await waitFor('the replay playing', 10000, () => {
+      const r = window.tailrace.snapshot().map.replay;
+      return r && r.state !== 'loading' && r;
+    });
+    // Live dots are not drawn meanwhile: a dot at a known point is the replay's.
+    await waitFor(`the replay's dot at (${KNOWN_POINTS[0]})`, 8000, () => window.tailrace.snapshot().map.drawn > 0);
+    let off = null;
+    for (let i = 0; i < 60 && off === null; i++) {
+      const d = await readMap('map-dots', KNOWN_POINTS[0][0], KNOWN_POINTS[0][1], 12);
+      if (d.mass > 0) off = await dotAt(...KNOWN_POINTS[0]);
+      else await page.waitForTimeout(100);
+    }
+    assert(off !== null, `the replay drew the known point (${KNOWN_POINTS[0]})`);
+    const done = await waitFor('the replay done', 15000, () => {
+      const r = window.tailrace.snapshot().map.replay;
+      return r && r.state === 'done' && r;
+    });
+    // What the server stores in that window, read here page by page.
+    let stored = 0;
+    let next = `/api/events?${new URLSearchParams({ filter: JSON.stringify({ '_tailrace.geo': { $exists: true } }), from: r.from, to: r.to, order: 'oldest', limit: '1000' })}`;
+    while (next) {
+      const res = await fetch(`${base}${next}`);
+      assert(res.ok, `GET ${next}: ${res.status}`);
+      stored += (await res.json()).length;
+      const m = /<([^>]+)>\s*;\s*rel="next"/.exec(res.headers.get('link') || '');
+      next = m ? m[1] : null;
+    }
+    const placed = fixtureWritten.n - fixtureWritten.precision.none;
+    assert(stored === placed, `the window holds the ${placed} placed events written; saw ${stored}`);
+    assert(done.drawn === stored, `the replay drew the ${stored} stored placed events of ${r.from}..${r.to}; drew ${done.drawn}`);
+    return `${done.drawn} drawn from ${done.pages} page(s), known point off by ${off.toFixed(2)} px`;
+  });
+
+  await step('no request left the origin; screenshots', async () => {
+    assert(external.length === 0, `no request outside ${origin}; saw ${external.join(', ')}`);
+    await page.screenshot({ path: shotPath, fullPage: true });
+    const mapShot = shotPath.replace(/(\.png)?$/i, '-map.png');
+    await page.locator('.map-panel').screenshot({ path: mapShot });
+    return `${shotPath}, ${mapShot}`;
+  });
+}
+
+const quantile = (xs, q) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length ? s[Math.min(s.length - 1, Math.floor(q * s.length))] : NaN;
+};
+
+async function runMeasure() {
+  await cdp.send('Performance.enable');
+  await step('the map loads', async () => {
+    const res = await page.goto(`${base}/`, { waitUntil: 'load' });
+    assert(res && res.ok(), `GET / answered ${res && res.status()}`);
+    await waitFor('the map ready with counts', 10000, () => {
+      const m = window.tailrace.snapshot().map;
+      return document.getElementById('map-wrap').dataset.ready === 'true' && m.snapshots > 0;
+    });
+  });
+  await step(`frame time and heap over ${measureSeconds} s`, async () => {
+    await page.waitForTimeout(10000); // the dots ring fills, the JIT warms
+    const heap0 = await heapMB();
+    const r0 = (await snapshot()).map.received;
+    const { metrics: m0 } = await cdp.send('Performance.getMetrics');
+    // Frame times as the browser paces them: the gaps between animation frames.
+    await page.evaluate(() => {
+      window.__frames = [];
+      let last = 0;
+      const tick = (t) => {
+        if (last) window.__frames.push(t - last);
+        last = t;
+        if (window.__frames.length < 100000) requestAnimationFrame(tick);
+      };
+      requestAnimationFrame(tick);
+    });
+    await page.waitForTimeout(measureSeconds * 1000);
+    const frames = await page.evaluate(() => window.__frames.splice(0));
+    const s = await snapshot();
+    const { metrics: m1 } = await cdp.send('Performance.getMetrics');
+    const task = (m) => m.find((x) => x.name === 'TaskDuration').value;
+    const heap1 = await heapMB();
+    const rate = (s.map.received - r0) / measureSeconds;
+    const work = s.map.frameWork;
+    const out = {
+      seconds: measureSeconds,
+      eventsPerSecond: +rate.toFixed(0),
+      frames: frames.length,
+      frameMs: { p50: +quantile(frames, 0.5).toFixed(1), p95: +quantile(frames, 0.95).toFixed(1), p99: +quantile(frames, 0.99).toFixed(1), max: +Math.max(...frames).toFixed(1) },
+      mapFrameWorkMs: { p50: +quantile(work, 0.5).toFixed(2), p95: +quantile(work, 0.95).toFixed(2), max: +Math.max(...work).toFixed(2) },
+      mainThreadBusyPct: +((100 * (task(m1) - task(m0))) / measureSeconds).toFixed(1),
+      heapMB: { start: +heap0.toFixed(2), end: +heap1.toFixed(2), growth: +(heap1 - heap0).toFixed(2) },
+      dotsKept: s.map.dots,
+    };
+    console.log(`  ${JSON.stringify(out)}`);
+    await page.locator('.map-panel').screenshot({ path: shotPath });
+    assert(rate >= 900, `the map receives about 1,000 events/s; saw ${rate.toFixed(0)}`);
+    assert(out.frameMs.p95 <= 16.7 + 0.5, `frame time p95 at most one 60 Hz frame (16.7 ms); saw ${out.frameMs.p95} ms`);
+    assert(out.mapFrameWorkMs.p95 <= 16, `the map's work per frame p95 ≤ 16 ms; saw ${out.mapFrameWorkMs.p95} ms`);
+    assert(out.heapMB.growth <= 5, `JS heap growth ≤ 5 MB; saw ${out.heapMB.growth} MB`);
+    assert(external.length === 0, `no request outside ${origin}; saw ${external.join(', ')}`);
+    return `screenshot ${shotPath}`;
+  });
+}
+
+async function heapMB() {
+  await cdp.send('HeapProfiler.collectGarbage');
+  const { metrics } = await cdp.send('Performance.getMetrics');
+  return metrics.find((x) => x.name === 'JSHeapUsedSize').value / 1048576;
+}
+
 let code = 0;
 try {
-  await run();
+  if (fixturePath) await runMap();
+  else if (measureSeconds > 0) await runMeasure();
+  else await run();
   console.log(`passed: ${stepNo} checks in ${((Date.now() - started) / 1000).toFixed(1)} s against ${base}`);
 } catch (e) {
   code = 1;

@@ -122,6 +122,14 @@ class Generator:
         self.rng = random.Random(seed)
         self.next_id = 1_700_000_000_000_000_000 + seed % 1_000_000
         self.seq = 0
+        # What GET /api/geo answers: the counts of placed events and the seq they include.
+        self.geo = {"precision": {p: 0 for p in ("point", "place", "country", "language", "none")},
+                    "country": {"none": 0}, "seq": {}}
+        self.geo_lock = threading.Lock()
+
+    def geo_tally(self):
+        with self.geo_lock:
+            return json.loads(json.dumps(self.geo))
 
     def event(self):
         rng = self.rng
@@ -153,6 +161,13 @@ class Generator:
         if r < 0.05:
             doc["coordinates"] = {"type": "Point",
                                   "coordinates": [rng.uniform(-180, 180), rng.uniform(-80, 80)]}
+            lon, lat = doc["coordinates"]["coordinates"]
+            doc["_tailrace"]["geo"] = {"lon": lon, "lat": lat, "precision": "point", "country": None}
+        with self.geo_lock:
+            placed = "geo" in doc["_tailrace"]
+            self.geo["precision"]["point" if placed else "none"] += 1
+            self.geo["country"]["none"] += 1
+            self.geo["seq"]["sample"] = self.seq
         if r < 0.10:
             # Keys real documents carry and naive code trips on.
             doc["$meta"] = {"source.region": "eu-west-1", "$score": round(rng.random(), 3)}
@@ -548,6 +563,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self.send_file(urllib.parse.unquote(url.path[len("/assets/"):]))
             if url.path == "/api/status":
                 return self.send_json(200, self.status())
+            if url.path == "/api/geo":
+                return self.send_json(200, self.world.gen.geo_tally())
             if url.path == "/api/changes":
                 return self.changes(q)
             if url.path == "/favicon.ico":

@@ -1,5 +1,6 @@
 // The live page: the header from /api/status, three charts and two tables from the `stats`
-// change stream, and the newest events from the `events` change stream (optionally filtered).
+// change stream, the newest events from the `events` change stream (optionally filtered), and
+// the map of where events come from (map.js).
 //
 // Built to run for hours at 70 events/s (bursts of 350/s): every array and the DOM are
 // bounded, rendering happens at most once per animation frame, streams reconnect without
@@ -7,6 +8,7 @@
 
 import { SseStream } from './sse.js';
 import { querySnapshot, startQuery } from './query.js';
+import { dropMap, mapSnapshot, onFilterApplied, startMap } from './map.js';
 
 /** Points kept per chart: 10 minutes at one point per second. */
 const WINDOW_POINTS = 600;
@@ -416,6 +418,15 @@ const events = {
  * software raster; the paused list alone costs 5%). Events arriving meanwhile are batched.
  */
 const RENDER_INTERVAL_MS = 200;
+/**
+ * Above BUSY_RATE events/s the list is redrawn once a second instead: each redraw then
+ * replaces all its rows, whose text (every script, emoji) is styled and laid out anew in one
+ * long frame, and five of those a second made the map's animation stutter. Nobody reads a
+ * list that turns over in a tenth of a second anyway.
+ */
+const BUSY_RATE = 250;
+const BUSY_LIST_INTERVAL_MS = 1000;
+let lastListRender = 0;
 let renderPending = false;
 let lastRender = 0;
 
@@ -696,6 +707,7 @@ function eventRow(item) {
   const text = d.text !== undefined ? str(d.text) : JSON.stringify(d).slice(0, 400);
   const rt = num(d.retweet_count);
   const lang = str(d.lang);
+  const geo = stamp.geo && typeof stamp.geo === 'object' ? stamp.geo : {};
   const summary = el(
     'summary',
     {},
@@ -706,7 +718,7 @@ function eventRow(item) {
     el('span', { class: 'rt', title: 'retweets' }, rt ? `${fmtInt(rt)}↻` : ''),
     el('span', { class: 'text', dir: 'auto' }, text),
   );
-  const li = el('li', { dataset: { key: msg.key, lang } }, el('details', {}, summary));
+  const li = el('li', { dataset: { key: msg.key, lang, country: str(geo.country) } }, el('details', {}, summary));
   li.dataset.order = String(item.order);
   events.raw.set(li, item.raw);
   return li;
@@ -809,6 +821,7 @@ function openEvents(filter) {
         setText($('events-note'), '');
         const url = filter ? `?filter=${encodeURIComponent(filter)}` : location.pathname;
         history.replaceState(null, '', url);
+        onFilterApplied(filter);
         scheduleRender();
       } else if (state === 'failed') {
         if (events.candidate === candidate) {
@@ -973,7 +986,11 @@ function render() {
     stats.dirty = false;
     renderTables();
   }
-  renderEvents();
+  const rate = events.perSecond.length ? events.perSecond.reduce((a, b) => a + b, 0) / events.perSecond.length : 0;
+  if (rate <= BUSY_RATE || lastRender - lastListRender >= BUSY_LIST_INTERVAL_MS) {
+    lastListRender = lastRender;
+    renderEvents();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1104,6 +1121,11 @@ function start() {
   const initial = new URLSearchParams(location.search).get('filter') || '';
   $('filter').value = initial;
   openEvents(initial.trim());
+  // A country clicked on the map filters the list as the box would.
+  startMap((filter) => {
+    $('filter').value = filter;
+    $('filter-form').requestSubmit();
+  });
   setInterval(tick, 1000);
 
   // For tests and for an operator's console: what the page has seen, and a way to drop the
@@ -1130,10 +1152,12 @@ function start() {
       },
       points: Object.fromEntries(Object.entries(charts).map(([k, c]) => [k, c.table.xs.length])),
       query: querySnapshot(),
+      map: mapSnapshot(),
     }),
     drop: () => {
       stats.stream.drop('dropped on request');
       if (events.stream) events.stream.drop('dropped on request');
+      dropMap('dropped on request');
     },
   });
 }

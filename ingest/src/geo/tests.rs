@@ -398,11 +398,59 @@ fn countries_are_the_iso_codes_with_points() {
             (-180.0..=180.0).contains(&c.lon) && (-90.0..=90.0).contains(&c.lat),
             "{c:?}"
         );
+        assert!(
+            c.numeric.len() == 3 && c.numeric.bytes().all(|b| b.is_ascii_digit()),
+            "{c:?}"
+        );
         assert_eq!(country(&c.code.to_ascii_lowercase()), Some(c), "{c:?}");
     }
     for code in ["ZZ", "XK", "EU", "UK", "001", "", "J", "JPN", "Jp\u{0}"] {
         assert_eq!(country(code), None, "{code:?}");
     }
+}
+
+/// Known numeric codes, as ISO 3166-1 gives them (and world-atlas' ids spell them).
+#[test]
+fn countries_carry_their_numeric_codes() {
+    for (code, numeric) in [("JP", "392"), ("AF", "004"), ("US", "840"), ("FJ", "242")] {
+        assert_eq!(country(code).map(|c| c.numeric), Some(numeric), "{code}");
+    }
+    let mut numerics: Vec<_> = countries().iter().map(|c| c.numeric).collect();
+    numerics.sort_unstable();
+    numerics.dedup();
+    assert_eq!(
+        numerics.len(),
+        countries().len(),
+        "one numeric code per country"
+    );
+}
+
+/// The tally counts as the metrics do (`none` for no place, `none` for no country), and a
+/// batch merged moves each source's sequence number forward only.
+#[test]
+fn a_tally_counts_batches_and_keeps_the_newest_sequence_numbers() {
+    let rules = twitter();
+    let mut batch = GeoTally::default();
+    for event in [
+        json!({"coordinates": {"type": "Point", "coordinates": [139.7, 35.7]}}),
+        json!({"coordinates": {"type": "Point", "coordinates": [0.0, 0.0]}, "place": {"country_code": "jp"}}),
+        json!({"place": {"country_code": "JP"}}),
+        json!({"lang": "fr"}),
+        json!({"text": "nowhere"}),
+    ] {
+        batch.add(placed(&rules, event).as_ref());
+    }
+    let mut total = GeoTally::default();
+    total.merge(&batch, [("a", 4), ("b", 9)]);
+    total.merge(&batch, [("a", 2)]);
+    assert_eq!(
+        total.to_value(),
+        json!({
+            "precision": {"point": 4, "place": 0, "country": 2, "language": 2, "none": 2},
+            "country": {"FR": 2, "JP": 4, "none": 4},
+            "seq": {"a": 4, "b": 9},
+        })
+    );
 }
 
 proptest! {

@@ -70,7 +70,7 @@ use write::{
     Refused, Written, write_isolating, write_isolating_remade, write_together, write_until_refused,
 };
 
-use crate::geo::GeoRules;
+use crate::geo::{GeoRules, GeoTally};
 use crate::source::{Raw, RejectReason};
 use crate::telemetry as t;
 
@@ -123,6 +123,8 @@ pub struct IngestStats {
     pub write_latency_us: Mutex<Option<hdrhistogram::Histogram<u64>>>,
     /// The metrics each commit records into, registered once.
     pub(crate) meters: t::Meters,
+    /// What the geo metrics counted, with where in each source's sequence (`GET /api/geo`).
+    pub geo: Mutex<GeoTally>,
 }
 
 /// Told of every batch whose events the store acknowledged: how many were stored, at which
@@ -445,6 +447,7 @@ impl Ingester {
             letters_at: Vec::new(),
             last_seq: HashMap::new(),
         };
+        let mut tally = GeoTally::default();
         for h in batch.drain(..) {
             match validate(h.raw, self.options.max_event_bytes) {
                 Ok(mut doc) => {
@@ -496,6 +499,7 @@ impl Ingester {
                         stamped.insert(GEO_FIELD.to_owned(), geo.to_value());
                     }
                     self.stats.meters.placed(geo.as_ref());
+                    tally.add(geo.as_ref());
                     ready.last_seq.insert(h.source.clone(), *seq);
                     *seq += 1;
                     rollups(&doc, &h.source, &self.options, &mut ready.updates);
@@ -519,6 +523,13 @@ impl Ingester {
                     ready.letters_at.push(ready.docs.len());
                 }
             }
+        }
+        // Once per batch, so a reader of the tally never sees half a batch.
+        if let Ok(mut total) = self.stats.geo.lock() {
+            total.merge(
+                &tally,
+                ready.last_seq.iter().map(|(source, seq)| (&**source, *seq)),
+            );
         }
         ready
     }
