@@ -53,6 +53,8 @@ struct Run<'a> {
     results: Vec<Value>,
     held: usize,
     limits: Limits,
+    /// A group key's canonical text, written here: a new `String` only for a new group.
+    canon: String,
 }
 
 enum State {
@@ -93,6 +95,7 @@ where
         results: Vec::new(),
         held: 0,
         limits,
+        canon: String::new(),
     };
     let mut read = 0;
     for doc in docs {
@@ -184,10 +187,20 @@ impl Run<'_> {
             }
             Stage::Unwind { path, keep_empty } => {
                 let keep_empty = *keep_empty;
-                match get_path(&doc, path).cloned() {
+                match get_path(&doc, path) {
                     Some(Value::Array(items)) if !items.is_empty() => {
-                        for item in items {
-                            let mut copy = doc.clone();
+                        // The array taken out first: each copy is the rest of the document
+                        // and one element, not the whole array again.
+                        let Some(Value::Array(items)) = take_path(&mut doc, path) else {
+                            return Ok(Flow::More);
+                        };
+                        let last = items.len() - 1;
+                        for (k, item) in items.into_iter().enumerate() {
+                            let mut copy = if k == last {
+                                std::mem::take(&mut doc)
+                            } else {
+                                doc.clone()
+                            };
                             set_path(&mut copy, path, item);
                             if self.emit(i + 1, copy)? == Flow::Done {
                                 return Ok(Flow::Done);
@@ -245,15 +258,17 @@ impl Run<'_> {
         accs: &[&Acc],
         doc: &Document,
     ) -> Result<Flow, QueryError> {
-        let canon = canonical(&key);
+        self.canon.clear();
+        write_canonical(&key, &mut self.canon);
+        let canon = self.canon.as_str();
         let State::Groups(g) = &mut self.states[i] else {
             return Ok(Flow::More);
         };
-        let (slot, new_bytes) = match g.index.get(&canon) {
+        let (slot, new_bytes) = match g.index.get(canon) {
             Some(&slot) => (slot, 0),
             None => {
                 let bytes = canon.len() * 2 + 64 + 48 * accs.len();
-                g.index.insert(canon, g.groups.len());
+                g.index.insert(canon.to_owned(), g.groups.len());
                 g.groups
                     .push((key, accs.iter().map(|a| AccState::new(a)).collect()));
                 (g.groups.len() - 1, bytes)
@@ -269,6 +284,14 @@ impl Run<'_> {
         Ok(Flow::More)
     }
 
+    /// How many documents out of stage `i` can matter: the count of a `$limit` right after.
+    fn kept_after(&self, i: usize) -> Option<usize> {
+        match self.stages.get(i + 1) {
+            Some(Stage::Limit(n)) => Some(usize::try_from(*n).unwrap_or(usize::MAX)),
+            _ => None,
+        }
+    }
+
     /// The input has ended at stage `i`: what it holds goes on, then the next stage ends.
     fn finish(&mut self, i: usize) -> Result<(), QueryError> {
         if i == self.stages.len() {
@@ -278,7 +301,7 @@ impl Run<'_> {
         let stages = self.stages;
         let mut held: Vec<Document> = match (&stages[i], state) {
             (Stage::Sort(keys), State::Buffer(mut docs)) => {
-                sort_docs(&mut docs, keys);
+                sort_docs(&mut docs, keys, self.kept_after(i));
                 docs
             }
             (Stage::Count(name), State::Count(n)) if n > 0 => {
@@ -317,6 +340,7 @@ impl Run<'_> {
                 sort_docs(
                     &mut docs,
                     &[(vec!["count".into()], false), (vec!["_id".into()], true)],
+                    self.kept_after(i),
                 );
                 docs
             }
@@ -334,18 +358,25 @@ impl Run<'_> {
 /// Sorts by `keys`, each document's sort values taken once (not once per comparison: a
 /// `$sortByCount` over a long tail sorts hundreds of thousands of groups). Stable, as
 /// MongoDB's order of ties is not promised but repeating answers are.
-fn sort_docs(docs: &mut Vec<Document>, keys: &[(Vec<String>, bool)]) {
-    let mut keyed: Vec<(Vec<Option<Value>>, Document)> = std::mem::take(docs)
+///
+/// With `keep`, only the first `keep` in that order are kept (a `$limit` right after): they
+/// are selected in linear time and only they are sorted, as MongoDB's top-k sort does.
+fn sort_docs(docs: &mut Vec<Document>, keys: &[(Vec<String>, bool)], keep: Option<usize>) {
+    // Each with its place in the input: ties keep their order, so that an unstable
+    // selection gives what a stable sort gives.
+    let mut keyed: Vec<(Vec<Option<Value>>, usize, Document)> = std::mem::take(docs)
         .into_iter()
-        .map(|d| {
+        .enumerate()
+        .map(|(at, d)| {
             let values = keys
                 .iter()
                 .map(|(path, asc)| sort_value(&d, path, *asc))
                 .collect();
-            (values, d)
+            (values, at, d)
         })
         .collect();
-    keyed.sort_by(|(a, _), (b, _)| {
+    let order = |(a, i, _): &(Vec<Option<Value>>, usize, Document),
+                 (b, j, _): &(Vec<Option<Value>>, usize, Document)| {
         for ((x, y), (_, asc)) in a.iter().zip(b).zip(keys) {
             let ord = compare_opt(x.as_ref(), y.as_ref());
             let ord = if *asc { ord } else { ord.reverse() };
@@ -353,9 +384,17 @@ fn sort_docs(docs: &mut Vec<Document>, keys: &[(Vec<String>, bool)]) {
                 return ord;
             }
         }
-        Ordering::Equal
-    });
-    docs.extend(keyed.into_iter().map(|(_, d)| d));
+        i.cmp(j)
+    };
+    if let Some(n) = keep.filter(|n| *n < keyed.len()) {
+        if n == 0 {
+            return;
+        }
+        keyed.select_nth_unstable_by(n - 1, order);
+        keyed.truncate(n);
+    }
+    keyed.sort_unstable_by(order);
+    docs.extend(keyed.into_iter().map(|(_, _, d)| d));
 }
 
 /// The value a `$sort` key orders a document by: an array sorts by its smallest element
@@ -437,12 +476,17 @@ pub(super) fn canonical(v: &Value) -> String {
 }
 
 fn write_canonical(v: &Value, out: &mut String) {
+    use std::fmt::Write;
+    // Written in place (`write!` to a String cannot fail): a group key costs no allocation
+    // of its own unless its group is new.
     match v {
         Value::Number(n) => match n.as_f64() {
             Some(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => {
-                out.push_str(&format!("n{}", f as i64))
+                let _ = write!(out, "n{}", f as i64);
             }
-            _ => out.push_str(&format!("n{n}")),
+            _ => {
+                let _ = write!(out, "n{n}");
+            }
         },
         Value::Array(items) => {
             out.push('[');
@@ -462,7 +506,9 @@ fn write_canonical(v: &Value, out: &mut String) {
             }
             out.push('}');
         }
-        other => out.push_str(&other.to_string()),
+        other => {
+            let _ = write!(out, "{other}");
+        }
     }
 }
 
@@ -636,6 +682,12 @@ fn set_path(doc: &mut Document, path: &[String], value: Value) {
     if let Some((o, last)) = parent_mut(doc, path) {
         o.insert(last.clone(), value);
     }
+}
+
+/// Takes the value at `path` out of `doc`, leaving its parent in place.
+fn take_path(doc: &mut Document, path: &[String]) -> Option<Value> {
+    let (o, last) = parent_mut(doc, path)?;
+    o.remove(last)
 }
 
 fn remove_path(doc: &mut Document, path: &[String]) {
