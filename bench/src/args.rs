@@ -58,6 +58,12 @@ pub struct BenchArgs {
     /// the numbers mean nothing).
     #[arg(long)]
     pub quick: bool,
+    /// insert: hand the events over without place rules. By default they are placed as the
+    /// synthetic stream's are (its GeoJSON point, else its language), as `tailrace run`
+    /// places the realistic stream; a run with and one without, in one sitting, say what
+    /// placing costs.
+    #[arg(long)]
+    pub unplaced: bool,
 }
 
 impl BenchArgs {
@@ -77,6 +83,7 @@ impl BenchArgs {
             dataset: Dataset::Realistic,
             binary: None,
             quick: false,
+            unplaced: false,
         }
     }
 }

@@ -19,6 +19,7 @@ pub struct Records {
     time_box: Option<Duration>,
     handed: Arc<AtomicU64>,
     progress: ProgressBar,
+    geo: Option<ingest::geo::GeoConfig>,
 }
 
 impl Records {
@@ -34,7 +35,14 @@ impl Records {
             time_box,
             handed: Arc::new(AtomicU64::new(0)),
             progress,
+            geo: None,
         }
+    }
+
+    /// Places its events by `geo`, as the pipeline places a configured source's.
+    pub fn placed(mut self, geo: ingest::geo::GeoConfig) -> Records {
+        self.geo = Some(geo);
+        self
     }
 
     /// How many records the pipeline has taken, live.
@@ -52,12 +60,17 @@ impl Source for Records {
         "bench"
     }
 
+    fn geo(&self) -> Option<ingest::geo::GeoConfig> {
+        self.geo.clone()
+    }
+
     fn records(self: Box<Self>) -> BoxStream<'static, Raw> {
         let Records {
             records,
             time_box,
             handed,
             progress,
+            geo: _,
         } = *self;
         let mut started: Option<Instant> = None;
         futures::stream::iter(records)

@@ -164,7 +164,15 @@ async fn variant(
         (0..docs).map(|_| Raw::Bytes(one.clone())).collect()
     };
     let pb = bench.progress(docs, &format!("insert {name}"));
-    let records = Records::new(payloads.into_iter(), time_box, pb.clone());
+    let mut records = Records::new(payloads.into_iter(), time_box, pb.clone());
+    if !bench.args.unplaced {
+        // The synthetic stream's preset, as `tailrace run` places the realistic stream.
+        records = records.placed(ingest::geo::GeoConfig {
+            point: Some("coordinates".into()),
+            language: Some("lang".into()),
+            ..Default::default()
+        });
+    }
     let handed = records.handed();
 
     let config = variant_config(bench, &dir_name, docs, batched);

@@ -318,3 +318,74 @@ async fn runs_through_the_library_pipeline() {
     let report = running.stop().await;
     assert!(report.is_clean(), "a clean stop, saw {:?}", report.problems);
 }
+
+/// A source of two events, one with a GeoJSON point at `where`, which it says is where its
+/// events come from ([`Source::geo`]).
+struct Placed;
+
+impl Source for Placed {
+    fn name(&self) -> &str {
+        "placed"
+    }
+
+    fn kind(&self) -> &str {
+        "test"
+    }
+
+    fn records(self: Box<Self>) -> futures::stream::BoxStream<'static, Raw> {
+        let events = vec![
+            Raw::Json(json!({"n": 1, "where": {"type": "Point", "coordinates": [139.69, 35.69]}})),
+            Raw::Json(json!({"n": 2})),
+        ];
+        futures::stream::iter(events).boxed()
+    }
+
+    fn geo(&self) -> Option<ingest::geo::GeoConfig> {
+        Some(ingest::geo::GeoConfig {
+            point: Some("where".into()),
+            ..Default::default()
+        })
+    }
+}
+
+/// A source plugged in with `Pipeline::build` places its events by the rules it gives, as a
+/// configured source by its `geo`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugged_in_source_places_its_events_by_its_own_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ingest::config::Config::default();
+    config.store.engine =
+        ingest::config::Engine::Embedded(store::embedded::EmbeddedSettings::at(dir.path()));
+    config.sources.clear();
+    let pipeline = ingest::pipeline::Pipeline::build(config, vec![Box::new(Placed)])
+        .await
+        .unwrap();
+    let events = pipeline.collections().events.clone();
+    let running = pipeline.start().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let docs = loop {
+        let mut tail = events.tail(store::Start::Oldest);
+        let mut docs = Vec::new();
+        while docs.len() < 2 {
+            match tokio::time::timeout(Duration::from_millis(200), tail.next()).await {
+                Ok(Some(Ok(r))) => docs.push(r.doc),
+                _ => break,
+            }
+        }
+        if docs.len() == 2 {
+            break docs;
+        }
+        assert!(Instant::now() < deadline, "both events stored within 30 s");
+    };
+    let report = running.stop().await;
+    assert!(report.is_clean(), "a clean stop, saw {:?}", report.problems);
+    let geo = |d: &store::Document| d["_tailrace"].get("geo").cloned();
+    let placed = geo(&docs[0]).expect("the first event is placed");
+    assert_eq!(placed["precision"], "point");
+    assert_eq!(placed["country"], Value::Null);
+    assert!(
+        (placed["lon"].as_f64().unwrap() - 139.69).abs() < 1e-9,
+        "{placed}"
+    );
+    assert_eq!(geo(&docs[1]), None, "the second has no point");
+}

@@ -193,11 +193,19 @@ impl Pipeline {
             .map(|f| (f.handle().name, tokio::spawn(f.run(feed_stop.clone()))))
             .collect();
         let background = background(&c, &collections, &stats, &mut observers, &feed_stop);
+        let mut options = ingest_options(&c);
+        for s in &sources {
+            if !options.geo.contains_key(s.name())
+                && let Some(geo) = s.geo()
+            {
+                options.geo.insert(s.name().to_owned(), geo);
+            }
+        }
         let ingester = Ingester {
             events: collections.events.clone(),
             dead_letters: collections.dead_letters.clone(),
             rollups: collections.rollups.clone(),
-            options: ingest_options(&c),
+            options,
             engine: store.engine(),
             stats: stats.clone(),
             health: health.clone(),

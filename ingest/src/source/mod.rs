@@ -120,6 +120,13 @@ pub trait Source: Send + 'static {
     fn resume(&mut self, position: &Value) {
         let _ = position;
     }
+
+    /// Where its events come from ([`crate::geo`]): the rules a source plugged in with
+    /// `Pipeline::build` places its events by. A configured `[[sources]]` entry's own `geo`
+    /// (or its stream's preset) takes precedence. `None`, the default, places none.
+    fn geo(&self) -> Option<crate::geo::GeoConfig> {
+        None
+    }
 }
 
 /// What every source kind's settings provide.
