@@ -159,9 +159,9 @@ pub struct Feed {
     /// written (a tick whose writes are under way leaves them to the next).
     trends: Arc<dyn Keyed>,
     unwritten_trends: Vec<(String, Document)>,
-    /// The dead letters' refused sequence numbers, when the feed was given them
-    /// ([`Feed::refusals_from`]): a gap of those is refused, not missing.
-    refused: Option<refused::Refused>,
+    /// The dead letters, when the feed was given them ([`Feed::refusals_from`]): a gap of
+    /// the numbers refused there is refused, not missing.
+    refused: Option<Arc<dyn store::Capped>>,
     handle: FeedHandle,
     meters: FeedMeters,
     /// Events committed before this moment are replays: they get no latency sample.
@@ -369,7 +369,7 @@ impl Feed {
     /// ingester keeps an event the store refused there with its sequence number
     /// (`refused::STORE_REJECTED`). Without it every gap counts as missing.
     pub fn refusals_from(&mut self, dead_letters: Arc<dyn store::Capped>) {
-        self.refused = Some(refused::Refused::new(dead_letters));
+        self.refused = Some(dead_letters);
     }
 
     /// The handle to watch this feed from outside.
@@ -501,11 +501,11 @@ impl Feed {
             .map(|s| s.received_us)
             .or(committed)
             .unwrap_or(now);
-        if let (Some(s), Some(refused)) = (&stamp, self.refused.as_mut())
+        if let (Some(s), Some(letters)) = (&stamp, &self.refused)
             && let Some(expected) = self.stats.expected_seq(&s.source)
             && s.seq > expected
         {
-            match refused.in_gap(&s.source, expected, s.seq).await {
+            match refused::in_gap(&**letters, &s.source, expected, s.seq).await {
                 Ok(n) => self.stats.refused_before_next(n),
                 Err(e) => t::RefusalsUnread {
                     feed: &self.name,
