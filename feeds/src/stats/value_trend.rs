@@ -32,7 +32,7 @@
 //! judged one by one: a value becomes a candidate by being frequent, which a surge makes it.
 //!
 //! **Approximate counts never make a breakout.** The trailing minute is a [`HeavyHitters`]
-//! (`topk_capacity` counters a second, keys cut at 256 bytes), whose counts may be over by a
+//! ([`MAX_CAPACITY`] counters a second at most, keys cut at 256 bytes), whose counts may be over by a
 //! stated error beyond its capacity; each closed minute keeps its [`KEEP_PER_MINUTE`] most
 //! frequent values and the count the others lie below (its `floor`). A value breaks out up
 //! only if the least its count can be beats the band of the most its past can have been,
@@ -67,6 +67,12 @@ pub const MIN_BASELINE_MINUTES: usize = 3;
 /// Candidates taken from the trailing minute per value of `topk`: a rising value becomes one
 /// while its count is still small, before it reaches the top list people read.
 pub const CANDIDATES_PER_TOPK: usize = 4;
+
+/// Counters a second the trailing minute keeps at most (`topk_capacity` if smaller): the
+/// candidates are the few most frequent values, which Space-Saving counts exactly long before
+/// its capacity is reached on any real stream; the rest only cost the checkpoint (a flat-out
+/// long tail fills every counter of every second).
+pub const MAX_CAPACITY: usize = 256;
 
 /// Values kept per closed minute: enough that the others' floor is about one mention on a
 /// 70/s stream, so a new value's past is nearly nothing, as it should be.
@@ -453,7 +459,7 @@ impl ValueTrends {
                     CANDIDATES_PER_TOPK * config.topk,
                     config.period,
                     config.trend_k,
-                    config.topk_capacity,
+                    config.topk_capacity.min(MAX_CAPACITY),
                 );
                 (f.clone(), trends)
             })
@@ -657,7 +663,7 @@ mod tests {
             CANDIDATES_PER_TOPK * c.topk,
             c.period,
             c.trend_k,
-            c.topk_capacity,
+            c.topk_capacity.min(MAX_CAPACITY),
         )
     }
 
@@ -671,7 +677,7 @@ mod tests {
         for k in [4.5, 5.0, 5.5] {
             let mut false_breakouts = 0;
             for seed in 0..10 {
-                let mut t = FieldTrends::new(40, 20, k, 1024);
+                let mut t = FieldTrends::new(40, 20, k, MAX_CAPACITY);
                 let mut s = Steady::new(seed, 70.0);
                 for sec in 0..3_600 {
                     feed(&mut t, sec, &s.second());
@@ -680,7 +686,7 @@ mod tests {
             }
             let mut delays: Vec<i64> = (0..20)
                 .filter_map(|seed| {
-                    let mut t = FieldTrends::new(40, 20, k, 1024);
+                    let mut t = FieldTrends::new(40, 20, k, MAX_CAPACITY);
                     let b = rise(&mut t, seed, 600, 700);
                     b.iter()
                         .find(|b| b.value == "surge")
