@@ -13,8 +13,8 @@ use feeds::{Feed, FeedHandle, FeedPosition, FeedSpec, FeedStatus};
 use serde_json::json;
 use store::embedded::{EmbeddedOptions, EmbeddedStore};
 use store::{
-    Capped, CappedSpec, ChangeFilter, Document, Durability, KeyUpdate, Keyed, Position, Stamp,
-    Store, Update,
+    Capped, CappedSpec, ChangeFilter, Document, Durability, KeyUpdate, Keyed, KeyedDoc, Position,
+    Stamp, Store, Update,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -576,14 +576,9 @@ async fn a_feed_goes_on_with_its_events_while_its_checkpoint_is_being_written() 
     );
 }
 
-/// A scripted burst and a dip of the rate, replayed through a tailable feed: exactly one `up`
-/// and one `down` trend document in `trends`, at the seconds that completed them, and none
-/// for the steady seconds around them.
-#[tokio::test]
-async fn a_burst_and_a_dip_write_one_trend_each() {
-    let dir = tempfile::tempdir().unwrap();
-    let (store, _, _) = open(&dir, 10_000).await;
-    let events = store
+/// The capped collection the scripted-trend tests replay their events from.
+async fn scripted(store: &Arc<dyn Store>) -> Arc<dyn Capped> {
+    store
         .capped(
             "scripted",
             &CappedSpec {
@@ -593,7 +588,31 @@ async fn a_burst_and_a_dip_write_one_trend_each() {
             },
         )
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// The `trends` documents whose key starts with `prefix`, once there are at least `n` of them
+/// (or 10 s have passed).
+async fn trends_written(store: &Arc<dyn Store>, prefix: &str, n: usize) -> Vec<KeyedDoc> {
+    let trends = store.keyed("trends").await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let docs = trends.scan(prefix).await.unwrap();
+        if docs.len() >= n || tokio::time::Instant::now() > deadline {
+            return docs;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A scripted burst and a dip of the rate, replayed through a tailable feed: exactly one `up`
+/// and one `down` trend document in `trends`, at the seconds that completed them, and none
+/// for the steady seconds around them.
+#[tokio::test]
+async fn a_burst_and_a_dip_write_one_trend_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _, _) = open(&dir, 10_000).await;
+    let events = scripted(&store).await;
     // Events per second: a steady 4, 5, 6, 5, ... then a burst of 20 a second for 5 s, steady
     // again (long enough for the burst to leave the 20-second bands), 5 silent seconds, steady
     // again; ending 3 s before now, so that no silence up to
@@ -638,15 +657,7 @@ async fn a_burst_and_a_dip_write_one_trend_each() {
     )
     .await;
     feed.wait("every event", |s| events_of(s) == seq).await;
-    let trends = store.keyed("trends").await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let docs = loop {
-        let docs = trends.scan("scripted:").await.unwrap();
-        if docs.len() >= 2 || tokio::time::Instant::now() > deadline {
-            break docs;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let docs = trends_written(&store, "scripted:", 2).await;
     feed.stop().await;
     let seen: Vec<(String, String)> = docs
         .iter()
@@ -690,17 +701,7 @@ async fn a_burst_and_a_dip_write_one_trend_each() {
 async fn a_new_hashtag_writes_one_value_trend() {
     let dir = tempfile::tempdir().unwrap();
     let (store, _, _) = open(&dir, 100_000).await;
-    let events = store
-        .capped(
-            "scripted",
-            &CappedSpec {
-                max_docs: 100_000,
-                max_bytes: 64 << 20,
-                indexes: vec![],
-            },
-        )
-        .await
-        .unwrap();
+    let events = scripted(&store).await;
     // Ten events a second for 300 s, hashtags a..e in turn, languages en and ja in turn;
     // then 20 s in which three of every ten carry `New` instead; ending 3 s before now.
     let (steady_s, rising_s) = (300i64, 20i64);
@@ -741,15 +742,8 @@ async fn a_new_hashtag_writes_one_value_trend() {
     )
     .await;
     feed.wait("every event", |s| events_of(s) == seq).await;
+    let docs = trends_written(&store, "scripted:value:", 1).await;
     let trends = store.keyed("trends").await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let docs = loop {
-        let docs = trends.scan("scripted:value:").await.unwrap();
-        if !docs.is_empty() || tokio::time::Instant::now() > deadline {
-            break docs;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
     // Another tick or two: no other value may follow. (The rate breaks out down in the
     // silence after the stream: not this test's business.)
     tokio::time::sleep(Duration::from_millis(1_500)).await;
