@@ -393,14 +393,21 @@ async function run() {
       return { stats: s.stats.lastEventId, events: s.events.lastEventId, map: s.map.lastEventId };
     });
     assert(ids.stats && ids.events, `both streams had an id to resume from; saw ${JSON.stringify(ids)}`);
+    // The map's stream reconnects on its own schedule: wait for it too before reading its
+    // request, or the check races it.
     await waitFor(
-      'both streams reconnected and live',
+      'every stream reconnected and live',
       10000,
-      ([s0, e0]) => {
+      ([s0, e0, m0]) => {
         const s = window.tailrace.snapshot();
-        return s.stats.connections > s0 && s.events.connections > e0 && document.getElementById('conn').dataset.state === 'live';
+        return (
+          s.stats.connections > s0 &&
+          s.events.connections > e0 &&
+          s.map.connections > m0 &&
+          document.getElementById('conn').dataset.state === 'live'
+        );
       },
-      [before.stats.connections, before.events.connections],
+      [before.stats.connections, before.events.connections, before.map.connections],
     );
     const resumed = changeRequests.slice(reqsBefore);
     const statsReq = resumed.find((r) => r.url.includes('collection=stats'));
