@@ -339,6 +339,7 @@ fn wire_checks() -> Vec<Trial> {
         wire_a_reader_overtaken_by_eviction_gets_position_lost,
         wire_an_insert_retried_after_its_reply_was_lost_stores_once,
         wire_named_updates_in_a_transaction_skip_what_landed,
+        wire_a_polling_tail_takes_its_own_appends_from_memory,
     )
 }
 
@@ -843,6 +844,8 @@ mod fake {
         /// cursor id → (collection, last `_id` returned) for tails; `None` for change streams.
         cursors: HashMap<i64, Option<(String, i64)>>,
         next_cursor: i64,
+        /// Closes every tailable cursor after its first batch, as FerretDB does.
+        close_tails: bool,
     }
 
     /// The fake server: its address and every command it received, in order.
@@ -854,10 +857,23 @@ mod fake {
 
     impl Fake {
         pub async fn start() -> Fake {
+            Fake::start_with(false).await
+        }
+
+        /// A server whose tailable cursors close after their first batch (FerretDB's), so
+        /// that tails poll.
+        pub async fn start_closing_tails() -> Fake {
+            Fake::start_with(true).await
+        }
+
+        async fn start_with(close_tails: bool) -> Fake {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap().to_string();
             let log = Arc::new(Mutex::new(Vec::new()));
-            let state = Arc::new(Mutex::new(State::default()));
+            let state = Arc::new(Mutex::new(State {
+                close_tails,
+                ..State::default()
+            }));
             let lose_insert_reply = Arc::new(AtomicBool::new(false));
             let (l, a, lose) = (log.clone(), addr.clone(), lose_insert_reply.clone());
             tokio::spawn(async move {
@@ -1132,7 +1148,7 @@ mod fake {
                 }
                 let tailable = cmd.get_bool("tailable").unwrap_or(false);
                 let empty = s.colls.get(&coll).is_none_or(|c| c.1.is_empty());
-                let id = if tailable && !empty {
+                let id = if tailable && !empty && !s.close_tails {
                     s.next_cursor += 1;
                     let last = docs
                         .last()
@@ -1224,6 +1240,81 @@ async fn fake_store(fake: &fake::Fake) -> MongoStore {
         .await
         .expect("connect answers")
         .expect("connect to the fake server")
+}
+
+/// On a server whose tailable cursors close after each batch, a caught-up tail takes this
+/// process's appends from the writer's memory: no re-open of the collection, which such a
+/// server answers by reading all of it (FerretDB). Another process's document is still found:
+/// after a quiet second, by a lookup of the next position, then a read of the server.
+async fn wire_a_polling_tail_takes_its_own_appends_from_memory() {
+    let fake = fake::Fake::start_closing_tails().await;
+    let store = fake_store(&fake).await;
+    assert!(
+        !store.capabilities().awaiting_tails.is_yes(),
+        "the probe sees cursors closing: {:?}",
+        store.capabilities().awaiting_tails
+    );
+    let spec = CappedSpec {
+        max_docs: 100,
+        max_bytes: 1 << 20,
+        indexes: vec![],
+    };
+    let c = store.capped("events", &spec).await.unwrap();
+    let n = |i: i64| contract::doc(json!({"n": i}));
+    c.append(vec![n(0), n(1), n(2)], Durability::Acknowledged)
+        .await
+        .unwrap();
+    let mut tail = c.tail(Start::Oldest);
+    for want in 0..3 {
+        assert_eq!(
+            next(&mut tail).await.doc["n"],
+            json!(want),
+            "read from the server"
+        );
+    }
+    let reopens = || {
+        fake.commands("find")
+            .iter()
+            .filter(|f| {
+                f.get_str("find").ok() == Some("events")
+                    && f.get_bool("tailable").ok() == Some(true)
+            })
+            .count()
+    };
+    let before = reopens();
+    for i in 3..13 {
+        c.append(vec![n(i)], Durability::Acknowledged)
+            .await
+            .unwrap();
+        let r = next(&mut tail).await;
+        assert_eq!(r.doc["n"], json!(i));
+        assert!(r.committed_at_us.is_some(), "its acknowledgment time");
+    }
+    assert_eq!(
+        reopens(),
+        before,
+        "a caught-up tail re-opened the collection for its own process's appends"
+    );
+    // Another process appends (its own store: its own writer and memory).
+    let other = fake_store(&fake).await;
+    let oc = other.capped("events", &spec).await.unwrap();
+    let p = oc
+        .append(vec![n(100)], Durability::Acknowledged)
+        .await
+        .unwrap();
+    assert_eq!(p, vec![store::Position(14)]);
+    let r = next(&mut tail).await;
+    assert_eq!((r.position, r.doc["n"].clone()), (p[0], json!(100)));
+    assert!(reopens() > before, "found by reading the server");
+}
+
+/// The tail's next record, within the contract's wait.
+async fn next(tail: &mut store::RecordStream) -> store::Record {
+    tokio::time::timeout(contract::WAIT, futures::StreamExt::next(tail))
+        .await
+        .expect("the tail yields")
+        .expect("the tail does not end")
+        .unwrap()
 }
 
 async fn wire_capped_create_append_and_tail() {

@@ -169,6 +169,21 @@ impl Tailable {
         Ok(())
     }
 
+    /// For a tail served from this process's memory once caught up: waits for this
+    /// process's next write (`Ok(true)`), or for a second without one (`Ok(false)`: time to
+    /// read the server for other processes' writes).
+    pub(crate) async fn wait_for_own_writes<T>(
+        &mut self,
+        written: &mut watch::Receiver<T>,
+    ) -> Result<bool> {
+        tokio::select! {
+            biased;
+            _ = self.closed.wait_for(|c| *c) => Err(StoreError::Closed),
+            _ = written.changed() => Ok(true),
+            _ = tokio::time::sleep(BACKOFF_MAX) => Ok(false),
+        }
+    }
+
     async fn sleep(&mut self, d: std::time::Duration) -> Result<()> {
         if sleep_unless_closed(&mut self.closed, d).await {
             Ok(())

@@ -68,6 +68,12 @@ impl AckRing {
         self.committed.load(Ordering::Acquire)
     }
 
+    /// A position found on the server (the newest there, read by this process): where
+    /// `Start::Now` starts after, at least.
+    pub(crate) fn saw(&self, position: u64) {
+        self.committed.fetch_max(position, Ordering::AcqRel);
+    }
+
     /// Hands out `n` consecutive positions. Only the collection's writer task calls this.
     pub(crate) fn allocate(&self, n: u64) -> (u64, u64) {
         let first = self.allocated.fetch_add(n, Ordering::AcqRel) + 1;

@@ -5,6 +5,7 @@
 
 mod acks;
 mod create;
+mod recent;
 mod tail;
 mod writer;
 
@@ -68,9 +69,47 @@ pub(crate) async fn newest_id(coll: &Collection<BsonDoc>, name: &str) -> Result<
     end_id(coll, name, -1).await
 }
 
-/// The oldest position stored.
+/// The oldest position stored: the first document in natural (insertion) order, which is
+/// `_id` order (one writer per collection, ordered inserts) and what eviction removes first.
+/// Asked without a sort, because a server that sorts in its own process (FerretDB 1.24, which
+/// pushes only a sort-less limit down to its backend) would read the whole collection for a
+/// sort; on MongoDB either is one step of a scan.
 pub(crate) async fn oldest_id(coll: &Collection<BsonDoc>, name: &str) -> Result<Option<u64>> {
-    end_id(coll, name, 1).await
+    let doc = coll.find_one(doc! {}).projection(doc! {"_id": 1}).await?;
+    doc.map(|d| position_of(name, &d)).transpose()
+}
+
+/// The newest position stored, found from `hint` (a position known to have been stored,
+/// 0 for none) by two lookups by `_id` where it still holds: `hint` is kept, and nothing is
+/// stored after `in_flight` (the last position this process's writer handed out: those
+/// between are its inserts in flight, not yet acknowledged, which a snapshot leaves out).
+/// `oldest`, when the caller has read it, stands for the first lookup: `hint` is kept when it
+/// is not older. Otherwise (another process wrote since, or `hint` was evicted) by the sorted query,
+/// which a server that sorts in its own process answers by reading the whole collection
+/// (seconds on a full collection of FerretDB 1.24), where equality costs it one scan in its
+/// backend, without reading documents into its own process.
+pub(crate) async fn newest_id_from(
+    coll: &Collection<BsonDoc>,
+    name: &str,
+    hint: u64,
+    in_flight: u64,
+    oldest: Option<u64>,
+) -> Result<Option<u64>> {
+    if hint > 0 {
+        let at = |p: u64| {
+            coll.find_one(position_filter(p))
+                .projection(doc! {"_id": 1})
+        };
+        if at(hint.max(in_flight) + 1).await?.is_none()
+            && match oldest {
+                Some(o) => o <= hint,
+                None => at(hint).await?.is_some(),
+            }
+        {
+            return Ok(Some(hint));
+        }
+    }
+    newest_id(coll, name).await
 }
 
 /// A stored document as a [`Record`] (its `_id` becomes the position).
@@ -141,6 +180,24 @@ impl MongoCapped {
         Ok(records)
     }
 
+    /// The newest position stored, from what this process last knew of it.
+    async fn newest(&self, oldest: Option<u64>) -> Result<Option<u64>> {
+        let hint = self.shared.acks.now();
+        let in_flight = self.shared.acks.allocated();
+        let newest = newest_id_from(
+            &self.shared.coll,
+            &self.shared.name,
+            hint,
+            in_flight,
+            oldest,
+        )
+        .await?;
+        if let Some(n) = newest {
+            self.shared.acks.saw(n);
+        }
+        Ok(newest)
+    }
+
     /// Whether document filters run on the server: only where it evaluates them as MongoDB
     /// does ([`crate::Capability::ServerFilters`]); elsewhere they run here, with the same
     /// meaning as on the embedded engine.
@@ -208,7 +265,7 @@ impl Capped for MongoCapped {
     async fn newest_matching(&self, filter: &Filter, limit: usize) -> Result<NewestMatching> {
         // The newest position first, then only documents up to it: a document appended in
         // between is left to the tail that continues after `as_of`, never given twice.
-        let Some(newest) = newest_id(&self.shared.coll, &self.shared.name).await? else {
+        let Some(newest) = self.newest(None).await? else {
             return Ok(NewestMatching {
                 records: Vec::new(),
                 as_of: None,
@@ -268,7 +325,10 @@ impl Capped for MongoCapped {
 
     async fn bounds(&self) -> Result<Option<Bounds>> {
         let oldest = oldest_id(&self.shared.coll, &self.shared.name).await?;
-        let newest = newest_id(&self.shared.coll, &self.shared.name).await?;
+        let newest = match oldest {
+            Some(o) => self.newest(Some(o)).await?,
+            None => None,
+        };
         Ok(oldest.zip(newest).map(|(o, n)| Bounds {
             oldest: Position(o),
             newest: Position(n),

@@ -6,6 +6,7 @@ use std::time::Duration;
 use mongodb::bson::{Document as BsonDoc, doc};
 
 use super::super::Inner;
+use super::super::convert::position_filter;
 use super::super::tailable::{Step, Tailable};
 use super::writer::CappedShared;
 use super::{oldest_id, position_of, to_record};
@@ -17,6 +18,8 @@ const ACK_WAIT: Duration = Duration::from_secs(2);
 /// How often a tail on a server whose tailable cursors close after their first batch queries
 /// it at most, once caught up (see `tail_stream`).
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// At most this many documents are taken from memory at a time (see `recent.rs`).
+const RUN_FROM_MEMORY: usize = 1000;
 
 /// A tail: a tailable-await cursor on `{_id: {$gt: last}}` in natural order, re-opened after
 /// the last seen position whenever it dies. It never polls at steady state: the server blocks
@@ -50,6 +53,35 @@ pub(super) fn tail_stream(
             // Marked before opening: an insert finishing after this point wakes a tail whose
             // cursor died on an empty collection.
             written.borrow_and_update();
+            // Where tails poll, this process's own documents come from memory (`recent.rs`).
+            if let (Some(recent), None, Some(l)) = (&shared.recent, &query, last) {
+                let run = recent.after(l, RUN_FROM_MEMORY);
+                if !run.is_empty() {
+                    // As a server read would find: the document after `last` is still kept.
+                    check_next_kept(&shared, l).await?;
+                    for (position, d) in run {
+                        last = Some(position);
+                        let at = shared.acks.lookup(position);
+                        yield to_record(&shared.name, d, at)?;
+                    }
+                    continue;
+                }
+                if l >= shared.acks.now() {
+                    if cursor_loop.wait_for_own_writes(&mut written).await? {
+                        // Caught up with what this process wrote, and it wrote again.
+                        continue;
+                    }
+                    // A quiet spell: has another process written after `last`? Asked by
+                    // equality, which such a server answers in its backend; a re-open after
+                    // `last` would read the whole collection into it.
+                    // (A failed read goes on to the server read, which retries.)
+                    let next = shared.coll.find_one(position_filter(l + 1)).projection(doc! {"_id": 1}).await;
+                    if matches!(next, Ok(None)) {
+                        continue;
+                    }
+                }
+                // Behind what memory keeps, or another process wrote: read the server.
+            }
             let after = match last {
                 Some(l) => doc! {"_id": {"$gt": l as i64}},
                 None => doc! {},

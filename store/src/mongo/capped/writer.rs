@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 use super::super::convert::{DUPLICATE_KEY, engine_err, map_error, write_concern};
 use super::super::{Inner, lock_err};
 use super::acks::AckRing;
+use super::recent::Recent;
 use super::{newest_id, position_of};
 use crate::clock::now_us;
 use crate::telemetry::Problem;
@@ -40,6 +41,8 @@ pub(crate) struct CappedShared {
     pub(crate) name: String,
     pub(crate) coll: Collection<BsonDoc>,
     pub(crate) acks: AckRing,
+    /// The documents this process stored lately, where tails poll (see `recent.rs`).
+    pub(crate) recent: Option<Recent>,
     /// `None` once the store is closed.
     jobs: Mutex<Option<mpsc::Sender<AppendJob>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -55,6 +58,7 @@ impl CappedShared {
             name: name.to_string(),
             coll,
             acks: AckRing::new(inner.options.ack_ring_capacity, newest),
+            recent: inner.tail_cursor().0.is_some().then(Recent::new),
             jobs: Mutex::new(Some(tx)),
             writer: Mutex::new(None),
         });
@@ -343,6 +347,15 @@ async fn write_group(
             .await;
         let e = match result {
             Ok(_) => {
+                // Kept before the acknowledgment is published: a tail woken by it finds them.
+                if let Some(recent) = &shared.recent {
+                    recent.stored(
+                        first,
+                        pending
+                            .iter()
+                            .flat_map(|p| p.job.docs[p.stored.len()..].iter()),
+                    );
+                }
                 shared.acks.acked(first, last, now_us());
                 mark_stored(&mut pending, first, total);
                 for p in pending {
@@ -395,6 +408,15 @@ async fn write_group(
             }
         }
         if let Some(s) = stored.filter(|s| *s > 0) {
+            if let Some(recent) = &shared.recent {
+                recent.stored(
+                    first,
+                    pending
+                        .iter()
+                        .flat_map(|p| p.job.docs[p.stored.len()..].iter())
+                        .take(s),
+                );
+            }
             shared.acks.acked(first, first + s as u64 - 1, now_us());
         }
         // Every position of the group is finished (acknowledged or failed): wake the readers
