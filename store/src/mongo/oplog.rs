@@ -114,17 +114,22 @@ fn op_codes(ops: &[ChangeOp]) -> Vec<Bson> {
 /// every collection but `checkpoints`.
 fn crud_clause(db: &str, filter: &ChangeFilter) -> BsonDoc {
     let ns = if filter.collections.is_empty() {
-        doc! {
+        Bson::from(doc! {
             "$regex": format!("^{}\\.", regex_escape(db)),
             "$ne": format!("{db}.{CHECKPOINTS}"),
-        }
+        })
     } else {
-        let nss: Vec<Bson> = filter
+        let mut nss: Vec<Bson> = filter
             .collections
             .iter()
             .map(|c| Bson::from(format!("{db}.{c}")))
             .collect();
-        doc! {"$in": nss}
+        // One namespace as plain equality: the form a server that pushes only equality down
+        // to its backend can narrow by (FerretDB 1.24 on PostgreSQL).
+        match nss.len() {
+            1 => nss.remove(0),
+            _ => Bson::from(doc! {"$in": nss}),
+        }
     };
     doc! {"ns": ns, "op": {"$in": op_codes(&filter.ops)}}
 }
@@ -133,12 +138,26 @@ fn crud_clause(db: &str, filter: &ChangeFilter) -> BsonDoc {
 /// by the reader), and the periodic no-op entries (`n`), which carry nothing but keep a quiet
 /// stream's token moving; from `after` on (`$gte`: the entry at `after` is read again and its
 /// operations up to `after` skipped, since one entry may hold several operations).
-pub(crate) fn tail_filter(db: &str, filter: &ChangeFilter, after: Option<OplogPos>) -> BsonDoc {
-    let mut f = doc! {"$or": [
-        crud_clause(db, filter),
-        {"op": "c", "ns": "admin.$cmd", "o.applyOps": {"$exists": true}},
-        {"op": "n"},
-    ]};
+///
+/// With `crud_only` (a server without transactions, which writes neither `applyOps` nor
+/// no-op entries: FerretDB 1.24) only the changes themselves, with no `$or`, so that such a
+/// server can push the namespace's equality down to its backend: FerretDB otherwise reads
+/// the whole oplog into its own process at every poll.
+pub(crate) fn tail_filter(
+    db: &str,
+    filter: &ChangeFilter,
+    after: Option<OplogPos>,
+    crud_only: bool,
+) -> BsonDoc {
+    let mut f = if crud_only {
+        crud_clause(db, filter)
+    } else {
+        doc! {"$or": [
+            crud_clause(db, filter),
+            {"op": "c", "ns": "admin.$cmd", "o.applyOps": {"$exists": true}},
+            {"op": "n"},
+        ]}
+    };
     if let Some(p) = after {
         f.insert("ts", doc! {"$gte": p.ts()});
     }
@@ -311,6 +330,7 @@ pub(crate) fn oplog_stream(
         }
     };
     let db = inner.db.name().to_string();
+    let crud_only = !inner.capabilities.transactions.is_yes();
     let tokens = cell.clone();
     let stream = async_stream::try_stream! {
         let mut last = resolved.await?;
@@ -325,7 +345,7 @@ pub(crate) fn oplog_stream(
             // (`$gte`), so finding it first proves nothing before it was lost, and only
             // otherwise is the oldest entry read (a scan of the oplog on some servers).
             let mut verify = last;
-            let Some(mut cursor) = cursor_loop.open(&inner, &oplog, tail_filter(&db, &filter, last)).await? else {
+            let Some(mut cursor) = cursor_loop.open(&inner, &oplog, tail_filter(&db, &filter, last, crud_only)).await? else {
                 continue;
             };
             loop {
@@ -467,6 +487,7 @@ mod tests {
             "tailrace",
             &ChangeFilter::collections(["k_a", "k_b"]),
             Some(OplogPos::entry(ts(5, 1))),
+            false,
         );
         assert_eq!(
             f,
@@ -479,7 +500,21 @@ mod tests {
                 "ts": {"$gte": ts(5, 1)},
             }
         );
-        let all = tail_filter("t.x", &ChangeFilter::default(), None);
+        // Without transactions: the changes alone, one namespace by equality.
+        assert_eq!(
+            tail_filter(
+                "tailrace",
+                &ChangeFilter::collections(["k_a"]),
+                Some(OplogPos::entry(ts(5, 1))),
+                true,
+            ),
+            doc! {
+                "ns": "tailrace.k_a",
+                "op": {"$in": ["i", "u", "d"]},
+                "ts": {"$gte": ts(5, 1)},
+            }
+        );
+        let all = tail_filter("t.x", &ChangeFilter::default(), None, false);
         let crud = all.get_array("$or").unwrap()[0]
             .as_document()
             .unwrap()
