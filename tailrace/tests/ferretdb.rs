@@ -1,7 +1,10 @@
 //! The MongoDB engine end to end, through the real binary, on a real MongoDB wire-protocol
 //! server: FerretDB on SQLite, which each test starts for itself from `TAILRACE_FERRETDB_BIN`
 //! (`scripts/ferretdb.sh bin` builds it and prints the path; `.ci/run` sets it). Without it the
-//! tests print a notice and pass locally; under `CI` they fail.
+//! tests print a notice and pass locally; under `CI` they fail. With
+//! `TAILRACE_FERRETDB_POSTGRESQL` (a PostgreSQL server's URL, as
+//! `TAILRACE_FERRETDB_BACKEND=postgresql scripts/ferretdb.sh postgresql` prints it) each server
+//! runs on PostgreSQL instead, in a database of its own copied from `tailrace_template`.
 //!
 //! What FerretDB lacks (change streams, transactions, documents as sent, capped bounds kept at
 //! every insert, MongoDB's filter semantics) the engine's probe finds at startup; these tests
@@ -25,8 +28,10 @@ use futures::TryStreamExt;
 use mongodb::bson::{Bson, Document as BsonDoc, doc};
 use serde_json::{Value, json};
 
-/// A FerretDB server of one test: its own port and SQLite directory.
+/// A FerretDB server of one test: its own port and SQLite directory (or PostgreSQL database).
 struct Ferret {
+    /// `Some(URL of its database)` on PostgreSQL.
+    postgresql: Option<String>,
     child: Option<Child>,
     dir: tempfile::TempDir,
     bin: PathBuf,
@@ -66,7 +71,26 @@ impl Ferret {
             .local_addr()
             .unwrap()
             .port();
+        let postgresql = std::env::var("TAILRACE_FERRETDB_POSTGRESQL")
+            .ok()
+            .filter(|u| !u.is_empty())
+            .map(|server| {
+                let name = format!("e2e_{}_{port}", std::process::id());
+                let created = Command::new("psql")
+                    .args([
+                        &format!("{server}/tailrace_template"),
+                        "--no-psqlrc",
+                        "--quiet",
+                        "--command",
+                        &format!("CREATE DATABASE {name} TEMPLATE tailrace_template"),
+                    ])
+                    .status()
+                    .unwrap_or_else(|e| panic!("psql (TAILRACE_FERRETDB_POSTGRESQL is set): {e}"));
+                assert!(created.success(), "CREATE DATABASE {name} on {server}");
+                format!("{server}/{name}")
+            });
         let mut f = Ferret {
+            postgresql,
             child: None,
             dir: tempfile::tempdir().unwrap(),
             bin,
@@ -99,10 +123,19 @@ impl Ferret {
             .append(true)
             .open(self.dir.path().join("log"))
             .unwrap();
+        let backend = match &self.postgresql {
+            Some(url) => [
+                "--handler=postgresql".to_string(),
+                format!("--postgresql-url={url}"),
+            ],
+            None => [
+                "--handler=sqlite".to_string(),
+                format!("--sqlite-url=file:{}/", data.display()),
+            ],
+        };
         let child = Command::new(&self.bin)
+            .args(backend)
             .args([
-                "--handler=sqlite",
-                &format!("--sqlite-url=file:{}/", data.display()),
                 &format!("--listen-addr=127.0.0.1:{}", self.port),
                 &format!("--state-dir={}", state.display()),
                 "--repl-set-name=rs0",
