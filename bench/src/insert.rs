@@ -354,6 +354,8 @@ pub async fn run(bench: &Bench) -> Result<Report> {
                           "all_feeds_caught_up_secs": caught_up,
                           "cpu_secs": o.usage.cpu_secs,
                           "cpu_us_per_event": o.usage.per_event(o.sent).0,
+                          "server_cpu_secs": o.usage.server_cpu_secs,
+                          "server_cpu_us_per_event": o.usage.server_per_event(o.sent),
                           "written_bytes": o.usage.write_bytes,
                           "written_bytes_per_event": o.usage.per_event(o.sent).1,
                           "end_to_end_per_sec": caught_up.map(|t| o.sent as f64 / t.max(1e-9))}),
@@ -495,6 +497,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         "feeds caught up",
         "end to end/s",
         "CPU µs/event",
+        "server CPU µs/event",
         "written/event",
     ]);
     for (s, o) in report.series.iter().zip(&outcomes) {
@@ -514,6 +517,9 @@ pub async fn run(bench: &Bench) -> Result<Report> {
             o.usage
                 .per_event(o.sent)
                 .0
+                .map_or_else(|| "—".into(), |c| format!("{c:.1}")),
+            o.usage
+                .server_per_event(o.sent)
                 .map_or_else(|| "—".into(), |c| format!("{c:.1}")),
             o.usage
                 .per_event(o.sent)

@@ -95,13 +95,36 @@ pub fn load_average() -> Option<[f64; 3]> {
 /// What this process has used so far: CPU seconds (user + system, all threads) and bytes it
 /// caused to be written to storage (`write_bytes` of `/proc/self/io`: data written back to the
 /// disk, the engine's WAL and checkpoints included, whatever the page cache later absorbs).
-/// Taken before and after a run, the difference is that run's cost.
+/// Taken before and after a run, the difference is that run's cost. Beside it, the CPU of the
+/// database servers running on this machine (see [`SERVERS`]): on the MongoDB engine the
+/// other half of the cost, which this process's own figure leaves out.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Usage {
     /// CPU seconds, when readable (clock ticks: 10 ms resolution).
     pub cpu_secs: Option<f64>,
     /// Bytes written to storage, when readable.
     pub write_bytes: Option<u64>,
+    /// CPU seconds of the database server processes on this machine; `None` when none runs.
+    pub server_cpu_secs: Option<f64>,
+}
+
+/// The process names (`comm`) counted as database servers: MongoDB, FerretDB and the
+/// PostgreSQL it runs on (every `postgres` process: backends, the writer, autovacuum).
+/// Processes that exit during a run take their time with them: connection pools keep the
+/// backends that matter.
+pub const SERVERS: [&str; 3] = ["mongod", "ferretdb", "postgres"];
+
+/// The CPU seconds used so far by the processes named in [`SERVERS`], `None` when none runs.
+fn servers_cpu_secs() -> Option<f64> {
+    let ticks = procfs::ticks_per_second() as f64;
+    let mut total = None;
+    for p in procfs::process::all_processes().ok()?.flatten() {
+        let Ok(stat) = p.stat() else { continue };
+        if SERVERS.contains(&stat.comm.as_str()) {
+            *total.get_or_insert(0.0) += (stat.utime + stat.stime) as f64 / ticks;
+        }
+    }
+    total
 }
 
 impl Usage {
@@ -115,6 +138,7 @@ impl Usage {
         Usage {
             cpu_secs: metrics_process::collector::collect().cpu_seconds_total,
             write_bytes,
+            server_cpu_secs: servers_cpu_secs(),
         }
     }
 
@@ -127,7 +151,16 @@ impl Usage {
                 .write_bytes
                 .zip(before.write_bytes)
                 .map(|(a, b)| a.saturating_sub(b)),
+            server_cpu_secs: now
+                .server_cpu_secs
+                .zip(before.server_cpu_secs)
+                .map(|(a, b)| (a - b).max(0.0)),
         }
+    }
+
+    /// The database servers' CPU µs per one of `n` events.
+    pub fn server_per_event(&self, n: u64) -> Option<f64> {
+        self.server_cpu_secs.map(|c| c * 1e6 / n.max(1) as f64)
     }
 
     /// CPU µs and bytes written per one of `n` events.
@@ -207,5 +240,32 @@ mod tests {
             assert!(m.disk.mount_point.is_some(), "a mount found: {m:?}");
             assert!(m.load_average.is_some(), "loadavg read: {m:?}");
         }
+    }
+
+    /// A busy process named like a server is counted in the servers' CPU, and this process
+    /// is not (it is named otherwise).
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn counts_the_cpu_of_processes_named_like_servers() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("ferretdb");
+        std::fs::copy("/usr/bin/yes", &fake).unwrap();
+        let before = Usage::now();
+        let mut busy = std::process::Command::new(&fake)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(600));
+        let during = Usage::since(before);
+        busy.kill().unwrap();
+        busy.wait().unwrap();
+        let server = during
+            .server_cpu_secs
+            .expect("a process named ferretdb ran");
+        assert!(server >= 0.1, "its CPU counted: {server} s");
+        assert!(
+            during.cpu_secs.unwrap_or(0.0) < server,
+            "this process's own CPU is apart: {during:?}"
+        );
     }
 }
