@@ -1267,7 +1267,7 @@ async fn wire_a_polling_tail_takes_its_own_appends_from_memory() {
     let mut tail = c.tail(Start::Oldest);
     for want in 0..3 {
         assert_eq!(
-            next(&mut tail).await.doc["n"],
+            contract::next_record(&mut tail).await.doc["n"],
             json!(want),
             "read from the server"
         );
@@ -1286,7 +1286,7 @@ async fn wire_a_polling_tail_takes_its_own_appends_from_memory() {
         c.append(vec![n(i)], Durability::Acknowledged)
             .await
             .unwrap();
-        let r = next(&mut tail).await;
+        let r = contract::next_record(&mut tail).await;
         assert_eq!(r.doc["n"], json!(i));
         assert!(r.committed_at_us.is_some(), "its acknowledgment time");
     }
@@ -1303,18 +1303,9 @@ async fn wire_a_polling_tail_takes_its_own_appends_from_memory() {
         .await
         .unwrap();
     assert_eq!(p, vec![store::Position(14)]);
-    let r = next(&mut tail).await;
+    let r = contract::next_record(&mut tail).await;
     assert_eq!((r.position, r.doc["n"].clone()), (p[0], json!(100)));
     assert!(reopens() > before, "found by reading the server");
-}
-
-/// The tail's next record, within the contract's wait.
-async fn next(tail: &mut store::RecordStream) -> store::Record {
-    tokio::time::timeout(contract::WAIT, futures::StreamExt::next(tail))
-        .await
-        .expect("the tail yields")
-        .expect("the tail does not end")
-        .unwrap()
 }
 
 async fn wire_capped_create_append_and_tail() {

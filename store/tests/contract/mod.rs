@@ -104,7 +104,7 @@ pub(crate) async fn capped(
         .expect("open capped collection")
 }
 
-async fn next_record(tail: &mut RecordStream) -> store::Record {
+pub async fn next_record(tail: &mut RecordStream) -> store::Record {
     tokio::time::timeout(WAIT, tail.next())
         .await
         .expect("tail should yield within the timeout")
