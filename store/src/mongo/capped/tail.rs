@@ -27,7 +27,10 @@ const RUN_FROM_MEMORY: usize = 1000;
 /// the server does not keep a tailable cursor on an empty capped collection, so the tail
 /// re-opens with backoff (up to `BACKOFF_MAX`) — and at once when this process appends.
 /// On a server whose tailable cursors close after their first batch
-/// ([`crate::Capability::AwaitingTails`] lacking) the tail polls that way all the time.
+/// ([`crate::Capability::AwaitingTails`] lacking) the tail would poll that way all the time,
+/// and each re-open may cost the server a read of the whole collection; there, once caught
+/// up, it takes this process's own appends from the writer's memory (`recent.rs`) and reads
+/// the server only for what memory does not hold.
 ///
 /// With a `query` (a filtered tail) the first document after a re-open may rightly lie far
 /// beyond the last position, so eviction is detected the other way: once the cursor is open,
