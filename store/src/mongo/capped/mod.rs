@@ -95,21 +95,26 @@ pub(crate) async fn newest_id_from(
     in_flight: u64,
     oldest: Option<u64>,
 ) -> Result<Option<u64>> {
-    if hint > 0 {
-        let at = |p: u64| {
-            coll.find_one(position_filter(p))
-                .projection(doc! {"_id": 1})
-        };
-        if at(hint.max(in_flight) + 1).await?.is_none()
-            && match oldest {
-                Some(o) => o <= hint,
-                None => at(hint).await?.is_some(),
-            }
-        {
-            return Ok(Some(hint));
+    if hint > 0
+        && !is_stored(coll, hint.max(in_flight) + 1).await?
+        && match oldest {
+            Some(o) => o <= hint,
+            None => is_stored(coll, hint).await?,
         }
+    {
+        return Ok(Some(hint));
     }
     newest_id(coll, name).await
+}
+
+/// Whether a document is stored at `position`: a lookup by `_id`, which every server answers
+/// without reading the collection (FerretDB pushes equality down to its backend).
+pub(crate) async fn is_stored(coll: &Collection<BsonDoc>, position: u64) -> Result<bool> {
+    let doc = coll
+        .find_one(position_filter(position))
+        .projection(doc! {"_id": 1})
+        .await?;
+    Ok(doc.is_some())
 }
 
 /// A stored document as a [`Record`] (its `_id` becomes the position).

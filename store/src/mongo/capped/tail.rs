@@ -6,10 +6,9 @@ use std::time::Duration;
 use mongodb::bson::{Document as BsonDoc, doc};
 
 use super::super::Inner;
-use super::super::convert::position_filter;
 use super::super::tailable::{Step, Tailable};
 use super::writer::CappedShared;
-use super::{oldest_id, position_of, to_record};
+use super::{is_stored, oldest_id, position_of, to_record};
 use crate::{Position, RecordStream, Result, Start, StoreError};
 
 /// How long a tail waits for this process's writer to learn a document's acknowledgment time
@@ -78,8 +77,7 @@ pub(super) fn tail_stream(
                     // equality, which such a server answers in its backend; a re-open after
                     // `last` would read the whole collection into it.
                     // (A failed read goes on to the server read, which retries.)
-                    let next = shared.coll.find_one(position_filter(l + 1)).projection(doc! {"_id": 1}).await;
-                    if matches!(next, Ok(None)) {
+                    if matches!(is_stored(&shared.coll, l + 1).await, Ok(false)) {
                         continue;
                     }
                 }

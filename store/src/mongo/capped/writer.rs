@@ -347,16 +347,7 @@ async fn write_group(
             .await;
         let e = match result {
             Ok(_) => {
-                // Kept before the acknowledgment is published: a tail woken by it finds them.
-                if let Some(recent) = &shared.recent {
-                    recent.stored(
-                        first,
-                        pending
-                            .iter()
-                            .flat_map(|p| p.job.docs[p.stored.len()..].iter()),
-                    );
-                }
-                shared.acks.acked(first, last, now_us());
+                acknowledged(shared, &pending, first, total);
                 mark_stored(&mut pending, first, total);
                 for p in pending {
                     p.answer(shared, None);
@@ -408,16 +399,7 @@ async fn write_group(
             }
         }
         if let Some(s) = stored.filter(|s| *s > 0) {
-            if let Some(recent) = &shared.recent {
-                recent.stored(
-                    first,
-                    pending
-                        .iter()
-                        .flat_map(|p| p.job.docs[p.stored.len()..].iter())
-                        .take(s),
-                );
-            }
-            shared.acks.acked(first, first + s as u64 - 1, now_us());
+            acknowledged(shared, &pending, first, s);
         }
         // Every position of the group is finished (acknowledged or failed): wake the readers
         // waiting on them. Then the ones not on the server are handed out again, so the
@@ -471,6 +453,19 @@ async fn write_group(
             return;
         }
     }
+}
+
+/// The first `n` documents not yet stored of `pending`, at positions `first..`, are on the
+/// server: kept in memory where tails poll, then published as acknowledged, in that order, so
+/// that a tail woken by the acknowledgment finds them.
+fn acknowledged(shared: &CappedShared, pending: &VecDeque<Pending>, first: u64, n: usize) {
+    if let Some(recent) = &shared.recent {
+        let docs = pending
+            .iter()
+            .flat_map(|p| p.job.docs[p.stored.len()..].iter());
+        recent.stored(first, docs.take(n));
+    }
+    shared.acks.acked(first, first + n as u64 - 1, now_us());
 }
 
 /// How many of `docs`, from position `at` on, the server holds as sent: the length of the run
