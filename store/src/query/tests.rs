@@ -309,3 +309,42 @@ fn the_fields_read_are_enough_for_the_answer() {
     let p = Pipeline::parse(&json!([{"$group": {"_id": "$lang"}}])).unwrap();
     assert_eq!(p.fields_read(), Some(vec!["lang".to_owned()]));
 }
+
+#[test]
+fn group_keys_of_every_type_stay_apart() {
+    // A string key's text is written unescaped: no string may meet another value's key, or
+    // another string's. Numbers equal in value group together, as in MongoDB.
+    let keys = [
+        json!("1"),
+        json!(1),
+        json!(1.0),
+        json!("null"),
+        json!(null),
+        json!("[1]"),
+        json!([1]),
+        json!("\"x"),
+        json!("x"),
+        json!("{\"a\":1}"),
+        json!({"a": 1}),
+        json!("true"),
+        json!(true),
+        json!("n1"),
+    ];
+    let docs: Vec<Document> = keys
+        .iter()
+        .map(|k| json!({"k": k}).as_object().cloned().unwrap())
+        .collect();
+    let p = Pipeline::parse(&json!([{"$group": {"_id": "$k", "n": {"$sum": 1}}}])).unwrap();
+    let got = p.run(docs, Limits::default()).unwrap().docs;
+    let counts: Vec<(Value, Value)> = got
+        .iter()
+        .map(|g| (g["_id"].clone(), g["n"].clone()))
+        .collect();
+    let mut want: Vec<(Value, Value)> = keys
+        .iter()
+        .filter(|k| **k != json!(1.0))
+        .map(|k| (k.clone(), json!(if *k == json!(1) { 2 } else { 1 })))
+        .collect();
+    want.dedup();
+    assert_eq!(counts, want);
+}
