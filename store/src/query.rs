@@ -33,6 +33,7 @@
 //! counted in approximate bytes, and a query past its bound ([`Limits::max_bytes`]) is refused
 //! with an error saying so, as MongoDB refuses a stage past 100 MB without `allowDiskUse`.
 
+mod cores;
 mod eval;
 mod expr;
 mod live;
@@ -50,10 +51,11 @@ use serde_json::Value;
 use crate::Filter;
 use expr::Expr;
 
+pub use cores::{as_query_thread, threads, use_cores};
 pub use eval::{Answer, StageRun};
 pub use live::{GroupChange, Live};
 pub use page::{Order, Page, PageRequest, page};
-pub use read::{AggregateError, Input, aggregate, load_live, lowest_priority};
+pub use read::{AggregateError, Input, aggregate, load_live};
 pub use server::{Features, ServerQuery, probe, probe_docs};
 
 /// The most stages a pipeline may have.

@@ -1566,11 +1566,11 @@ async fn pages_follow_their_cursors_to_every_match() {
     store.close().await.unwrap();
 }
 
-/// A query's readers are threads of their own at the lowest priority, so that on a busy
-/// machine a query gives way to the writer, the feeds and the ingester.
+/// A query's readers are threads of their own at the lowest priority, on all cores but one,
+/// so that a query gives way to the writer, the feeds and the ingester, and leaves them a core.
 #[cfg(target_os = "linux")]
 #[tokio::test]
-async fn a_querys_readers_run_at_the_lowest_priority() {
+async fn a_querys_readers_run_at_the_lowest_priority_on_their_own_cores() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);
     let events = store.capped("events", &spec(1_000_000, &[])).await.unwrap();
@@ -1592,7 +1592,8 @@ async fn a_querys_readers_run_at_the_lowest_priority() {
         Some(1),
         "only the field asked"
     );
-    let nices: Vec<i64> = std::fs::read_dir("/proc/self/task")
+    // Each reader's nice value and how many CPUs it may run on.
+    let readers: Vec<(i64, usize)> = std::fs::read_dir("/proc/self/task")
         .unwrap()
         .filter_map(|t| {
             let t = t.ok()?.path();
@@ -1601,11 +1602,43 @@ async fn a_querys_readers_run_at_the_lowest_priority() {
             let stat = std::fs::read_to_string(t.join("stat")).ok()?;
             // Fields after the command's closing parenthesis: state is the 3rd, nice the 19th.
             let rest = stat.rsplit_once(')')?.1;
-            rest.split_whitespace().nth(16)?.parse().ok()
+            let nice = rest.split_whitespace().nth(16)?.parse().ok()?;
+            Some((nice, cpus(&std::fs::read_to_string(t.join("status")).ok()?)))
         })
         .collect();
-    assert!(!nices.is_empty(), "the readers are named tailrace-query");
-    assert!(nices.iter().all(|n| *n == 19), "nice values {nices:?}");
+    assert!(!readers.is_empty(), "the readers are named tailrace-query");
+    assert!(
+        readers.iter().all(|(n, _)| *n == 19),
+        "nice values {readers:?}"
+    );
+    // This thread's CPUs are the process's: the readers have one fewer (the same one alone).
+    let mine = cpus(&std::fs::read_to_string("/proc/thread-self/status").unwrap());
+    let want = if mine > 1 { mine - 1 } else { 1 };
+    assert!(
+        readers.iter().all(|(_, c)| *c == want),
+        "CPUs the readers may use, of {mine}: {readers:?}"
+    );
+    assert_eq!(
+        store::query::threads(),
+        want.min(4),
+        "a reader per query core"
+    );
     drop(scan);
     store.close().await.unwrap();
+}
+
+/// How many CPUs a `/proc/.../status` allows (`Cpus_allowed_list: 0-3,6`).
+#[cfg(target_os = "linux")]
+fn cpus(status: &str) -> usize {
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list in status");
+    list.trim()
+        .split(',')
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1,
+            None => 1,
+        })
+        .sum()
 }

@@ -225,6 +225,9 @@ fn is_unclean(e: &anyhow::Error) -> bool {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     // A config error is one line naming the key and the fix; no backtrace noise.
     let config = Config::load(cli.config.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // From the main thread, which may run on every core: queries get theirs, the rest stay
+    // the pipeline's.
+    store::query::use_cores(config.http.query_cores);
     match cli.command.unwrap_or(Command::Run) {
         Command::CheckConfig => {
             let text = toml::to_string_pretty(&config.redacted()).context("printing the config")?;

@@ -122,6 +122,11 @@ pub struct HttpConfig {
     /// sort's buffer, sets); a query past it is refused. At least 1 MiB.
     #[serde(default = "default_query_max_bytes")]
     pub query_max_bytes: usize,
+    /// How many cores a query's threads may use; the rest are left to the pipeline, so that
+    /// questions asked back to back do not delay the feeds' notifications. 0 (the default):
+    /// all but one, and the only one on a machine of one core.
+    #[serde(default)]
+    pub query_cores: usize,
 }
 
 /// Pipeline logging.
@@ -239,6 +244,7 @@ impl Default for HttpConfig {
             max_streams: default_max_streams(),
             stream_stall_timeout_ms: default_stream_stall_timeout_ms(),
             query_max_bytes: default_query_max_bytes(),
+            query_cores: 0,
         }
     }
 }

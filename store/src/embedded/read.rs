@@ -209,12 +209,12 @@ pub(super) fn read_docs_with(
 const SCAN_CHUNK: u64 = 1024;
 
 /// [`crate::Capped::scan`]: chunks of [`SCAN_CHUNK`] positions handed out in turn to a worker
-/// per core (at most four), each a thread of its own (`tailrace-query`) that reads and decodes
-/// its chunks in order; the stream takes the workers' results in the same turn, so the
-/// documents come out in position order while the decoding, most of a query's cost, runs on
-/// every core. The workers run at the lowest priority ([`crate::query::lowest_priority`]): on a busy
-/// machine a query gives way to the writer, the feeds and the ingester, and on an idle one it
-/// has every core.
+/// per core queries may use ([`crate::query::threads`]), each a thread of its own
+/// (`tailrace-query`) that reads and decodes its chunks in order; the stream takes the workers'
+/// results in the same turn, so the documents come out in position order while the decoding,
+/// most of a query's cost, runs on all those cores. The workers run at the lowest priority on
+/// those cores ([`crate::query::as_query_thread`]): a query gives way to the writer, the feeds
+/// and the ingester, and leaves them a core of their own.
 pub(super) fn scan(
     inner: Arc<Inner>,
     coll: String,
@@ -223,7 +223,7 @@ pub(super) fn scan(
     fields: Option<Arc<[String]>>,
 ) -> futures::stream::BoxStream<'static, Result<Vec<Record>>> {
     use futures::stream::{self, StreamExt};
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 4)) as u64;
+    let workers = crate::query::threads() as u64;
     let start = async move {
         inner.caught_up().await?;
         let mut turns = Vec::new();
@@ -231,7 +231,7 @@ pub(super) fn scan(
             let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<Record>>>(2);
             let (inner, coll, fields) = (inner.clone(), coll.clone(), fields.clone());
             let worker = move || {
-                crate::query::lowest_priority();
+                crate::query::as_query_thread();
                 let paths = fields.as_deref().map(crate::query::only_paths);
                 let decode = |json: &[u8]| match &paths {
                     Some(p) => parse_paths(json, p),

@@ -82,8 +82,8 @@ pub async fn aggregate(
 }
 
 /// Runs a query's evaluation (or its reading, [`off_runtime`]) on a thread of its own at the
-/// lowest priority: on a busy machine the ingester and the feeds come first, and a long
-/// `$group` takes the time they leave.
+/// lowest priority, on the cores queries may use ([`super::as_query_thread`]): the ingester
+/// and the feeds come first, and a long `$group` takes the time they leave.
 fn evaluate<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<tokio::sync::oneshot::Receiver<T>, StoreError> {
@@ -91,7 +91,7 @@ fn evaluate<T: Send + 'static>(
     std::thread::Builder::new()
         .name("tailrace-query".into())
         .spawn(move || {
-            lowest_priority();
+            super::as_query_thread();
             let _ = tx.send(f());
         })
         .map_err(|e| StoreError::Invalid(format!("starting a query's thread: {e}")))?;
@@ -106,15 +106,6 @@ fn off_runtime<T: Send + 'static>(
 ) -> Result<tokio::sync::oneshot::Receiver<T>, StoreError> {
     let handle = tokio::runtime::Handle::current();
     evaluate(move || handle.block_on(read))
-}
-
-/// Gives the calling thread the lowest priority there is (nice 19): a thread's own on Linux.
-/// Refused (a sandbox), the thread runs as it was.
-pub fn lowest_priority() {
-    #[cfg(target_os = "linux")]
-    if let Err(e) = rustix::process::setpriority_process(None, 19) {
-        tracing::debug!(error = %e, "could not lower a query thread's priority");
-    }
 }
 
 /// Runs the first `n` stages on `server` and the rest here, over what comes out.
