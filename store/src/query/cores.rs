@@ -6,9 +6,9 @@
 //! millisecond or more late (notification p99 1.3–6 ms against 0.1 ms without questions,
 //! `tailrace bench query`). `SCHED_IDLE` for the query threads and a short scheduler slice for
 //! the pipeline's threads changed that within the runs' spread: a woken thread still waited
-//! for a busy core. With the query threads on one core of the two, the same p99 was 1.2–1.3×
-//! its value without questions, and the questions took 1.6–1.8× longer
-//! (docs/results/query-2026-12-06.md). A query is an analyst's, a notification the stream's;
+//! for a busy core. With the query threads on one core of the two, the same p99 was 1.3–1.4×
+//! its value without questions, and the questions over the whole window took about 1.3×
+//! longer (docs/results/query-2026-12-06.md). A query is an analyst's, a notification the stream's;
 //! `http.query_cores` gives queries every core where the trade should go the other way.
 //!
 //! Linux only (a thread's CPU set is its own there); elsewhere queries run where the system
@@ -55,8 +55,9 @@ pub fn as_query_thread() {
     }
 }
 
-/// The highest-numbered `cores` of the calling thread's CPUs (the lowest takes most of the
-/// machine's interrupts), or `None` when that is all of them.
+/// The highest-numbered `cores` of the calling thread's CPUs, or `None` when that is all of
+/// them. Which ones matters little: the pipeline's threads are not pinned, and the scheduler
+/// puts them where queries are not.
 #[cfg(target_os = "linux")]
 fn choose(cores: usize) -> Option<rustix::thread::CpuSet> {
     use rustix::thread::CpuSet;

@@ -265,7 +265,7 @@ async fn read_range(
 }
 
 /// Reads the documents of `c` at positions `[first, last]` still retained into `live`, on a
-/// blocking thread (a window's worth of groups is computed there, never on the runtime's).
+/// query's thread (a window's worth of groups is computed there, never on the runtime's).
 pub async fn load_live(
     c: Arc<dyn Capped>,
     mut live: Live,
@@ -274,7 +274,7 @@ pub async fn load_live(
 ) -> Result<Live, AggregateError> {
     let fields = live.fields_read();
     let (tx, mut rx) = mpsc::channel::<Vec<Document>>(IN_FLIGHT);
-    let fill = tokio::task::spawn_blocking(move || {
+    let fill = evaluate(move || {
         while let Some(batch) = rx.blocking_recv() {
             for doc in batch {
                 let position = doc.get("_id").and_then(Value::as_u64).unwrap_or(0);
@@ -282,13 +282,13 @@ pub async fn load_live(
             }
         }
         Ok::<_, QueryError>(live)
-    });
+    })?;
     let read = off_runtime(async move { read_range(c, first, last, fields.as_deref(), tx).await })?
         .await
         .map_err(|_| StoreError::Invalid("the live answer's reading stopped".into()))?;
     let live = fill
         .await
-        .map_err(|e| StoreError::Invalid(format!("the live answer's reading stopped: {e}")))?;
+        .map_err(|_| StoreError::Invalid("the live answer's evaluation stopped".into()))?;
     read?;
     Ok(live?)
 }
