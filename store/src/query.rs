@@ -51,7 +51,7 @@ use serde_json::Value;
 use crate::Filter;
 use expr::Expr;
 
-pub use cores::{as_query_thread, threads, use_cores};
+pub use cores::{as_query_thread, cores, threads, use_cores};
 pub use eval::{Answer, StageRun};
 pub use live::{GroupChange, Live};
 pub use page::{Order, Page, PageRequest, page};

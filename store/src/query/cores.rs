@@ -30,13 +30,18 @@ pub fn use_cores(cores: usize) {
     CPUS.get_or_init(|| choose(cores));
 }
 
-/// Threads a query reads on: one per core it may use, at most four.
-pub fn threads() -> usize {
+/// How many cores queries may use.
+pub fn cores() -> usize {
     #[cfg(target_os = "linux")]
     if let Some(set) = CPUS.get_or_init(|| choose(0)) {
-        return (set.count() as usize).clamp(1, 4);
+        return set.count() as usize;
     }
-    std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 4))
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Threads a query reads on: one per core it may use, at most four.
+pub fn threads() -> usize {
+    cores().clamp(1, 4)
 }
 
 /// Makes the calling thread a query's: the lowest priority there is (nice 19), on the cores
