@@ -229,20 +229,20 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         0.99,
         "×",
     ));
+    let query_cores = store::query::cores();
     report.params = json!({
         "docs": docs, "iterations": n, "dataset": bench.args.dataset.describe(),
         "under_load_secs": span.as_secs_f64(),
         "receipt_times": "spread evenly over the 24 hours before the run",
         "evaluated": "in tailrace (store::query), every stage; documents read from the capped collection oldest first",
-        "query_cores": store::query::cores(),
+        "query_cores": query_cores,
     });
     report.notes.push(
         "a $match on _tailrace.received reads only where that range lies (store::Capped::time_span); every other question reads the whole window".into(),
     );
     let all = std::thread::available_parallelism().map_or(1, |n| n.get());
     report.notes.push(format!(
-        "queries ran on {} of the {all} cores (http.query_cores; the rest are the pipeline's)",
-        store::query::cores()
+        "queries ran on {query_cores} of the {all} cores (http.query_cores; the rest are the pipeline's)"
     ));
     let plot_lines: Vec<Line<'_>> = lines
         .iter()

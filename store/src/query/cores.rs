@@ -8,8 +8,9 @@
 //! the pipeline's threads changed that within the runs' spread: a woken thread still waited
 //! for a busy core. With the query threads on one core of the two, the same p99 was 1.3–1.4×
 //! its value without questions, and the questions over the whole window took about 1.3×
-//! longer (docs/results/query-2026-12-06.md). A query is an analyst's, a notification the stream's;
-//! `http.query_cores` gives queries every core where the trade should go the other way.
+//! longer (docs/results/query-2026-12-06.md). A query is an analyst's, a notification the
+//! stream's; `http.query_cores` gives queries every core where the trade should go the other
+//! way.
 //!
 //! Linux only (a thread's CPU set is its own there); elsewhere queries run where the system
 //! puts them.
@@ -30,10 +31,16 @@ pub fn use_cores(cores: usize) {
     CPUS.get_or_init(|| choose(cores));
 }
 
+/// The query cores as chosen: by [`use_cores`], else all but one at the first use.
+#[cfg(target_os = "linux")]
+fn chosen() -> Option<&'static rustix::thread::CpuSet> {
+    CPUS.get_or_init(|| choose(0)).as_ref()
+}
+
 /// How many cores queries may use.
 pub fn cores() -> usize {
     #[cfg(target_os = "linux")]
-    if let Some(set) = CPUS.get_or_init(|| choose(0)) {
+    if let Some(set) = chosen() {
         return set.count() as usize;
     }
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -52,7 +59,7 @@ pub fn as_query_thread() {
         if let Err(e) = rustix::process::setpriority_process(None, 19) {
             tracing::debug!(error = %e, "could not lower a query thread's priority");
         }
-        if let Some(set) = CPUS.get_or_init(|| choose(0))
+        if let Some(set) = chosen()
             && let Err(e) = rustix::thread::sched_setaffinity(None, set)
         {
             tracing::debug!(error = %e, "could not keep a query thread to its cores");
