@@ -19,13 +19,12 @@
 //! listing all of them: one run of several minutes reports everything it found.
 //!
 //! Needs root, Docker's daemon (Debian's docker.io), debootstrap, Go and cargo: minutes of
-//! building when cold (about 21 minutes on a fresh 2-core machine). So it is `#[ignore]`d in
-//! the ordinary test run and is run by hand
-//! (`cargo test -p tailrace --test stack_up -- --ignored`), where any missing prerequisite
-//! fails it with scripts/stack.sh's message naming the fix. It passes here (the README's
-//! stack section says how it ran), and is not in `.ci/run`: cold it adds about 18 minutes to a
-//! budget of 30, and warm at least its 3 minutes of ingestion and a release build to a run of
-//! 16 whose budget is 20.
+//! building when cold. So it is `#[ignore]`d in the ordinary test run, where any missing
+//! prerequisite would fail it with scripts/stack.sh's message naming the fix. `.ci/run` runs it
+//! beside the README's `cargo test` (its binary directly, with the tests' debug `tailrace` as
+//! the image's binary through `TAILRACE_STACK_BINARY`), after preparing compose and the base
+//! image in the background; by hand: `cargo test -p tailrace --test stack_up -- --ignored`
+//! (a release build of `tailrace` unless `TAILRACE_STACK_BINARY` names a binary).
 
 #![allow(clippy::unwrap_used)]
 
@@ -279,7 +278,7 @@ fn collect(mut child: Child) -> std::thread::JoinHandle<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs root, dockerd and minutes of building: run it by hand with --ignored"]
+#[ignore = "needs root, dockerd and minutes of building: .ci/run runs it with --ignored"]
 async fn the_ferretdb_stack_runs_for_real() {
     let up_started = Instant::now();
     let mut down = Down(false);
