@@ -66,9 +66,20 @@ pub(crate) fn parse_doc(json: &[u8]) -> Result<Document> {
 /// that meets an array or a scalar before its end takes that value whole, so that a query
 /// reaching through arrays finds what it would in the whole document. Values read as
 /// [`parse_doc`] reads them.
+///
+/// The reading stops once every path's first field was met: a stored document is written
+/// from a map, so no field appears twice.
 pub(crate) fn parse_paths(json: &[u8], paths: &[Vec<String>]) -> Result<Document> {
     let mut doc = Document::new();
+    let first = |i: usize| paths[i].first();
+    // The distinct first fields (a few paths: no set needed).
+    let mut left = (0..paths.len())
+        .filter(|&i| first(i).is_some() && (0..i).all(|j| first(j) != first(i)))
+        .count();
     for kv in sonic_rs::to_object_iter(json) {
+        if left == 0 {
+            break;
+        }
         let (k, v) = kv.map_err(unparsable)?;
         let mut wanted = paths
             .iter()
@@ -76,6 +87,7 @@ pub(crate) fn parse_paths(json: &[u8], paths: &[Vec<String>]) -> Result<Document
         let Some(first) = wanted.next() else {
             continue;
         };
+        left -= 1;
         let raw = v.as_raw_str();
         for path in std::iter::once(first).chain(wanted) {
             take_path(raw, &path[1..], path, &mut doc)?;
@@ -356,6 +368,31 @@ impl Header {
         record
             .get(b.offset as usize..(b.offset + b.stored) as usize)
             .ok_or_else(|| corrupt("block beyond the record"))
+    }
+
+    /// [`Header::block`], decompressed into `out` (reused from block to block: it is never
+    /// shrunk, so it is zeroed only where it grows) or, stored raw, where it lies.
+    pub fn block_into<'a>(
+        &self,
+        record: &'a [u8],
+        i: usize,
+        out: &'a mut Vec<u8>,
+    ) -> Result<&'a [u8]> {
+        let b = self.blocks.get(i).ok_or_else(|| corrupt("no such block"))?;
+        let data = Self::slice(record, b)?;
+        match b.codec {
+            RAW => Ok(data),
+            LZ4 => {
+                let raw = b.raw as usize;
+                if out.len() < raw {
+                    out.resize(raw, 0);
+                }
+                let n = lz4_flex::block::decompress_into(data, &mut out[..raw])
+                    .map_err(|e| corrupt(format!("block does not decompress: {e}")))?;
+                Ok(&out[..n])
+            }
+            c => Err(corrupt(format!("unknown codec {c}"))),
+        }
     }
 
     /// A block's data as stored (`data`), decompressed.

@@ -219,7 +219,10 @@ impl Segment {
 /// Reads records one after the other from a segment, in large reads.
 pub(crate) struct SegmentScan<'a> {
     seg: &'a Segment,
-    buf: Vec<u8>,
+    buf: ScanBuf<'a>,
+    /// How much of `buf` holds the file from `buf_at` on (it may be longer: a reused buffer
+    /// is never shrunk, so it is zeroed only where it grows).
+    filled: usize,
     /// File offset of `buf[0]`.
     buf_at: u64,
     /// Offset of the next record.
@@ -229,12 +232,45 @@ pub(crate) struct SegmentScan<'a> {
     chunk: usize,
 }
 
+/// A scan's buffer: its own, or one a caller reuses from scan to scan (a query reads a
+/// thousand documents per scan, and a new megabyte each time is zeroed and faulted in anew).
+enum ScanBuf<'a> {
+    Own(Vec<u8>),
+    Lent(&'a mut Vec<u8>),
+}
+
+impl ScanBuf<'_> {
+    fn vec(&mut self) -> &mut Vec<u8> {
+        match self {
+            ScanBuf::Own(v) => v,
+            ScanBuf::Lent(v) => v,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            ScanBuf::Own(v) => v,
+            ScanBuf::Lent(v) => v,
+        }
+    }
+}
+
 impl<'a> SegmentScan<'a> {
     /// Scans from `at` up to `end` (the segment's length, or the journal's tail).
     pub fn new(seg: &'a Segment, at: u64, end: u64) -> Self {
+        Self::with(seg, at, end, ScanBuf::Own(Vec::new()))
+    }
+
+    /// [`SegmentScan::new`], reading into `buf` (whatever it holds is overwritten).
+    pub fn in_buffer(seg: &'a Segment, at: u64, end: u64, buf: &'a mut Vec<u8>) -> Self {
+        Self::with(seg, at, end, ScanBuf::Lent(buf))
+    }
+
+    fn with(seg: &'a Segment, at: u64, end: u64, buf: ScanBuf<'a>) -> Self {
         SegmentScan {
             seg,
-            buf: Vec::new(),
+            buf,
+            filled: 0,
             buf_at: at,
             at,
             end,
@@ -247,14 +283,18 @@ impl<'a> SegmentScan<'a> {
         if self.at + len as u64 > self.end {
             return Ok(false);
         }
-        let have = self.buf_at + self.buf.len() as u64;
+        let have = self.buf_at + self.filled as u64;
         if self.at >= self.buf_at && self.at + len as u64 <= have {
             return Ok(true);
         }
         let want = len.max(self.chunk).min((self.end - self.at) as usize);
         self.chunk = (self.chunk * 2).min(SCAN_CHUNK);
-        self.buf.resize(want, 0);
-        self.seg.read_at(&mut self.buf, self.at)?;
+        let buf = self.buf.vec();
+        if buf.len() < want {
+            buf.resize(want, 0);
+        }
+        self.seg.read_at(&mut buf[..want], self.at)?;
+        self.filled = want;
         self.buf_at = self.at;
         Ok(true)
     }
@@ -267,7 +307,7 @@ impl<'a> SegmentScan<'a> {
             return Ok(None);
         }
         let start = (self.at - self.buf_at) as usize;
-        let Some((_, total)) = Header::peek(&self.buf[start..start + FIXED]) else {
+        let Some((_, total)) = Header::peek(&self.buf.bytes()[start..start + FIXED]) else {
             return Ok(None);
         };
         if !self.fill(total)? {
@@ -276,7 +316,7 @@ impl<'a> SegmentScan<'a> {
         let start = (self.at - self.buf_at) as usize;
         let offset = self.at;
         self.at += format::padded(total) as u64;
-        Ok(Some((offset, &self.buf[start..start + total])))
+        Ok(Some((offset, &self.buf.bytes()[start..start + total])))
     }
 }
 

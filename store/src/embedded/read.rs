@@ -81,7 +81,24 @@ pub(super) fn read_docs(
     to: u64,
     limit: usize,
 ) -> Result<Vec<Record>> {
-    read_docs_with(inner, coll, from, to, limit, &parse_doc)
+    read_docs_with(
+        inner,
+        coll,
+        from,
+        to,
+        limit,
+        &parse_doc,
+        &mut ReadBuffers::default(),
+    )
+}
+
+/// What [`read_docs_with`] reads the journal into, kept by a caller that reads again and
+/// again (a query's reader), so that its memory is not allocated, zeroed and faulted in for
+/// each thousand documents.
+#[derive(Default)]
+pub(super) struct ReadBuffers {
+    records: Vec<u8>,
+    block: Vec<u8>,
 }
 
 /// [`read_docs`], each document decoded by `decode` (whole, or only some fields).
@@ -92,6 +109,7 @@ pub(super) fn read_docs_with(
     to: u64,
     limit: usize,
     decode: &dyn Fn(&[u8]) -> Result<Document>,
+    bufs: &mut ReadBuffers,
 ) -> Result<Vec<Record>> {
     let (oldest, next, journal_from, segments) = {
         let shared = inner.shared.read().map_err(super::lock_err)?;
@@ -156,7 +174,7 @@ pub(super) fn read_docs_with(
         return Ok(out);
     };
     for (seg, start, end) in segments {
-        let mut scan = SegmentScan::new(&seg, start, end);
+        let mut scan = SegmentScan::in_buffer(&seg, start, end, &mut bufs.records);
         while let Some((_, bytes)) = scan.next_raw()? {
             let h = Header::parse(bytes)?;
             for (si, s) in h.sections.iter().enumerate() {
@@ -175,8 +193,8 @@ pub(super) fn read_docs_with(
                 let want_hi = (to + 1).min(hi);
                 let (e_lo, e_hi) = (base + (want_lo - lo) as u32, base + (want_hi - lo) as u32);
                 for (bi, _) in h.blocks_for(e_lo, e_hi) {
-                    let data = h.block(bytes, bi)?;
-                    for e in h.entries(bi, &data) {
+                    let data = h.block_into(bytes, bi, &mut bufs.block)?;
+                    for e in h.entries(bi, data) {
                         let (index, entry) = e?;
                         if index < e_lo {
                             continue;
@@ -237,10 +255,12 @@ pub(super) fn scan(
                     Some(p) => parse_paths(json, p),
                     None => parse_doc(json),
                 };
+                let mut bufs = ReadBuffers::default();
                 let mut lo = from.saturating_add(k * SCAN_CHUNK);
                 while lo <= to {
                     let hi = lo.saturating_add(SCAN_CHUNK - 1).min(to);
-                    let batch = read_docs_with(&inner, &coll, lo, hi, usize::MAX, &decode);
+                    let batch =
+                        read_docs_with(&inner, &coll, lo, hi, usize::MAX, &decode, &mut bufs);
                     let failed = batch.is_err();
                     // The consumer stopped (a full $limit), or this worker's error ends it.
                     if tx.blocking_send(batch).is_err() || failed {

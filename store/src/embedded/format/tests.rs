@@ -372,3 +372,23 @@ fn some_paths_read_as_the_whole_document_reads_them() {
         );
     }
 }
+
+/// Reading some paths stops at the last of their first fields: what follows is not looked at
+/// (here, text that does not parse), and a path whose field is not met reads to the end.
+#[test]
+fn some_paths_stop_reading_once_their_fields_were_met() {
+    let bytes = br#"{"_tailrace":{"received":{"$date":"2026-12-06T14:00:00.000Z"},"seq":7},"lang":"ja","text":"#;
+    let paths = |ps: &[&str]| {
+        crate::query::only_paths(&ps.iter().map(|p| (*p).to_owned()).collect::<Vec<_>>())
+    };
+    let some = parse_paths(
+        bytes,
+        &paths(&["_tailrace.received", "_tailrace.seq", "lang"]),
+    )
+    .unwrap();
+    assert_eq!(
+        serde_json::Value::Object(some),
+        serde_json::json!({"_tailrace": {"received": {"$date": "2026-12-06T14:00:00.000Z"}, "seq": 7}, "lang": "ja"})
+    );
+    assert!(parse_paths(bytes, &paths(&["lang", "user.screen_name"])).is_err());
+}
