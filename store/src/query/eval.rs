@@ -2,6 +2,7 @@
 //! `$group`, `$count` and `$sortByCount` hold what they need and pass it on when the input
 //! ends. A `$limit` that is full stops the reading.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::time::Instant;
 
@@ -69,7 +70,12 @@ enum State {
 #[derive(Default)]
 struct Groups {
     index: HashMap<String, usize>,
-    groups: Vec<(Value, Vec<AccState>)>,
+    /// Each group's key, in the order the groups were met.
+    keys: Vec<Value>,
+    /// Each group's accumulators, one after the other (as many per group as the stage has):
+    /// one array, not one per group, so adding to a group reaches its accumulators without
+    /// following a pointer of their own.
+    accs: Vec<AccState>,
 }
 
 pub(super) fn run<I>(stages: &[Stage], docs: I, limits: Limits) -> Result<Answer, QueryError>
@@ -194,6 +200,16 @@ impl Run<'_> {
                         let Some(Value::Array(items)) = take_path(&mut doc, path) else {
                             return Ok(Flow::More);
                         };
+                        if Self::only_reads(stages.get(i + 1)) {
+                            // The next stage reads each document and keeps none: one document,
+                            // its element replaced in turn, instead of a copy per element.
+                            for item in items {
+                                set_path(&mut doc, path, item);
+                                self.out[i] += 1;
+                                self.take_in(i + 1, &doc)?;
+                            }
+                            return Ok(Flow::More);
+                        }
                         let last = items.len() - 1;
                         for (k, item) in items.into_iter().enumerate() {
                             let mut copy = if k == last {
@@ -227,61 +243,78 @@ impl Run<'_> {
                 }
                 Ok(Flow::More)
             }
-            Stage::Count(_) => {
-                if let State::Count(n) = &mut self.states[i] {
-                    *n += 1;
-                }
+            Stage::Count(_) | Stage::Group { .. } | Stage::SortByCount(_) => {
+                self.take_in(i, &doc)?;
                 Ok(Flow::More)
-            }
-            Stage::Group { id, accs } => {
-                let key = id
-                    .eval(&doc)
-                    .map_err(|e| self.err(i, e))?
-                    .unwrap_or(Value::Null);
-                let accs: Vec<&Acc> = accs.iter().map(|(_, a)| a).collect();
-                self.group(i, key, &accs, &doc)
-            }
-            Stage::SortByCount(e) => {
-                let key = e
-                    .eval(&doc)
-                    .map_err(|e| self.err(i, e))?
-                    .unwrap_or(Value::Null);
-                self.group(i, key, &[&Acc::Count], &doc)
             }
         }
     }
 
-    fn group(
+    /// Whether `stage` only reads the documents passed in, keeping none of them (and never
+    /// ends the input): [`Run::take_in`] takes them.
+    fn only_reads(stage: Option<&Stage>) -> bool {
+        matches!(
+            stage,
+            Some(Stage::Count(_) | Stage::Group { .. } | Stage::SortByCount(_))
+        )
+    }
+
+    /// Passes `doc` into stage `i`, one that [`Run::only_reads`].
+    fn take_in(&mut self, i: usize, doc: &Document) -> Result<(), QueryError> {
+        let stages = self.stages;
+        match &stages[i] {
+            Stage::Count(_) => {
+                if let State::Count(n) = &mut self.states[i] {
+                    *n += 1;
+                }
+            }
+            Stage::Group { id, accs } => {
+                let key = id.eval_ref(doc).map_err(|e| self.err(i, e))?;
+                self.group(i, key, accs.iter().map(|(_, a)| a), doc)?;
+            }
+            Stage::SortByCount(e) => {
+                let key = e.eval_ref(doc).map_err(|e| self.err(i, e))?;
+                self.group(i, key, [&Acc::Count].into_iter(), doc)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Adds `doc` to the group of `key` (missing: null) at stage `i`; the key is copied only
+    /// when it starts a group.
+    fn group<'a>(
         &mut self,
         i: usize,
-        key: Value,
-        accs: &[&Acc],
+        key: Option<Cow<'_, Value>>,
+        accs: impl ExactSizeIterator<Item = &'a Acc> + Clone,
         doc: &Document,
-    ) -> Result<Flow, QueryError> {
+    ) -> Result<(), QueryError> {
+        let key = key.unwrap_or(Cow::Owned(Value::Null));
         self.canon.clear();
         write_key(&key, &mut self.canon);
         let canon = self.canon.as_str();
         let State::Groups(g) = &mut self.states[i] else {
-            return Ok(Flow::More);
+            return Ok(());
         };
+        let per = accs.len();
         let (slot, new_bytes) = match g.index.get(canon) {
             Some(&slot) => (slot, 0),
             None => {
-                let bytes = canon.len() * 2 + 64 + 48 * accs.len();
-                g.index.insert(canon.to_owned(), g.groups.len());
-                g.groups
-                    .push((key, accs.iter().map(|a| AccState::new(a)).collect()));
-                (g.groups.len() - 1, bytes)
+                let bytes = canon.len() * 2 + 64 + 48 * per;
+                g.index.insert(canon.to_owned(), g.keys.len());
+                g.keys.push(key.into_owned());
+                g.accs.extend(accs.clone().map(AccState::new));
+                (g.keys.len() - 1, bytes)
             }
         };
         let mut grown = new_bytes;
-        for (state, acc) in g.groups[slot].1.iter_mut().zip(accs) {
+        for (state, acc) in g.accs[slot * per..(slot + 1) * per].iter_mut().zip(accs) {
             grown += state
                 .add(acc, doc)
                 .map_err(|e| QueryError::at(&format!("[{i}]"), e))?;
         }
-        self.hold(i, grown)?;
-        Ok(Flow::More)
+        self.hold(i, grown)
     }
 
     /// How many documents out of stage `i` can matter: the count of a `$limit` right after.
@@ -309,30 +342,29 @@ impl Run<'_> {
                 d.insert(name.clone(), Value::from(n));
                 vec![d]
             }
-            (Stage::Group { accs, .. }, State::Groups(g)) => g
-                .groups
-                .into_iter()
-                .map(|(key, states)| {
-                    let mut d = Map::new();
-                    d.insert("_id".into(), key);
-                    for ((name, _), s) in accs.iter().zip(states) {
-                        d.insert(name.clone(), s.finish());
-                    }
-                    d
-                })
-                .collect(),
-            (Stage::SortByCount(_), State::Groups(g)) => {
-                let mut docs: Vec<Document> = g
-                    .groups
+            (Stage::Group { accs, .. }, State::Groups(g)) => {
+                let mut states = g.accs.into_iter();
+                g.keys
                     .into_iter()
-                    .map(|(key, states)| {
+                    .map(|key| {
                         let mut d = Map::new();
                         d.insert("_id".into(), key);
-                        let n = states
-                            .into_iter()
-                            .next()
-                            .map_or(Value::from(0), AccState::finish);
-                        d.insert("count".into(), n);
+                        for ((name, _), s) in accs.iter().zip(states.by_ref()) {
+                            d.insert(name.clone(), s.finish());
+                        }
+                        d
+                    })
+                    .collect()
+            }
+            (Stage::SortByCount(_), State::Groups(g)) => {
+                let mut docs: Vec<Document> = g
+                    .keys
+                    .into_iter()
+                    .zip(g.accs)
+                    .map(|(key, count)| {
+                        let mut d = Map::new();
+                        d.insert("_id".into(), key);
+                        d.insert("count".into(), count.finish());
                         d
                     })
                     .collect();
@@ -578,12 +610,12 @@ impl AccState {
     fn add(&mut self, acc: &Acc, doc: &Document) -> Result<usize, String> {
         match (self, acc) {
             (AccState::Sum(s), Acc::Sum(e)) => {
-                if let Some(Value::Number(n)) = e.eval(doc)? {
-                    *s = add(*s, &n);
+                if let Some(Value::Number(n)) = e.eval_ref(doc)?.as_deref() {
+                    *s = add(*s, n);
                 }
             }
             (AccState::Avg(sum, n), Acc::Avg(e)) => {
-                if let Some(Value::Number(x)) = e.eval(doc)? {
+                if let Some(Value::Number(x)) = e.eval_ref(doc)?.as_deref() {
                     *sum += x.as_f64().unwrap_or(0.0);
                     *n += 1;
                 }
@@ -594,13 +626,12 @@ impl AccState {
                 } else {
                     Ordering::Greater
                 };
-                match e.eval(doc)? {
+                match e.eval_ref(doc)?.as_deref() {
                     None | Some(Value::Null) => {}
                     Some(v) => {
-                        let grow = size_of(&v);
-                        if best.as_ref().is_none_or(|b| compare(&v, b) == want) {
-                            *best = Some(v);
-                            return Ok(grow);
+                        if best.as_ref().is_none_or(|b| compare(v, b) == want) {
+                            *best = Some(v.clone());
+                            return Ok(size_of(v));
                         }
                     }
                 }
@@ -616,11 +647,11 @@ impl AccState {
                 return Ok(size_of(last));
             }
             (AccState::Set(seen, values), Acc::AddToSet(e)) => {
-                if let Some(v) = e.eval(doc)? {
+                if let Some(v) = e.eval_ref(doc)? {
                     let key = canonical(&v);
                     let grow = key.len() + size_of(&v) + 32;
                     if seen.insert(key) {
-                        values.push(v);
+                        values.push(v.into_owned());
                         return Ok(grow);
                     }
                 }
@@ -694,7 +725,12 @@ fn parent_mut<'a>(
 
 fn set_path(doc: &mut Document, path: &[String], value: Value) {
     if let Some((o, last)) = parent_mut(doc, path) {
-        o.insert(last.clone(), value);
+        match o.get_mut(last) {
+            Some(slot) => *slot = value,
+            None => {
+                o.insert(last.clone(), value);
+            }
+        }
     }
 }
 

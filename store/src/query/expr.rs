@@ -9,6 +9,8 @@
 //! also how the MongoDB engine reads a BSON date back, so an answer reads the same from
 //! either engine.
 
+use std::borrow::Cow;
+
 use serde_json::{Map, Number, Value};
 
 use super::QueryError;
@@ -204,6 +206,23 @@ impl Expr {
 
     /// The value on `doc`; `None` when it is missing (a path that reaches nothing).
     pub(super) fn eval(&self, doc: &Map<String, Value>) -> Result<Option<Value>, String> {
+        Ok(self.eval_ref(doc)?.map(Cow::into_owned))
+    }
+
+    /// [`Expr::eval`], borrowing what `doc` or the expression already holds: a group's key or
+    /// a date to truncate is read where it lies, and copied only when kept.
+    pub(super) fn eval_ref<'a>(
+        &'a self,
+        doc: &'a Map<String, Value>,
+    ) -> Result<Option<Cow<'a, Value>>, String> {
+        Ok(match self {
+            Expr::Field(parts) => lookup_ref(doc, parts),
+            Expr::Literal(v) => Some(Cow::Borrowed(v)),
+            other => other.eval_owned(doc)?.map(Cow::Owned),
+        })
+    }
+
+    fn eval_owned(&self, doc: &Map<String, Value>) -> Result<Option<Value>, String> {
         Ok(match self {
             Expr::Field(parts) => lookup(doc, parts),
             Expr::Literal(v) => Some(v.clone()),
@@ -216,15 +235,15 @@ impl Expr {
                 }
                 Some(Value::Object(out))
             }
-            Expr::ToDate(e) => match e.eval(doc)? {
+            Expr::ToDate(e) => match e.eval_ref(doc)?.as_deref() {
                 None | Some(Value::Null) => Some(Value::Null),
-                Some(v) => Some(date_value(to_millis(&v)?)?),
+                Some(v) => Some(date_value(to_millis(v)?)?),
             },
-            Expr::DateTrunc { date, unit_ms, bin } => match date.eval(doc)? {
+            Expr::DateTrunc { date, unit_ms, bin } => match date.eval_ref(doc)?.as_deref() {
                 None | Some(Value::Null) => Some(Value::Null),
                 Some(v) => {
-                    let ms = date_millis(&v)
-                        .ok_or_else(|| format!("$dateTrunc needs a date, found {}", kind(&v)))?;
+                    let ms = date_millis(v)
+                        .ok_or_else(|| format!("$dateTrunc needs a date, found {}", kind(v)))?;
                     // Bins start at MongoDB's reference date for these units, 2000-01-01:
                     // the same as the epoch for one unit, not for every bin size (7 days).
                     let step = unit_ms.saturating_mul(*bin).min(i64::MAX as u64) as i64;
@@ -278,6 +297,24 @@ pub(super) fn lookup(doc: &Map<String, Value>, parts: &[String]) -> Option<Value
     let (first, rest) = parts.split_first()?;
     let v = doc.get(first)?;
     descend(v, rest)
+}
+
+/// [`lookup`], borrowed where the path meets no array.
+pub(super) fn lookup_ref<'a>(
+    doc: &'a Map<String, Value>,
+    parts: &[String],
+) -> Option<Cow<'a, Value>> {
+    let (first, mut rest) = parts.split_first()?;
+    let mut v = doc.get(first)?;
+    while let Some((next, tail)) = rest.split_first() {
+        match v {
+            Value::Object(o) => v = o.get(next)?,
+            Value::Array(_) => return descend(v, rest).map(Cow::Owned),
+            _ => return None,
+        }
+        rest = tail;
+    }
+    Some(Cow::Borrowed(v))
 }
 
 fn descend(v: &Value, rest: &[String]) -> Option<Value> {

@@ -193,7 +193,10 @@ async fn read(
                 },
                 None => (bounds.oldest, bounds.newest),
             };
-            return read_range(c, first, newest, fields, tx).await;
+            // A document's position is its `_id`: set only where the pipeline reads it.
+            let with_id =
+                fields.is_none_or(|f| f.iter().any(|p| p == "_id" || p.starts_with("_id.")));
+            return read_range(c, first, newest, fields, with_id, tx).await;
         }
         Input::Keyed(k) => {
             let mut snapshot = k.snapshot(None).await?;
@@ -210,12 +213,13 @@ async fn read(
 }
 
 /// Sends the documents of `c` at positions `[first, newest]` still retained, each with its
-/// position as `_id`, in batches, until the evaluation stops taking them.
+/// position as `_id` when `with_id`, in batches, until the evaluation stops taking them.
 async fn read_range(
     c: Arc<dyn Capped>,
     first: Position,
     newest: Position,
     fields: Option<&[String]>,
+    with_id: bool,
     tx: mpsc::Sender<Vec<Document>>,
 ) -> Result<(), StoreError> {
     let mut batch = Vec::with_capacity(BATCH);
@@ -228,7 +232,9 @@ async fn read_range(
         while let Some(records) = scan.next().await {
             for record in records? {
                 let mut doc = take(record.doc, None);
-                doc.insert("_id".to_owned(), Value::from(record.position.0));
+                if with_id {
+                    doc.insert("_id".to_owned(), Value::from(record.position.0));
+                }
                 batch.push(doc);
             }
             if batch.len() >= BATCH && !hand_over(&tx, &mut batch).await {
@@ -249,7 +255,9 @@ async fn read_range(
                 break;
             }
             let mut doc = take(record.doc, fields);
-            doc.insert("_id".to_owned(), Value::from(record.position.0));
+            if with_id {
+                doc.insert("_id".to_owned(), Value::from(record.position.0));
+            }
             batch.push(doc);
             let last = record.position >= newest;
             if (batch.len() == BATCH || last) && !hand_over(&tx, &mut batch).await {
@@ -283,9 +291,10 @@ pub async fn load_live(
         }
         Ok::<_, QueryError>(live)
     })?;
-    let read = off_runtime(async move { read_range(c, first, last, fields.as_deref(), tx).await })?
-        .await
-        .map_err(|_| StoreError::Invalid("the live answer's reading stopped".into()))?;
+    let read =
+        off_runtime(async move { read_range(c, first, last, fields.as_deref(), true, tx).await })?
+            .await
+            .map_err(|_| StoreError::Invalid("the live answer's reading stopped".into()))?;
     let live = fill
         .await
         .map_err(|_| StoreError::Invalid("the live answer's evaluation stopped".into()))?;

@@ -146,11 +146,29 @@ fn rest_values(r: &mut Rng) -> Vec<Value> {
             }
             out
         }
-        2 => vec![
-            json!({"$unwind": "$hashtags"}),
-            json!({"$sortByCount": "$hashtags"}),
-            json!({"$limit": 1 + r.below(6)}),
-        ],
+        // Each element's document into a stage that only reads it (tailrace replaces the
+        // element in one document instead of copying it).
+        2 => match r.below(4) {
+            0 => vec![
+                json!({"$unwind": "$hashtags"}),
+                json!({"$sortByCount": "$hashtags"}),
+                json!({"$limit": 1 + r.below(6)}),
+            ],
+            1 => {
+                let mut group = serde_json::Map::new();
+                group.insert("_id".into(), json!("$hashtags"));
+                for _ in 0..1 + r.below(3) {
+                    let (name, acc) = r.pick(&accs);
+                    group.insert((*name).into(), acc.clone());
+                }
+                vec![
+                    json!({"$unwind": "$hashtags"}),
+                    json!({"$group": group}),
+                    json!({"$sort": {"_id": 1}}),
+                ]
+            }
+            _ => vec![json!({"$unwind": "$hashtags"}), json!({"$count": "n"})],
+        },
         3 => vec![
             json!({"$project": {"lang": 1, "n": 1, "user.screen_name": 1}}),
             json!({"$sort": {"n": -1, "_id": 1}}),
