@@ -71,6 +71,16 @@ pub(crate) fn parse_doc(json: &[u8]) -> Result<Document> {
 /// from a map, so no field appears twice.
 pub(crate) fn parse_paths(json: &[u8], paths: &[Vec<String>]) -> Result<Document> {
     let mut doc = Document::new();
+    // One path through objects (a time range's received time): found in one pass, without
+    // skipping over and reading again the objects on the way. Anything else (the path
+    // missing, or meeting an array or a scalar) is left to the walk below.
+    if let [path] = paths
+        && path.len() > 1
+        && let Ok(v) = sonic_rs::get(json, path)
+    {
+        put(&mut doc, path, parse_value(v.as_raw_str())?);
+        return Ok(doc);
+    }
     let first = |i: usize| paths[i].first();
     // The distinct first fields (a few paths: no set needed).
     let mut left = (0..paths.len())
@@ -98,6 +108,14 @@ pub(crate) fn parse_paths(json: &[u8], paths: &[Vec<String>]) -> Result<Document
 
 /// Puts the value at `rest` below `raw` (the JSON of `path`'s first part) into `doc`.
 fn take_path(raw: &str, rest: &[String], path: &[String], doc: &mut Document) -> Result<()> {
+    // The whole rest at once when it runs through objects (the common case).
+    if !rest.is_empty()
+        && raw.starts_with('{')
+        && let Ok(v) = sonic_rs::get(raw, rest)
+    {
+        put(doc, path, parse_value(v.as_raw_str())?);
+        return Ok(());
+    }
     let (mut raw, mut depth) = (Cow::Borrowed(raw), 0);
     while depth < rest.len() && raw.starts_with('{') {
         match sonic_rs::get(&*raw, [rest[depth].as_str()]) {
@@ -110,20 +128,27 @@ fn take_path(raw: &str, rest: &[String], path: &[String], doc: &mut Document) ->
     }
     let value = parse_value(&raw)?;
     // Where the path stops (its end, or an array or scalar on the way).
-    let at = &path[..depth + 1];
+    put(doc, &path[..depth + 1], value);
+    Ok(())
+}
+
+/// Puts `value` at `at` in `doc`, making the objects on the way.
+fn put(doc: &mut Document, at: &[String], value: Value) {
+    let Some((last, parents)) = at.split_last() else {
+        return;
+    };
     let mut node = doc;
-    for part in &at[..at.len() - 1] {
+    for part in parents {
         let slot = node
             .entry(part.clone())
             .or_insert_with(|| Value::Object(Document::new()));
         match slot {
             Value::Object(m) => node = m,
             // Taken whole already by a shorter path of the same prefix.
-            _ => return Ok(()),
+            _ => return,
         }
     }
-    node.insert(at[at.len() - 1].clone(), value);
-    Ok(())
+    node.insert(last.clone(), value);
 }
 
 /// One stored value as [`parse_doc`] reads it.

@@ -333,7 +333,7 @@ fn some_paths_read_as_the_whole_document_reads_them() {
     let mut bytes = Vec::new();
     write_doc(doc.as_object().unwrap(), &mut bytes).unwrap();
     let whole = parse_doc(&bytes).unwrap();
-    let cases: [(&[&str], serde_json::Value); 7] = [
+    let cases: [(&[&str], serde_json::Value); 11] = [
         (
             &["user.screen_name", "hashtags"],
             serde_json::json!({"user": {"screen_name": "ü"}, "hashtags": ["Ünïcode", "🦀"]}),
@@ -359,6 +359,20 @@ fn some_paths_read_as_the_whole_document_reads_them() {
             serde_json::json!({"text": whole["text"].clone(), "n": whole["n"].clone(), "f": 0.1}),
         ),
         (&[], serde_json::json!({})),
+        // One path alone (read in one pass when it runs through objects).
+        (
+            &["user.deep.n"],
+            serde_json::json!({"user": {"deep": {"n": -0.0}}}),
+        ),
+        (
+            &["user.ids.0"],
+            serde_json::json!({"user": {"ids": whole["user"]["ids"].clone()}}),
+        ),
+        (
+            &["user.screen_name.x"],
+            serde_json::json!({"user": {"screen_name": "ü"}}),
+        ),
+        (&["user.missing.x"], serde_json::json!({})),
     ];
     for (paths, want) in cases {
         let paths: Vec<String> = paths.iter().map(|p| (*p).to_owned()).collect();
