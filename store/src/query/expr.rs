@@ -215,17 +215,9 @@ impl Expr {
         &'a self,
         doc: &'a Map<String, Value>,
     ) -> Result<Option<Cow<'a, Value>>, String> {
-        Ok(match self {
-            Expr::Field(parts) => lookup_ref(doc, parts),
-            Expr::Literal(v) => Some(Cow::Borrowed(v)),
-            other => other.eval_owned(doc)?.map(Cow::Owned),
-        })
-    }
-
-    fn eval_owned(&self, doc: &Map<String, Value>) -> Result<Option<Value>, String> {
-        Ok(match self {
-            Expr::Field(parts) => lookup(doc, parts),
-            Expr::Literal(v) => Some(v.clone()),
+        let computed = match self {
+            Expr::Field(parts) => return Ok(lookup_ref(doc, parts)),
+            Expr::Literal(v) => return Ok(Some(Cow::Borrowed(v))),
             Expr::Object(fields) => {
                 let mut out = Map::new();
                 for (k, e) in fields {
@@ -275,7 +267,8 @@ impl Expr {
                     }
                 }
             }
-        })
+        };
+        Ok(computed.map(Cow::Owned))
     }
 }
 
@@ -294,9 +287,7 @@ pub(super) fn field_path(path: &str, at: &str) -> Result<Vec<String>, QueryError
 /// The value a path reaches, the way aggregation reads it: through an array, the values
 /// reached in each element (missing ones left out), as an array.
 pub(super) fn lookup(doc: &Map<String, Value>, parts: &[String]) -> Option<Value> {
-    let (first, rest) = parts.split_first()?;
-    let v = doc.get(first)?;
-    descend(v, rest)
+    lookup_ref(doc, parts).map(Cow::into_owned)
 }
 
 /// [`lookup`], borrowed where the path meets no array.
