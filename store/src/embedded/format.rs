@@ -404,31 +404,36 @@ impl Header {
         out: &'a mut Vec<u8>,
     ) -> Result<&'a [u8]> {
         let b = self.blocks.get(i).ok_or_else(|| corrupt("no such block"))?;
-        let data = Self::slice(record, b)?;
-        match b.codec {
-            RAW => Ok(data),
-            LZ4 => {
-                let raw = b.raw as usize;
-                if out.len() < raw {
-                    out.resize(raw, 0);
-                }
-                let n = lz4_flex::block::decompress_into(data, &mut out[..raw])
-                    .map_err(|e| corrupt(format!("block does not decompress: {e}")))?;
-                Ok(&out[..n])
-            }
-            c => Err(corrupt(format!("unknown codec {c}"))),
-        }
+        decode_into(b, Self::slice(record, b)?, out)
     }
 
     /// A block's data as stored (`data`), decompressed.
     pub fn block_data<'a>(&self, b: &Block, data: &'a [u8]) -> Result<Cow<'a, [u8]>> {
-        match b.codec {
-            RAW => Ok(Cow::Borrowed(data)),
-            LZ4 => lz4_flex::block::decompress(data, b.raw as usize)
-                .map(Cow::Owned)
-                .map_err(|e| corrupt(format!("block does not decompress: {e}"))),
-            c => Err(corrupt(format!("unknown codec {c}"))),
+        if b.codec == RAW {
+            return Ok(Cow::Borrowed(data));
         }
+        let mut out = Vec::new();
+        let n = decode_into(b, data, &mut out)?.len();
+        out.truncate(n);
+        Ok(Cow::Owned(out))
+    }
+}
+
+/// Block `b`'s stored bytes `data` as written: where they lie when stored raw, else
+/// decompressed into `out` (grown to the block's size where it is shorter, never shrunk).
+fn decode_into<'a>(b: &Block, data: &'a [u8], out: &'a mut Vec<u8>) -> Result<&'a [u8]> {
+    match b.codec {
+        RAW => Ok(data),
+        LZ4 => {
+            let raw = b.raw as usize;
+            if out.len() < raw {
+                out.resize(raw, 0);
+            }
+            let n = lz4_flex::block::decompress_into(data, &mut out[..raw])
+                .map_err(|e| corrupt(format!("block does not decompress: {e}")))?;
+            Ok(&out[..n])
+        }
+        c => Err(corrupt(format!("unknown codec {c}"))),
     }
 }
 
