@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::{
     Bounds, Capabilities, CappedSpec, Change, ChangeFilter, ChangeStart, Document, Durability,
     Filter, KeyUpdate, KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record, Result,
-    ResumeToken, Start, StoreError, TimeSpan, Usage,
+    ResumeToken, Start, StoreError, TimeSpan, Usage, ValueGroup,
 };
 
 /// A stream of capped-collection documents in insertion order. It never ends on its own while
@@ -262,6 +262,23 @@ pub trait Capped: Send + Sync + 'static {
     async fn time_span(&self, from_ms: i64, to_ms: i64) -> Result<Option<TimeSpan>> {
         let _ = (from_ms, to_ms);
         Ok(None)
+    }
+
+    /// For a query grouping by the indexed `field`: calls `each` with the groups of its
+    /// values in whole stretches of positions within `[from, to]` that the engine keeps a
+    /// summary of (each stretch's groups in turn), and returns those stretches (inclusive, in
+    /// order). The caller reads the documents of the rest. A summary holds only what a
+    /// `$group` by the field finds there: string values, and null or missing as `None`.
+    /// Blocking (it reads files): call it from a query's thread. The default keeps none.
+    fn value_groups(
+        &self,
+        field: &str,
+        from: Position,
+        to: Position,
+        each: &mut dyn FnMut(ValueGroup<'_>),
+    ) -> Result<Vec<(Position, Position)>> {
+        let _ = (field, from, to, each);
+        Ok(Vec::new())
     }
 
     /// Number of retained documents and their encoded size in bytes.

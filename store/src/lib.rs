@@ -78,5 +78,5 @@ pub use stamp::{GEO_FIELD, GEO_PATH, RECEIVED_PATH, STAMP_FIELD, STAMP_SOURCE_PA
 pub use types::{
     Bounds, CappedSpec, Change, ChangeFilter, ChangeOp, ChangeStart, Document, Durability,
     KeyUpdate, KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record, ResumeToken, Start,
-    TimeSpan, Update, Usage, WriteId,
+    TimeSpan, Update, Usage, ValueGroup, WriteId,
 };

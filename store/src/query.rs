@@ -36,6 +36,7 @@
 mod cores;
 mod eval;
 mod expr;
+mod indexed;
 mod live;
 mod page;
 mod read;
@@ -308,6 +309,15 @@ impl Pipeline {
     {
         eval::run(&self.stages, docs, limits)
     }
+}
+
+/// The value at a field path (split) as aggregation reads it, as a `$group` by `"$a.b"`
+/// does: through an array, the values reached in each element, as an array.
+pub(crate) fn value_at<'a>(
+    doc: &'a crate::Document,
+    parts: &[String],
+) -> Option<std::borrow::Cow<'a, Value>> {
+    expr::lookup_ref(doc, parts)
 }
 
 /// `paths` (dotted) split into parts, without those another one covers (`user` covers

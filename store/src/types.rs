@@ -141,6 +141,18 @@ pub struct Bounds {
     pub newest: Position,
 }
 
+/// One value of a field and the documents holding it in a stretch of a capped collection
+/// ([`crate::Capped::value_groups`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ValueGroup<'a> {
+    /// The string value; `None` for null or missing.
+    pub value: Option<&'a str>,
+    /// The first position that holds it.
+    pub first: Position,
+    /// How many documents hold it.
+    pub count: u64,
+}
+
 /// Where a range of received times lies in a capped collection ([`crate::Capped::time_span`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TimeSpan {

@@ -1427,6 +1427,24 @@ async fn a_journal_directory_of_the_previous_release_opens_whole() {
     }
 }
 
+/// Appends `docs`, and gives them back as a query reads them: each with its position as `_id`.
+async fn append_as_read(
+    c: &std::sync::Arc<dyn store::Capped>,
+    docs: Vec<store::Document>,
+) -> Vec<store::Document> {
+    let positions = c
+        .append(docs.clone(), Durability::Acknowledged)
+        .await
+        .unwrap();
+    docs.into_iter()
+        .zip(positions)
+        .map(|(mut d, p)| {
+            d.insert("_id".into(), json!(p.0));
+            d
+        })
+        .collect()
+}
+
 /// A query whose first `$match` keeps a range of received times reads only the segments (and,
 /// where the times came in order, the part of a segment) where they lie, and answers as a
 /// query over everything does: with documents without a time, one out of order, and the
@@ -1455,14 +1473,7 @@ async fn a_time_range_reads_only_where_its_documents_lie() {
     let append = async |from: i64, to: i64, all: &mut Vec<store::Document>| {
         for chunk in (from..to).collect::<Vec<_>>().chunks(50) {
             let docs: Vec<_> = chunk.iter().map(|i| doc(*i)).collect();
-            let positions = events
-                .append(docs.clone(), Durability::Acknowledged)
-                .await
-                .unwrap();
-            for (mut d, p) in docs.into_iter().zip(positions) {
-                d.insert("_id".into(), json!(p.0));
-                all.push(d);
-            }
+            all.extend(append_as_read(&events, docs).await);
         }
     };
     append(0, 3000, &mut all).await;
@@ -1641,4 +1652,159 @@ fn cpus(status: &str) -> usize {
             None => 1,
         })
         .sum()
+}
+
+/// A `$group` by an indexed field over finished segments is answered from their values
+/// files, and gives what a read of every document gives: the same groups in the same order,
+/// with null and missing values, numbers and long strings in some segments (which then have
+/// no summary of the field), the oldest segment cut by eviction, a damaged values file, the
+/// store reopened, and the query bound.
+#[tokio::test]
+async fn a_group_by_an_indexed_field_reads_its_values_files_and_answers_as_a_read() {
+    use store::query::{Input, Limits, Pipeline, aggregate};
+    let dir = tempfile::tempdir().unwrap();
+    let fields = ["user.screen_name", "lang", "n"];
+    let doc = |i: u64| {
+        let mut d = event(i);
+        // A long tail of names; now and then none, a null, or one too long to summarize.
+        let name = match i % 97 {
+            0 => Value::Null,
+            1 if i < 2600 => json!("n".repeat(2000)),
+            _ => json!(format!("u{}", (i * i) % (200 + i / 10))),
+        };
+        if i % 89 != 5 {
+            d.insert("user".into(), json!({"screen_name": name}));
+        } else {
+            d.remove("user");
+        }
+        // A number among the languages of one document.
+        let lang = if i == 5050 {
+            json!(7)
+        } else {
+            json!(["en", "ja", "ar"][(i % 3) as usize])
+        };
+        d.insert("lang".into(), lang);
+        d.insert("n".into(), json!(i % 11));
+        d
+    };
+    let pipelines = [
+        json!([{"$group": {"_id": "$user.screen_name"}}, {"$count": "n"}]),
+        json!([{"$group": {"_id": "$user.screen_name", "n": {"$sum": 1}}}]),
+        json!([
+            {"$group": {"_id": "$user.screen_name", "c": {"$count": {}}, "t": {"$sum": -3}}},
+            {"$match": {"c": {"$gt": 2}}},
+            {"$sort": {"_id": 1}},
+        ]),
+        json!([{"$group": {"_id": "$lang", "n": {"$sum": 1}}}]),
+        json!([{"$group": {"_id": "$n", "n": {"$sum": 1}}}]),
+    ];
+    let ask = async |store: &EmbeddedStore, all: &[store::Document], first_read: bool| {
+        let events = store.capped("events", &spec(6000, &fields)).await.unwrap();
+        let oldest = events.bounds().await.unwrap().unwrap().oldest.0;
+        let window: Vec<store::Document> = all
+            .iter()
+            .filter(|d| d["_id"].as_u64().unwrap() >= oldest)
+            .cloned()
+            .collect();
+        let mut ran = Vec::new();
+        for p in &pipelines {
+            let pipeline = Pipeline::parse(p).unwrap();
+            let want = pipeline.run(window.clone(), Limits::default()).unwrap();
+            let got = aggregate(Input::Capped(events.clone()), pipeline, Limits::default())
+                .await
+                .unwrap();
+            assert_eq!(got.docs, want.docs, "{p}");
+            ran.push((got.stages[0].ran, got.read));
+        }
+        // Names: from the summaries, reading fewer documents than the window holds.
+        assert_eq!(ran[0].0, "index", "{ran:?}");
+        if first_read {
+            assert!(ran[0].1 < window.len() as u64, "{ran:?}");
+        }
+        // A number in one segment: that segment's documents are read, the rest summarized.
+        assert_eq!(ran[3].0, "index", "{ran:?}");
+        // Numbers everywhere: no summary at all, every document read.
+        assert_eq!(ran[4], ("tailrace", window.len() as u64), "{ran:?}");
+        // The bound on what a `$group` holds applies as it does to a read.
+        let small = Limits { max_bytes: 10_000 };
+        let err = aggregate(
+            Input::Capped(events.clone()),
+            Pipeline::parse(&pipelines[1]).unwrap(),
+            small,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("[0].$group: holds more than the query bound"),
+            "{err}"
+        );
+        ran
+    };
+
+    // Small segments: many of them finished.
+    let open = |dir: &tempfile::TempDir| {
+        EmbeddedStore::open_with(
+            dir.path(),
+            EmbeddedOptions::default(),
+            Tuning {
+                segment_bytes: 16 * 1024,
+                ..Tuning::default()
+            },
+            store::embedded::Io {
+                manual_maintenance: true,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let store = open(&dir);
+    let events = store.capped("events", &spec(6000, &fields)).await.unwrap();
+    let mut all = Vec::new();
+    for chunk in (0..8000).collect::<Vec<u64>>().chunks(40) {
+        let docs: Vec<_> = chunk.iter().map(|i| doc(*i)).collect();
+        all.extend(append_as_read(&events, docs).await);
+        maintain(&store).await;
+    }
+    let jdir = dir.path().join("journal");
+    let values_files = || {
+        let mut v: Vec<_> = std::fs::read_dir(&jdir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "val"))
+            .collect();
+        v.sort();
+        v
+    };
+    let logs = std::fs::read_dir(&jdir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|e| e == "log")
+        })
+        .count();
+    assert!(
+        values_files().len() >= 10,
+        "{:?} of {logs} segments",
+        values_files()
+    );
+    let before = ask(&store, &all, true).await;
+
+    // A damaged values file is not used: its segment's documents are read instead.
+    let damaged = values_files()[values_files().len() / 2].clone();
+    let mut bytes = std::fs::read(&damaged).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    std::fs::write(&damaged, &bytes).unwrap();
+    let after = ask(&store, &all, true).await;
+    assert!(after[0].1 > before[0].1, "{before:?} {after:?}");
+    store.close().await.unwrap();
+
+    // Reopened: the files of finished segments are used again.
+    let store = open(&dir);
+    ask(&store, &all, true).await;
+    store.close().await.unwrap();
 }

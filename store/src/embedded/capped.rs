@@ -8,10 +8,10 @@ use serde_json::Value;
 
 use super::keyed::EmbeddedKeyed;
 use super::writer::{self, Op, Reply};
-use super::{CappedShared, Inner, format, lock_err, read, timeline};
+use super::{CappedShared, Inner, format, lock_err, read, timeline, values};
 use crate::{
     Bounds, Capped, Document, Durability, Filter, KeyUpdate, Keyed, NewestMatching, Position,
-    Record, RecordStream, Result, Start, StoreError, TimeSpan, Usage,
+    Record, RecordStream, Result, Start, StoreError, TimeSpan, Usage, ValueGroup,
 };
 
 /// A capped collection of the embedded engine.
@@ -192,6 +192,55 @@ impl Capped for EmbeddedCapped {
         self.inner
             .read(move |i| timeline::span(i, &coll, from_ms, to_ms).map(Some))
             .await
+    }
+
+    fn value_groups(
+        &self,
+        field: &str,
+        from: Position,
+        to: Position,
+        each: &mut dyn FnMut(ValueGroup<'_>),
+    ) -> Result<Vec<(Position, Position)>> {
+        // Finished segments whose positions of this collection lie within the range; the
+        // segment being written has no values file.
+        let segments: Vec<(values::Tie, u64, u64)> = {
+            let shared = self.inner.shared.read().map_err(lock_err)?;
+            let newest = shared.segments.keys().next_back().copied();
+            shared
+                .segments
+                .iter()
+                .filter(|(seq, _)| Some(**seq) != newest)
+                .filter_map(|(seq, info)| {
+                    let c = info.colls.get(&self.name)?;
+                    let whole = c.end > c.first && c.first >= from.0 && c.end - 1 <= to.0;
+                    whole.then_some((
+                        values::Tie {
+                            seq: *seq,
+                            end: info.end,
+                            last_lsn: info.last_lsn,
+                        },
+                        c.first,
+                        c.end - 1,
+                    ))
+                })
+                .collect()
+        };
+        let jdir = self.inner.dir.join(super::journal::DIR);
+        let mut covered = Vec::new();
+        for (tie, first, last) in segments {
+            let mut hand = |g: values::Group<'_>| {
+                each(ValueGroup {
+                    value: g.value,
+                    first: Position(g.first),
+                    count: g.count,
+                });
+            };
+            let path = values::path(&jdir, tie.seq);
+            if values::read(&*self.inner.fs, &path, tie, &self.name, field, &mut hand) {
+                covered.push((Position(first), Position(last)));
+            }
+        }
+        Ok(covered)
     }
 
     async fn usage(&self) -> Result<Usage> {

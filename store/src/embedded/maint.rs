@@ -13,7 +13,7 @@
 
 use crate::telemetry::Problem;
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, RwLock};
@@ -47,6 +47,8 @@ pub(crate) enum Task {
         path: PathBuf,
         summary: SegSummary,
         entries: Arc<Vec<(u64, u64)>>,
+        /// Each capped collection's indexed fields, whose values go to the values file.
+        indexes: HashMap<String, Vec<String>>,
     },
     /// Look for segments to release now.
     Check,
@@ -151,7 +153,8 @@ impl Maint {
                 path,
                 summary,
                 entries,
-            } => self.write_index(path, &summary, &entries),
+                indexes,
+            } => self.write_index(path, &summary, &entries, &indexes),
             Task::Check => Ok(()),
         }
     }
@@ -166,8 +169,10 @@ impl Maint {
         path: PathBuf,
         summary: &SegSummary,
         entries: &[(u64, u64)],
+        indexes: &HashMap<String, Vec<String>>,
     ) -> Result<()> {
         super::state::write_index_file(&*self.fs, &path, summary, entries)?;
+        self.write_values(&path, summary, indexes);
         let mut shared = self.shared.write().map_err(super::lock_err)?;
         if let Some(info) = shared.segments.get_mut(&summary.seq)
             && matches!(info.index, SegIndex::Sealed(_))
@@ -178,6 +183,32 @@ impl Maint {
             };
         }
         Ok(())
+    }
+
+    /// Writes a finished segment's values file: its documents are read once more, for the
+    /// values of the indexed fields (the writer keeps only their hashes).
+    fn write_values(
+        &self,
+        idx: &Path,
+        summary: &SegSummary,
+        indexes: &HashMap<String, Vec<String>>,
+    ) {
+        if !indexes.values().any(|f| !f.is_empty()) {
+            return;
+        }
+        let seg = match self.shared.read() {
+            Ok(shared) => shared.segments.get(&summary.seq).map(|i| i.seg.clone()),
+            Err(_) => None,
+        };
+        let (Some(seg), Some(jdir)) = (seg, idx.parent()) else {
+            return;
+        };
+        match super::recover::scan_segment(&seg, None, indexes) {
+            Ok(scanned) => super::recover::write_values(&*self.fs, jdir, summary, scanned.values),
+            Err(e) => {
+                tracing::warn!(error = %e, segment = summary.seq, "could not read a journal segment for its values file; queries read its documents instead")
+            }
+        }
     }
 
     /// Releases the oldest segments nothing needs any more (see the module's doc).
@@ -386,6 +417,7 @@ impl Maint {
         }
         let _ = self.fs.remove(&journal::segment_path(&jdir, seq));
         let _ = self.fs.remove(&journal::index_path(&jdir, seq));
+        let _ = self.fs.remove(&super::values::path(&jdir, seq));
         tracing::debug!(segment = seq, "journal segment released");
         Ok(())
     }

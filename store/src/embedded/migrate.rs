@@ -251,7 +251,8 @@ fn convert(
                     path,
                     summary,
                     entries,
-                } => m.write_index(path, &summary, &entries)?,
+                    indexes,
+                } => m.write_index(path, &summary, &entries, &indexes)?,
                 Task::Check => {}
             }
         }

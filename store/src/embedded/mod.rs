@@ -7,6 +7,8 @@
 //! journal/<n>.log  journal segments: every commit's record, in order
 //! journal/<n>.idx  a finished segment's index file: its field-value index, positions, sizes,
 //!                  seek points
+//! journal/<n>.val  a finished segment's values file: each indexed field's distinct values
+//!                  and their counts, for a `$group` by the field (`values`; a cache)
 //! keyed/           the LSM tree: keyed documents, their write-time index, the feeds'
 //!                  checkpoints, capped documents moved out of released segments
 //! catalog.json     collections (kind, limits, indexes, validation rule) and what released
@@ -107,6 +109,7 @@ mod settings;
 mod state;
 mod timeline;
 mod tree;
+mod values;
 mod writer;
 
 use std::collections::HashMap;

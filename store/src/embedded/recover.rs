@@ -18,6 +18,7 @@ use super::state::{
 };
 
 use super::tree::{self, Tree};
+use super::values;
 use crate::{ChangeOp, Result, StoreError, update};
 
 /// The keyed state's directory inside the data directory.
@@ -54,6 +55,8 @@ pub(crate) struct Recovered {
 pub(crate) struct Scanned {
     pub summary: SegSummary,
     pub index: MemIndex,
+    /// The indexed fields' values, for the segment's values file once it is finished.
+    pub values: values::Gather,
     pub tail: TailState,
 }
 
@@ -235,6 +238,7 @@ fn scan_segment_to(
                             out.index.push(h, s.first + k as u64);
                         }
                     }
+                    out.values.add(&s.coll, fields, s.first + k as u64, &doc);
                 }
             }
             at += s.count as usize;
@@ -245,6 +249,25 @@ fn scan_segment_to(
     out.summary.colls = colls.into_values().collect();
     out.tail = tail;
     Ok(out)
+}
+
+/// Writes a finished segment's values file from what a read of it gathered. A failure is
+/// logged and costs only speed: a query reads the documents the file would have summarized.
+pub(crate) fn write_values(
+    fs: &dyn Fs,
+    jdir: &Path,
+    summary: &SegSummary,
+    gathered: values::Gather,
+) {
+    let tie = values::Tie {
+        seq: summary.seq,
+        end: summary.end,
+        last_lsn: summary.last_lsn,
+    };
+    let path = values::path(jdir, summary.seq);
+    if let Err(e) = values::write(fs, &path, tie, &gathered.finish()) {
+        tracing::warn!(error = %e, segment = summary.seq, "could not write a journal segment's values file; queries read its documents instead");
+    }
 }
 
 /// Per capped collection, what recovery gathers.
@@ -313,6 +336,7 @@ pub(crate) fn open(
     for seq in segs.iter().filter(|s| **s < catalog.first_segment) {
         let _ = fs.remove(&journal::segment_path(&jdir, *seq));
         let _ = fs.remove(&journal::index_path(&jdir, *seq));
+        let _ = fs.remove(&values::path(&jdir, *seq));
     }
     segs.retain(|s| *s >= catalog.first_segment);
 
@@ -362,6 +386,7 @@ pub(crate) fn open(
         for seq in segs.iter().filter(|s| **s > f.segment) {
             let _ = fs.remove(&journal::segment_path(&jdir, *seq));
             let _ = fs.remove(&journal::index_path(&jdir, *seq));
+            let _ = fs.remove(&values::path(&jdir, *seq));
         }
         segs.retain(|s| *s <= f.segment);
     }
@@ -371,6 +396,9 @@ pub(crate) fn open(
         let last = i + 1 == n;
         let idx_path = journal::index_path(&jdir, seq);
         let from_file = if last {
+            // The segment being written has no values file: one left here was made for other
+            // contents (see `values`).
+            let _ = fs.remove(&values::path(&jdir, seq));
             None
         } else {
             // An index file that gives a segment with records no first record number was
@@ -416,6 +444,7 @@ pub(crate) fn open(
                     (scanned.summary, SegIndex::Memory(scanned.index))
                 } else {
                     let entries = scanned.index.into_sorted();
+                    write_values(&*fs, &jdir, &scanned.summary, scanned.values);
                     if let Err(e) =
                         state::write_index_file(&*fs, &idx_path, &scanned.summary, &entries)
                     {

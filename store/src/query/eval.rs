@@ -22,7 +22,8 @@ pub struct Answer {
     pub docs: Vec<Value>,
     /// Each stage: where it ran and how many documents came out of it.
     pub stages: Vec<StageRun>,
-    /// Documents tailrace read: from the collection, or out of the stages a server ran.
+    /// Documents tailrace read: from the collection, or out of the stages a server ran; for
+    /// a `$group` run on the `index`, the documents read plus the summaries' values.
     pub read: u64,
     /// Time spent evaluating, in microseconds.
     pub took_us: u64,
@@ -33,7 +34,9 @@ pub struct Answer {
 pub struct StageRun {
     /// `$match`, `$group`, ...
     pub stage: &'static str,
-    /// `tailrace` (evaluated in-process) or `server` (run by a database server).
+    /// `tailrace` (evaluated in-process), `server` (run by a database server) or `index`
+    /// (a `$group` by an indexed field, from the engine's summaries of its values where it
+    /// keeps them and from the documents elsewhere: `query/indexed.rs`).
     pub ran: &'static str,
     /// Documents out of it; `None` inside a server's part of the pipeline (the server says
     /// only what comes out of its last stage).
@@ -135,13 +138,7 @@ impl Run<'_> {
     fn hold(&mut self, i: usize, bytes: usize) -> Result<(), QueryError> {
         self.held = self.held.saturating_add(bytes);
         if self.held > self.limits.max_bytes {
-            return Err(self.err(
-                i,
-                format!(
-                    "holds more than the query bound of {} bytes (groups, sort buffer, sets); narrow it with $match or a time range first",
-                    self.limits.max_bytes
-                ),
-            ));
+            return Err(self.err(i, over_bound(self.limits)));
         }
         Ok(())
     }
@@ -500,6 +497,14 @@ pub(super) fn compare(a: &Value, b: &Value) -> Ordering {
     }
 }
 
+/// Why a stage holding more than `limits` allow is refused.
+pub(super) fn over_bound(limits: Limits) -> String {
+    format!(
+        "holds more than the query bound of {} bytes (groups, sort buffer, sets); narrow it with $match or a time range first",
+        limits.max_bytes
+    )
+}
+
 /// A group key as text: equal keys (1 and 1.0 alike, as MongoDB groups them) give equal text.
 pub(super) fn canonical(v: &Value) -> String {
     let mut out = String::new();
@@ -511,7 +516,7 @@ pub(super) fn canonical(v: &Value) -> String {
 /// it is after a quote: nothing follows it to be told apart from (no other value's text
 /// starts with a quote), so it needs none of the escaping that costs most in a string's
 /// JSON text, and most group keys are strings.
-fn write_key(v: &Value, out: &mut String) {
+pub(super) fn write_key(v: &Value, out: &mut String) {
     match v {
         Value::String(s) => {
             out.push('"');

@@ -16,7 +16,7 @@ use crate::{Capped, Document, Keyed, Position, Start, StoreError, TimeSpan};
 const BATCH: usize = 256;
 
 /// Batches in flight between the reading and the evaluation.
-const IN_FLIGHT: usize = 4;
+pub(super) const IN_FLIGHT: usize = 4;
 
 /// What a query reads.
 #[derive(Clone)]
@@ -64,6 +64,12 @@ pub async fn aggregate(
             return on_server(server.as_ref(), pipeline, n, limits).await;
         }
     }
+    if let Input::Capped(c) = &input
+        && let Some(g) = pipeline.grouping()
+        && let Some(answer) = super::indexed::aggregate(c.clone(), &pipeline, g, limits).await?
+    {
+        return Ok(answer);
+    }
     let fields = pipeline.fields_read();
     let range = pipeline.received_range();
     let (tx, mut rx) = mpsc::channel::<Vec<Document>>(IN_FLIGHT);
@@ -84,7 +90,7 @@ pub async fn aggregate(
 /// Runs a query's evaluation (or its reading, [`off_runtime`]) on a thread of its own at the
 /// lowest priority, on the cores queries may use ([`super::as_query_thread`]): the ingester
 /// and the feeds come first, and a long `$group` takes the time they leave.
-fn evaluate<T: Send + 'static>(
+pub(super) fn evaluate<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<tokio::sync::oneshot::Receiver<T>, StoreError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -101,7 +107,7 @@ fn evaluate<T: Send + 'static>(
 /// Drives a query's reading on a thread of its own at the lowest priority, not on the
 /// runtime's: handing a million documents to the evaluation is work per document, and on the
 /// runtime's threads it delays every task woken meanwhile (a feed told of a new event).
-fn off_runtime<T: Send + 'static>(
+pub(super) fn off_runtime<T: Send + 'static>(
     read: impl std::future::Future<Output = T> + Send + 'static,
 ) -> Result<tokio::sync::oneshot::Receiver<T>, StoreError> {
     let handle = tokio::runtime::Handle::current();
@@ -214,7 +220,7 @@ async fn read(
 
 /// Sends the documents of `c` at positions `[first, newest]` still retained, each with its
 /// position as `_id` when `with_id`, in batches, until the evaluation stops taking them.
-async fn read_range(
+pub(super) async fn read_range(
     c: Arc<dyn Capped>,
     first: Position,
     newest: Position,

@@ -146,10 +146,17 @@ impl Writer {
         info.index = SegIndex::Sealed(entries.clone());
         let summary = crate::embedded::recover::summarize(shared, seq, &self.capped_sizes());
         if let Some(summary) = summary {
+            let indexes = self
+                .capped
+                .iter()
+                .filter(|(_, c)| !c.indexes.is_empty())
+                .map(|(k, c)| (k.clone(), c.indexes.clone()))
+                .collect();
             let _ = self.maint.send(Task::WriteIndex {
                 path: journal::index_path(&self.jdir, seq),
                 summary,
                 entries,
+                indexes,
             });
         }
     }

@@ -1,0 +1,315 @@
+//! A pipeline that starts with a `$group` by one field, counting (`$count`, `$sum` of an
+//! integer), answered from the engine's summaries of the field's values where it keeps them
+//! ([`crate::Capped::value_groups`]: the embedded engine's, for an indexed field, per finished
+//! segment), and from the documents elsewhere. This is MongoDB's `DISTINCT_SCAN`: a distinct
+//! of an indexed field reads its index, not the documents.
+//!
+//! The groups are the ones a read of every document makes, in the same order (by the
+//! position of each group's first document) and with the same keys and counts; the rest of
+//! the pipeline then runs over them as usual. A summary holds only string values and null or
+//! missing, so no key from it can equal a key of another type read from the documents. The
+//! answer says the `$group` ran on the `index`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use hashbrown::HashMap;
+use serde_json::{Map, Value};
+use tokio::sync::mpsc;
+
+use super::eval::{over_bound, write_key};
+use super::expr::Expr;
+use super::read::{AggregateError, IN_FLIGHT, evaluate, off_runtime, read_range};
+use super::{Acc, Answer, Limits, Pipeline, QueryError, Stage, StageRun};
+use crate::{Capped, Document, Position, StoreError};
+
+/// What such a `$group` is: the field, and each accumulator's name and what it adds per
+/// document.
+pub(super) struct Grouping {
+    field: String,
+    parts: Vec<String>,
+    accs: Vec<(String, i64)>,
+}
+
+impl Pipeline {
+    /// The pipeline's first stage as a [`Grouping`], when it is one.
+    pub(super) fn grouping(&self) -> Option<Grouping> {
+        let Some(Stage::Group {
+            id: Expr::Field(parts),
+            accs,
+        }) = self.stages.first()
+        else {
+            return None;
+        };
+        // A capped document's `_id` is its position, never summarized.
+        if parts.first().is_none_or(|p| p == "_id") {
+            return None;
+        }
+        let accs = accs
+            .iter()
+            .map(|(name, acc)| match acc {
+                Acc::Count => Some((name.clone(), 1)),
+                // Small enough that no count of documents makes the sum overflow.
+                Acc::Sum(Expr::Literal(Value::Number(n))) => n
+                    .as_i64()
+                    .filter(|k| k.unsigned_abs() <= 1 << 31)
+                    .map(|k| (name.clone(), k)),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Grouping {
+            field: parts.join("."),
+            parts: parts.clone(),
+            accs,
+        })
+    }
+}
+
+/// A group's key as met.
+enum Key<'a> {
+    Str(&'a str),
+    Null,
+    Other(&'a Value),
+}
+
+/// The groups met so far, as the `$group` stage holds them (and bounded as it is).
+struct Table {
+    slots: HashMap<String, usize>,
+    /// Each group's first position, key and count, in the order met.
+    groups: Vec<(u64, Value, u64)>,
+    canon: String,
+    held: usize,
+    per: usize,
+    limits: Limits,
+}
+
+impl Table {
+    fn new(per: usize, limits: Limits) -> Table {
+        Table {
+            slots: HashMap::new(),
+            groups: Vec::new(),
+            canon: String::new(),
+            held: 0,
+            per,
+            limits,
+        }
+    }
+
+    fn add(&mut self, key: Key<'_>, first: u64, count: u64) -> Result<(), QueryError> {
+        self.canon.clear();
+        match key {
+            Key::Str(s) => {
+                self.canon.push('"');
+                self.canon.push_str(s);
+            }
+            Key::Null => write_key(&Value::Null, &mut self.canon),
+            Key::Other(v) => write_key(v, &mut self.canon),
+        }
+        if let Some(&slot) = self.slots.get(self.canon.as_str()) {
+            let g = &mut self.groups[slot];
+            g.0 = g.0.min(first);
+            g.2 += count;
+            return Ok(());
+        }
+        // What the `$group` stage counts for a new group.
+        self.held = self
+            .held
+            .saturating_add(self.canon.len() * 2 + 64 + 48 * self.per);
+        if self.held > self.limits.max_bytes {
+            return Err(QueryError::at("[0].$group", over_bound(self.limits)));
+        }
+        let value = match key {
+            Key::Str(s) => Value::String(s.to_owned()),
+            Key::Null => Value::Null,
+            Key::Other(v) => v.clone(),
+        };
+        self.slots.insert(self.canon.clone(), self.groups.len());
+        self.groups.push((first, value, count));
+        Ok(())
+    }
+
+    /// The `$group`'s output: a document per group, by first position.
+    fn into_docs(mut self, accs: &[(String, i64)]) -> Vec<Document> {
+        self.groups.sort_by_key(|g| g.0);
+        self.groups
+            .into_iter()
+            .map(|(_, key, count)| {
+                let mut d = Map::new();
+                d.insert("_id".into(), key);
+                for (name, k) in accs {
+                    d.insert(name.clone(), Value::from(*k * count as i64));
+                }
+                d
+            })
+            .collect()
+    }
+}
+
+/// Runs `pipeline`, whose first stage is `g`, over `c`, from the summaries of `g`'s field
+/// where `c` keeps them; `None` when it keeps none over the window (the caller reads every
+/// document).
+pub(super) async fn aggregate(
+    c: Arc<dyn Capped>,
+    pipeline: &Pipeline,
+    g: Grouping,
+    limits: Limits,
+) -> Result<Option<Answer>, AggregateError> {
+    let started = Instant::now();
+    let Some(bounds) = c.bounds().await? else {
+        return Ok(None);
+    };
+    let (oldest, newest) = (bounds.oldest, bounds.newest);
+    let per = g.accs.len();
+    let summed = {
+        let (c, field) = (c.clone(), g.field.clone());
+        evaluate(move || {
+            let mut table = Table::new(per, limits);
+            let (mut entries, mut failed) = (0u64, None);
+            let covered = c.value_groups(&field, oldest, newest, &mut |v| {
+                entries += 1;
+                if failed.is_none() {
+                    let key = v.value.map_or(Key::Null, Key::Str);
+                    if let Err(e) = table.add(key, v.first.0, v.count) {
+                        failed = Some(e);
+                    }
+                }
+            });
+            (covered, table, entries, failed)
+        })?
+    };
+    let (covered, table, entries, failed) = summed
+        .await
+        .map_err(|_| StoreError::Invalid("the query's summaries stopped".into()))?;
+    let covered = covered?;
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    if covered.is_empty() {
+        return Ok(None);
+    }
+
+    // The documents no summary covers, read and grouped on a query's thread.
+    let gaps = gaps(oldest, newest, &covered);
+    let (tx, mut rx) = mpsc::channel::<Vec<Document>>(IN_FLIGHT);
+    let rest = pipeline.after(1);
+    let (parts, accs) = (g.parts, g.accs);
+    let eval = evaluate(move || {
+        let mut table = table;
+        let mut read = 0u64;
+        while let Some(batch) = rx.blocking_recv() {
+            for doc in batch {
+                read += 1;
+                let position = doc.get("_id").and_then(Value::as_u64).unwrap_or(0);
+                let value = super::value_at(&doc, &parts);
+                let key = match value.as_deref() {
+                    None | Some(Value::Null) => Key::Null,
+                    Some(Value::String(s)) => Key::Str(s),
+                    Some(v) => Key::Other(v),
+                };
+                table.add(key, position, 1)?;
+            }
+        }
+        let docs = table.into_docs(&accs);
+        let groups = docs.len() as u64;
+        let answer = rest.run(docs, limits)?;
+        Ok::<_, QueryError>((answer, read, groups))
+    })?;
+    let fields = [g.field];
+    let reading = off_runtime(async move {
+        for (first, last) in gaps {
+            read_range(c.clone(), first, last, Some(&fields), true, tx.clone()).await?;
+        }
+        Ok::<_, StoreError>(())
+    })?
+    .await
+    .map_err(|_| StoreError::Invalid("the query's reading stopped".into()))?;
+    let evaluated = eval
+        .await
+        .map_err(|_| StoreError::Invalid("the query's evaluation stopped".into()))?;
+    reading?;
+    let (mut answer, read, groups) = evaluated?;
+    let mut stages = vec![StageRun {
+        stage: "$group",
+        ran: "index",
+        out: Some(groups),
+    }];
+    stages.append(&mut answer.stages);
+    answer.stages = stages;
+    answer.read = read + entries;
+    answer.took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    Ok(Some(answer))
+}
+
+/// The stretches of `[oldest, newest]` outside `covered` (inclusive, in order, apart).
+fn gaps(
+    oldest: Position,
+    newest: Position,
+    covered: &[(Position, Position)],
+) -> Vec<(Position, Position)> {
+    let mut out = Vec::new();
+    let mut next = oldest.0;
+    for (first, last) in covered {
+        if first.0 > next {
+            out.push((Position(next), Position(first.0 - 1)));
+        }
+        next = next.max(last.0.saturating_add(1));
+    }
+    if next <= newest.0 {
+        out.push((Position(next), newest));
+    }
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_are_what_the_summaries_leave() {
+        let p = Position;
+        assert_eq!(gaps(p(1), p(10), &[]), vec![(p(1), p(10))]);
+        assert_eq!(gaps(p(1), p(10), &[(p(1), p(10))]), vec![]);
+        assert_eq!(
+            gaps(p(1), p(10), &[(p(3), p(4)), (p(5), p(6))]),
+            vec![(p(1), p(2)), (p(7), p(10))]
+        );
+        assert_eq!(
+            gaps(p(1), p(10), &[(p(2), p(9))]),
+            vec![(p(1), p(1)), (p(10), p(10))]
+        );
+    }
+
+    #[test]
+    fn only_a_leading_counting_group_by_a_field_is_answered_from_summaries() {
+        let grouping = |j: Value| {
+            Pipeline::parse(&j)
+                .unwrap()
+                .grouping()
+                .map(|g| (g.field, g.accs))
+        };
+        assert_eq!(
+            grouping(serde_json::json!([{"$group": {"_id": "$user.name"}}, {"$count": "n"}])),
+            Some(("user.name".into(), vec![]))
+        );
+        assert_eq!(
+            grouping(
+                serde_json::json!([{"$group": {"_id": "$a", "n": {"$sum": 1}, "c": {"$count": {}}, "t": {"$sum": -3}}}])
+            ),
+            Some((
+                "a".into(),
+                vec![("c".into(), 1), ("n".into(), 1), ("t".into(), -3)]
+            ))
+        );
+        for other in [
+            serde_json::json!([{"$match": {"a": 1}}, {"$group": {"_id": "$a"}}]),
+            serde_json::json!([{"$group": {"_id": "$a", "n": {"$sum": "$b"}}}]),
+            serde_json::json!([{"$group": {"_id": "$a", "n": {"$sum": 1.5}}}]),
+            serde_json::json!([{"$group": {"_id": "$a", "n": {"$max": 1}}}]),
+            serde_json::json!([{"$group": {"_id": {"a": "$a"}}}]),
+            serde_json::json!([{"$group": {"_id": "$_id"}}]),
+        ] {
+            assert!(grouping(other.clone()).is_none(), "{other}");
+        }
+    }
+}
