@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::time::Instant;
 
-use hashbrown::{HashMap, HashSet};
+use hashbrown::HashSet;
 use serde::Serialize;
 use serde_json::{Map, Number, Value};
 
@@ -70,9 +70,47 @@ enum State {
     Count(u64),
 }
 
+/// Group keys' canonical texts to their groups (numbered in the order met). A table of each
+/// key's hash and group, 16 bytes an entry, with the texts kept apart in one buffer: a lookup
+/// reads one entry and compares a text only on a full hash match, and a growing table moves
+/// its entries without hashing a text again. Over a long tail (hundreds of thousands of
+/// hashtags or names) the table outgrows every cache, and a `HashMap<String, _>`, whose
+/// entries point at their texts, missed the cache twice as often per lookup.
+#[derive(Default)]
+pub(super) struct GroupIndex {
+    table: hashbrown::HashTable<(u64, usize)>,
+    hasher: hashbrown::DefaultHashBuilder,
+    /// Each group's text: `spans[g]` in `texts`.
+    texts: String,
+    spans: Vec<(usize, usize)>,
+}
+
+impl GroupIndex {
+    /// The group of `canon`, and whether it is new (then numbered next).
+    pub(super) fn group(&mut self, canon: &str) -> (usize, bool) {
+        use std::hash::BuildHasher;
+        let hash = self.hasher.hash_one(canon);
+        let (texts, spans) = (&self.texts, &self.spans);
+        let found = self.table.find(hash, |&(h, g)| {
+            h == hash && {
+                let (at, len) = spans[g];
+                &texts[at..at + len] == canon
+            }
+        });
+        if let Some(&(_, g)) = found {
+            return (g, false);
+        }
+        let g = self.spans.len();
+        self.spans.push((self.texts.len(), canon.len()));
+        self.texts.push_str(canon);
+        self.table.insert_unique(hash, (hash, g), |e| e.0);
+        (g, true)
+    }
+}
+
 #[derive(Default)]
 struct Groups {
-    index: HashMap<String, usize>,
+    index: GroupIndex,
     /// Each group's key, in the order the groups were met.
     keys: Vec<Value>,
     /// Each group's accumulators, one after the other (as many per group as the stage has):
@@ -295,14 +333,13 @@ impl Run<'_> {
             return Ok(());
         };
         let per = accs.len();
-        let (slot, new_bytes) = match g.index.get(canon) {
-            Some(&slot) => (slot, 0),
-            None => {
+        let (slot, new_bytes) = match g.index.group(canon) {
+            (slot, false) => (slot, 0),
+            (slot, true) => {
                 let bytes = canon.len() * 2 + 64 + 48 * per;
-                g.index.insert(canon.to_owned(), g.keys.len());
                 g.keys.push(key.into_owned());
                 g.accs.extend(accs.clone().map(AccState::new));
-                (g.keys.len() - 1, bytes)
+                (slot, bytes)
             }
         };
         let mut grown = new_bytes;
@@ -353,26 +390,7 @@ impl Run<'_> {
                     })
                     .collect()
             }
-            (Stage::SortByCount(_), State::Groups(g)) => {
-                let mut docs: Vec<Document> = g
-                    .keys
-                    .into_iter()
-                    .zip(g.accs)
-                    .map(|(key, count)| {
-                        let mut d = Map::new();
-                        d.insert("_id".into(), key);
-                        d.insert("count".into(), count.finish());
-                        d
-                    })
-                    .collect();
-                // By count, most first; ties by _id, so that answers repeat.
-                sort_docs(
-                    &mut docs,
-                    &[(vec!["count".into()], false), (vec!["_id".into()], true)],
-                    self.kept_after(i),
-                );
-                docs
-            }
+            (Stage::SortByCount(_), State::Groups(g)) => by_count(g, self.kept_after(i)),
             _ => Vec::new(),
         };
         for doc in held.drain(..) {
@@ -382,6 +400,55 @@ impl Run<'_> {
         }
         self.finish(i + 1)
     }
+}
+
+/// A `$sortByCount`'s documents: by count, most first; ties by `_id`, so that answers
+/// repeat. In [`sort_docs`]'s order, but with a document made only for each group kept (the
+/// top ten of a long tail of hashtags, not all of them), unless a key is an array (which
+/// sorts by one of its elements: left to [`sort_docs`]).
+fn by_count(g: Groups, keep: Option<usize>) -> Vec<Document> {
+    let counts: Vec<Value> = g.accs.into_iter().map(AccState::finish).collect();
+    let doc = |key: Value, count: Value| {
+        let mut d = Map::new();
+        d.insert("_id".into(), key);
+        d.insert("count".into(), count);
+        d
+    };
+    if g.keys.iter().any(Value::is_array) {
+        let mut docs: Vec<Document> = g
+            .keys
+            .into_iter()
+            .zip(counts)
+            .map(|(k, c)| doc(k, c))
+            .collect();
+        sort_docs(
+            &mut docs,
+            &[(vec!["count".into()], false), (vec!["_id".into()], true)],
+            keep,
+        );
+        return docs;
+    }
+    let keys = g.keys;
+    let order = |a: &usize, b: &usize| {
+        compare(&counts[*b], &counts[*a])
+            .then_with(|| compare(&keys[*a], &keys[*b]))
+            .then(a.cmp(b))
+    };
+    let mut kept: Vec<usize> = (0..keys.len()).collect();
+    if let Some(n) = keep
+        && n < kept.len()
+    {
+        if n == 0 {
+            return Vec::new();
+        }
+        kept.select_nth_unstable_by(n - 1, order);
+        kept.truncate(n);
+    }
+    kept.sort_unstable_by(order);
+    let (mut keys, mut counts) = (keys, counts);
+    kept.into_iter()
+        .map(|g| doc(std::mem::take(&mut keys[g]), std::mem::take(&mut counts[g])))
+        .collect()
 }
 
 /// Sorts by `keys`, each document's sort values taken once (not once per comparison: a

@@ -13,11 +13,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use hashbrown::HashMap;
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
-use super::eval::{over_bound, write_key};
+use super::eval::{GroupIndex, over_bound, write_key};
 use super::expr::Expr;
 use super::read::{AggregateError, IN_FLIGHT, evaluate, off_runtime, read_range};
 use super::{Acc, Answer, Limits, Pipeline, QueryError, Stage, StageRun};
@@ -74,7 +73,7 @@ enum Key<'a> {
 
 /// The groups met so far, as the `$group` stage holds them (and bounded as it is).
 struct Table {
-    slots: HashMap<String, usize>,
+    index: GroupIndex,
     /// Each group's first position, key and count, in the order met.
     groups: Vec<(u64, Value, u64)>,
     canon: String,
@@ -86,7 +85,7 @@ struct Table {
 impl Table {
     fn new(per: usize, limits: Limits) -> Table {
         Table {
-            slots: HashMap::new(),
+            index: GroupIndex::default(),
             groups: Vec::new(),
             canon: String::new(),
             held: 0,
@@ -105,7 +104,8 @@ impl Table {
             Key::Null => write_key(&Value::Null, &mut self.canon),
             Key::Other(v) => write_key(v, &mut self.canon),
         }
-        if let Some(&slot) = self.slots.get(self.canon.as_str()) {
+        let (slot, new) = self.index.group(&self.canon);
+        if !new {
             let g = &mut self.groups[slot];
             g.0 = g.0.min(first);
             g.2 += count;
@@ -123,7 +123,6 @@ impl Table {
             Key::Null => Value::Null,
             Key::Other(v) => v.clone(),
         };
-        self.slots.insert(self.canon.clone(), self.groups.len());
         self.groups.push((first, value, count));
         Ok(())
     }

@@ -348,3 +348,61 @@ fn group_keys_of_every_type_stay_apart() {
     want.dedup();
     assert_eq!(counts, want);
 }
+
+/// `$sortByCount` orders as a `$group` counting then a `$sort` by count (most first) and
+/// `_id` does, with and without a `$limit` after it, over keys of every type (arrays, which
+/// sort by an element, included), many tied counts among them.
+#[test]
+fn sort_by_count_orders_as_a_group_and_a_sort() {
+    let keys = [
+        json!("b"),
+        json!("a"),
+        json!(null),
+        json!(2),
+        json!(1.5),
+        json!({"x": 1}),
+        json!("ℝ"),
+        json!("a"),
+        json!(2.0),
+        json!(true),
+        json!([3, 1]),
+        json!([2]),
+    ];
+    let many: Vec<Document> = (0..500u64)
+        .map(|i| {
+            let k = keys[(i % keys.len() as u64) as usize].clone();
+            let mut d = Document::new();
+            d.insert("_id".into(), json!(i));
+            if i % 17 != 0 {
+                d.insert("k".into(), k);
+            }
+            d
+        })
+        .collect();
+    for with_arrays in [false, true] {
+        let docs: Vec<Document> = many
+            .iter()
+            .filter(|d| with_arrays || !d.get("k").is_some_and(Value::is_array))
+            .cloned()
+            .collect();
+        for limit in [
+            "",
+            r#", {"$limit": 1}"#,
+            r#", {"$limit": 4}"#,
+            r#", {"$limit": 100}"#,
+        ] {
+            let by_count = format!(r#"[{{"$sortByCount": "$k"}}{limit}]"#);
+            let by_sort = format!(
+                r#"[{{"$group": {{"_id": "$k", "count": {{"$sum": 1}}}}}}, {{"$sort": {{"count": -1, "_id": 1}}}}{limit}]"#
+            );
+            let ask = |text: &str| {
+                Pipeline::parse_text(text)
+                    .unwrap()
+                    .run(docs.clone(), Limits::default())
+                    .unwrap()
+                    .docs
+            };
+            assert_eq!(ask(&by_count), ask(&by_sort), "{by_count}");
+        }
+    }
+}
