@@ -1803,8 +1803,19 @@ async fn a_group_by_an_indexed_field_reads_its_values_files_and_answers_as_a_rea
     assert!(after[0].1 > before[0].1, "{before:?} {after:?}");
     store.close().await.unwrap();
 
-    // Reopened: the files of finished segments are used again.
+    // Reopened: the files of finished segments are used again. One left for the segment
+    // being written (what a failed sync, then a cut and the same end written again, would
+    // leave) is removed at the open.
+    let last = std::fs::read_dir(&jdir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .max()
+        .unwrap()
+        .with_extension("val");
+    std::fs::copy(&values_files()[0], &last).unwrap();
     let store = open(&dir);
+    assert!(!last.exists(), "{}", last.display());
     ask(&store, &all, true).await;
     store.close().await.unwrap();
 }
