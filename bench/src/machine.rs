@@ -151,10 +151,11 @@ impl Usage {
                 .write_bytes
                 .zip(before.write_bytes)
                 .map(|(a, b)| a.saturating_sub(b)),
+            // No server before (`None`) is none of their CPU yet: a server started since
+            // counts from zero.
             server_cpu_secs: now
                 .server_cpu_secs
-                .zip(before.server_cpu_secs)
-                .map(|(a, b)| (a - b).max(0.0)),
+                .map(|a| (a - before.server_cpu_secs.unwrap_or(0.0)).max(0.0)),
         }
     }
 
