@@ -1666,11 +1666,16 @@ async fn a_group_by_an_indexed_field_reads_its_values_files_and_answers_as_a_rea
     let fields = ["user.screen_name", "lang", "n"];
     let doc = |i: u64| {
         let mut d = event(i);
-        // A long tail of names; now and then none, a null, or one too long to summarize.
+        // A long tail of names in several scripts, with quotes, `$` and dots; now and then
+        // none, a null, or one too long to summarize.
         let name = match i % 97 {
             0 => Value::Null,
             1 if i < 2600 => json!("n".repeat(2000)),
-            _ => json!(format!("u{}", (i * i) % (200 + i / 10))),
+            _ => {
+                let n = (i * i) % (200 + i / 10);
+                let tail = ["", "🦀", "名前", "\"q\\", "$x.y", "مرحبا"][(n % 6) as usize];
+                json!(format!("u{n}{tail}"))
+            }
         };
         if i % 89 != 5 {
             d.insert("user".into(), json!({"screen_name": name}));
