@@ -1702,6 +1702,8 @@ async fn a_group_by_an_indexed_field_reads_its_values_files_and_answers_as_a_rea
         ]),
         json!([{"$group": {"_id": "$lang", "n": {"$sum": 1}}}]),
         json!([{"$group": {"_id": "$n", "n": {"$sum": 1}}}]),
+        json!([{"$sortByCount": "$user.screen_name"}, {"$limit": 7}]),
+        json!([{"$sortByCount": "$user.screen_name"}, {"$skip": 3}]),
     ];
     let ask = async |store: &EmbeddedStore, all: &[store::Document], first_read: bool| {
         let events = store.capped("events", &spec(6000, &fields)).await.unwrap();
@@ -1730,6 +1732,8 @@ async fn a_group_by_an_indexed_field_reads_its_values_files_and_answers_as_a_rea
         assert_eq!(ran[3].0, "index", "{ran:?}");
         // Numbers everywhere: no summary at all, every document read.
         assert_eq!(ran[4], ("tailrace", window.len() as u64), "{ran:?}");
+        // The most active names, from the summaries too.
+        assert_eq!(ran[5].0, "index", "{ran:?}");
         // The bound on what a `$group` holds applies as it does to a read.
         let small = Limits { max_bytes: 10_000 };
         let err = aggregate(

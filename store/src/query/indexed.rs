@@ -1,5 +1,6 @@
 //! A pipeline that starts with a `$group` by one field, counting (`$count`, `$sum` of an
-//! integer), answered from the engine's summaries of the field's values where it keeps them
+//! integer), or with a `$sortByCount` of one field (a counting `$group`, then a `$sort`),
+//! answered from the engine's summaries of the field's values where it keeps them
 //! ([`crate::Capped::value_groups`]: the embedded engine's, for an indexed field, per finished
 //! segment), and from the documents elsewhere. This is MongoDB's `DISTINCT_SCAN`: a distinct
 //! of an indexed field reads its index, not the documents.
@@ -8,7 +9,7 @@
 //! position of each group's first document) and with the same keys and counts; the rest of
 //! the pipeline then runs over them as usual. A summary holds only string values and null or
 //! missing, so no key from it can equal a key of another type read from the documents. The
-//! answer says the `$group` ran on the `index`.
+//! answer says the `$group` (or `$sortByCount`) ran on the `index`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,39 +29,61 @@ pub(super) struct Grouping {
     field: String,
     parts: Vec<String>,
     accs: Vec<(String, i64)>,
+    /// A `$sortByCount`: its groups are then sorted by count, most first, and `_id`.
+    by_count: bool,
 }
 
 impl Pipeline {
     /// The pipeline's first stage as a [`Grouping`], when it is one.
     pub(super) fn grouping(&self) -> Option<Grouping> {
-        let Some(Stage::Group {
-            id: Expr::Field(parts),
-            accs,
-        }) = self.stages.first()
-        else {
-            return None;
+        let (parts, accs, by_count) = match self.stages.first()? {
+            Stage::Group {
+                id: Expr::Field(parts),
+                accs,
+            } => {
+                let accs = accs
+                    .iter()
+                    .map(|(name, acc)| match acc {
+                        Acc::Count => Some((name.clone(), 1)),
+                        // Small enough that no count of documents makes the sum overflow.
+                        Acc::Sum(Expr::Literal(Value::Number(n))) => n
+                            .as_i64()
+                            .filter(|k| k.unsigned_abs() <= 1 << 31)
+                            .map(|k| (name.clone(), k)),
+                        _ => None,
+                    })
+                    .collect::<Option<Vec<_>>>()?;
+                (parts, accs, false)
+            }
+            Stage::SortByCount(Expr::Field(parts)) => (parts, vec![("count".to_owned(), 1)], true),
+            _ => return None,
         };
         // A capped document's `_id` is its position, never summarized.
         if parts.first().is_none_or(|p| p == "_id") {
             return None;
         }
-        let accs = accs
-            .iter()
-            .map(|(name, acc)| match acc {
-                Acc::Count => Some((name.clone(), 1)),
-                // Small enough that no count of documents makes the sum overflow.
-                Acc::Sum(Expr::Literal(Value::Number(n))) => n
-                    .as_i64()
-                    .filter(|k| k.unsigned_abs() <= 1 << 31)
-                    .map(|k| (name.clone(), k)),
-                _ => None,
-            })
-            .collect::<Option<Vec<_>>>()?;
         Some(Grouping {
             field: parts.join("."),
             parts: parts.clone(),
             accs,
+            by_count,
         })
+    }
+
+    /// The stages after the first, behind the sort a `$sortByCount` ends with (as MongoDB
+    /// describes it: a `$group` counting, then this `$sort`) when `by_count`.
+    fn after_grouping(&self, by_count: bool) -> Pipeline {
+        let mut rest = self.after(1);
+        if by_count {
+            rest.stages.insert(
+                0,
+                Stage::Sort(vec![
+                    (vec!["count".into()], false),
+                    (vec!["_id".into()], true),
+                ]),
+            );
+        }
+        rest
     }
 }
 
@@ -80,10 +103,12 @@ struct Table {
     held: usize,
     per: usize,
     limits: Limits,
+    /// Where a refusal says it came from: `[0].$group` or `[0].$sortByCount`.
+    at: &'static str,
 }
 
 impl Table {
-    fn new(per: usize, limits: Limits) -> Table {
+    fn new(per: usize, limits: Limits, at: &'static str) -> Table {
         Table {
             index: GroupIndex::default(),
             groups: Vec::new(),
@@ -91,6 +116,7 @@ impl Table {
             held: 0,
             per,
             limits,
+            at,
         }
     }
 
@@ -116,7 +142,7 @@ impl Table {
             .held
             .saturating_add(self.canon.len() * 2 + 64 + 48 * self.per);
         if self.held > self.limits.max_bytes {
-            return Err(QueryError::at("[0].$group", over_bound(self.limits)));
+            return Err(QueryError::at(self.at, over_bound(self.limits)));
         }
         let value = match key {
             Key::Str(s) => Value::String(s.to_owned()),
@@ -159,10 +185,15 @@ pub(super) async fn aggregate(
     };
     let (oldest, newest) = (bounds.oldest, bounds.newest);
     let per = g.accs.len();
+    let at = if g.by_count {
+        "[0].$sortByCount"
+    } else {
+        "[0].$group"
+    };
     let summed = {
         let (c, field) = (c.clone(), g.field.clone());
         evaluate(move || {
-            let mut table = Table::new(per, limits);
+            let mut table = Table::new(per, limits, at);
             let (mut entries, mut failed) = (0u64, None);
             let covered = c.value_groups(&field, oldest, newest, &mut |v| {
                 entries += 1;
@@ -190,8 +221,8 @@ pub(super) async fn aggregate(
     // The documents no summary covers, read and grouped on a query's thread.
     let gaps = gaps(oldest, newest, &covered);
     let (tx, mut rx) = mpsc::channel::<Vec<Document>>(IN_FLIGHT);
-    let rest = pipeline.after(1);
-    let (parts, accs) = (g.parts, g.accs);
+    let rest = pipeline.after_grouping(g.by_count);
+    let (parts, accs, by_count) = (g.parts, g.accs, g.by_count);
     let eval = evaluate(move || {
         let mut table = table;
         let mut read = 0u64;
@@ -210,7 +241,11 @@ pub(super) async fn aggregate(
         }
         let docs = table.into_docs(&accs);
         let groups = docs.len() as u64;
-        let answer = rest.run(docs, limits)?;
+        let mut answer = rest.run(docs, limits)?;
+        if by_count {
+            // The sort is the `$sortByCount`'s own, not a stage of the client's.
+            answer.stages.remove(0);
+        }
         Ok::<_, QueryError>((answer, read, groups))
     })?;
     let fields = [g.field];
@@ -228,7 +263,7 @@ pub(super) async fn aggregate(
     reading?;
     let (mut answer, read, groups) = evaluated?;
     let mut stages = vec![StageRun {
-        stage: "$group",
+        stage: &at[4..],
         ran: "index",
         out: Some(groups),
     }];
@@ -300,6 +335,10 @@ mod tests {
                 vec![("c".into(), 1), ("n".into(), 1), ("t".into(), -3)]
             ))
         );
+        assert_eq!(
+            grouping(serde_json::json!([{"$sortByCount": "$a.b"}, {"$limit": 3}])),
+            Some(("a.b".into(), vec![("count".into(), 1)]))
+        );
         for other in [
             serde_json::json!([{"$match": {"a": 1}}, {"$group": {"_id": "$a"}}]),
             serde_json::json!([{"$group": {"_id": "$a", "n": {"$sum": "$b"}}}]),
@@ -307,6 +346,7 @@ mod tests {
             serde_json::json!([{"$group": {"_id": "$a", "n": {"$max": 1}}}]),
             serde_json::json!([{"$group": {"_id": {"a": "$a"}}}]),
             serde_json::json!([{"$group": {"_id": "$_id"}}]),
+            serde_json::json!([{"$sortByCount": {"$toDate": "$a"}}]),
         ] {
             assert!(grouping(other.clone()).is_none(), "{other}");
         }
