@@ -336,7 +336,7 @@ impl Run<'_> {
         let (slot, new_bytes) = match g.index.group(canon) {
             (slot, false) => (slot, 0),
             (slot, true) => {
-                let bytes = canon.len() * 2 + 64 + 48 * per;
+                let bytes = group_bytes(canon.len(), per);
                 g.keys.push(key.into_owned());
                 g.accs.extend(accs.clone().map(AccState::new));
                 (slot, bytes)
@@ -562,6 +562,12 @@ pub(super) fn compare(a: &Value, b: &Value) -> Ordering {
         }
         _ => Ordering::Equal,
     }
+}
+
+/// What a new group counts against a query's bound: its key's text (held twice, as the key
+/// and in the index of keys), its accumulators, and what holds them.
+pub(super) fn group_bytes(key_len: usize, accumulators: usize) -> usize {
+    key_len * 2 + 64 + 48 * accumulators
 }
 
 /// Why a stage holding more than `limits` allow is refused.

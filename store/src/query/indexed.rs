@@ -17,7 +17,7 @@ use std::time::Instant;
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
-use super::eval::{GroupIndex, over_bound, write_key};
+use super::eval::{GroupIndex, group_bytes, over_bound, write_key};
 use super::expr::Expr;
 use super::read::{AggregateError, IN_FLIGHT, evaluate, off_runtime, read_range};
 use super::{Acc, Answer, Limits, Pipeline, QueryError, Stage, StageRun};
@@ -103,12 +103,12 @@ struct Table {
     held: usize,
     per: usize,
     limits: Limits,
-    /// Where a refusal says it came from: `[0].$group` or `[0].$sortByCount`.
-    at: &'static str,
+    /// The first stage's name (`$group`, `$sortByCount`), for a refusal.
+    stage: &'static str,
 }
 
 impl Table {
-    fn new(per: usize, limits: Limits, at: &'static str) -> Table {
+    fn new(per: usize, limits: Limits, stage: &'static str) -> Table {
         Table {
             index: GroupIndex::default(),
             groups: Vec::new(),
@@ -116,7 +116,7 @@ impl Table {
             held: 0,
             per,
             limits,
-            at,
+            stage,
         }
     }
 
@@ -140,9 +140,12 @@ impl Table {
         // What the `$group` stage counts for a new group.
         self.held = self
             .held
-            .saturating_add(self.canon.len() * 2 + 64 + 48 * self.per);
+            .saturating_add(group_bytes(self.canon.len(), self.per));
         if self.held > self.limits.max_bytes {
-            return Err(QueryError::at(self.at, over_bound(self.limits)));
+            return Err(QueryError::at(
+                &format!("[0].{}", self.stage),
+                over_bound(self.limits),
+            ));
         }
         let value = match key {
             Key::Str(s) => Value::String(s.to_owned()),
@@ -185,15 +188,11 @@ pub(super) async fn aggregate(
     };
     let (oldest, newest) = (bounds.oldest, bounds.newest);
     let per = g.accs.len();
-    let at = if g.by_count {
-        "[0].$sortByCount"
-    } else {
-        "[0].$group"
-    };
+    let stage = if g.by_count { "$sortByCount" } else { "$group" };
     let summed = {
         let (c, field) = (c.clone(), g.field.clone());
         evaluate(move || {
-            let mut table = Table::new(per, limits, at);
+            let mut table = Table::new(per, limits, stage);
             let (mut entries, mut failed) = (0u64, None);
             let covered = c.value_groups(&field, oldest, newest, &mut |v| {
                 entries += 1;
@@ -263,7 +262,7 @@ pub(super) async fn aggregate(
     reading?;
     let (mut answer, read, groups) = evaluated?;
     let mut stages = vec![StageRun {
-        stage: &at[4..],
+        stage,
         ran: "index",
         out: Some(groups),
     }];
