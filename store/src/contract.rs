@@ -354,4 +354,12 @@ pub trait Keyed: Send + Sync + 'static {
 
     /// Changes of this collection only (see [`Store::changes`]).
     fn changes(&self, filter: ChangeFilter, start: ChangeStart) -> ChangeStream;
+
+    /// The server that stores this collection, when it runs aggregation pipelines itself (see
+    /// [`Capped::server_query`]). Its stages see the documents as [`Keyed::snapshot`] gives
+    /// them, by key, and with no stages it reads them all: a query over a keyed collection
+    /// needs no snapshot read then. `None` (the default) for an engine that reads in-process.
+    fn server_query(&self) -> Option<Arc<dyn crate::query::ServerQuery>> {
+        None
+    }
 }

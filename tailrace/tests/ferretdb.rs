@@ -614,6 +614,40 @@ async fn the_pipeline_runs_on_ferretdb() {
         "rollups by language: {rollups}"
     );
 
+    // A question over the rollups, on a server without snapshot reads: the keys read as
+    // they are, with none of the engine's own fields.
+    let body = json!({"collection": "rollups", "pipeline": [
+        {"$match": {"_id": {"$gte": "lang:", "$lt": "lang;"}}},
+        {"$sort": {"_id": 1}},
+    ]});
+    let resp = ingest::source::http::client()
+        .build()
+        .unwrap()
+        .post(format!("http://{}/api/aggregate", t.addr))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let code = resp.status().as_u16();
+    let answer: Value = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
+    assert_eq!(code, 200, "{answer}");
+    let docs = answer["docs"].as_array().cloned().unwrap_or_default();
+    assert!(!docs.is_empty(), "rollups by language: {answer}");
+    for d in &docs {
+        assert!(
+            d["_id"].as_str().is_some_and(|k| k.starts_with("lang:")),
+            "{d}"
+        );
+        assert!(
+            d.as_object()
+                .unwrap()
+                .keys()
+                .all(|k| !k.starts_with("_tailrace_")),
+            "no engine field: {d}"
+        );
+    }
+
     // A capped collection followed with a filter; a keyed one refused with the reason.
     let (code, ja) = changes_ndjson(
         &t,

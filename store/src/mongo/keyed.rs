@@ -26,7 +26,7 @@ use crate::{
 };
 
 /// Documents per batch of a snapshot read: bounds memory whatever the collection's size.
-const SNAPSHOT_BATCH: u32 = 256;
+pub(crate) const SNAPSHOT_BATCH: u32 = 256;
 
 /// The server's error code for "namespace already exists".
 const NAMESPACE_EXISTS: i32 = 48;
@@ -864,6 +864,14 @@ impl Keyed for MongoKeyed {
     fn changes(&self, mut filter: ChangeFilter, start: ChangeStart) -> ChangeStream {
         filter.collections = vec![self.name.clone()];
         self.inner.changes(filter, start)
+    }
+
+    fn server_query(&self) -> Option<Arc<dyn crate::query::ServerQuery>> {
+        Some(Arc::new(super::query::MongoQuery {
+            inner: self.inner.clone(),
+            coll: self.coll.clone(),
+            keyed: true,
+        }))
     }
 }
 

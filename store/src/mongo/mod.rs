@@ -72,7 +72,7 @@
 //! | change streams | `changes()` fails with `Unsupported` | a `changes` feed is refused at startup, naming the alternatives; `/api/changes` on a keyed collection answers 501 |
 //! | an oplog | `oplog()` fails with `Unsupported` | an `oplog` feed is refused at startup, saying how to create `local.oplog.rs` |
 //! | transactions | a multi-key update runs without one (each key atomic, the batch not) | logged once |
-//! | snapshot reads | `Keyed::snapshot` fails with `Unsupported` | `include_initial` on a keyed collection answers 501 |
+//! | snapshot reads | `Keyed::snapshot` fails with `Unsupported` | `include_initial` on a keyed collection answers 501; queries over it still answer (`query.rs`: they read as the server's `aggregate` does) |
 //! | before images | change streams without pre-images; `collMod` is never sent | `old_val` absent |
 //! | server filters | document filters run in tailrace, with the embedded engine's meaning | — |
 //! | tailable cursors that stay open | tails read batches of 1,000 and wait 50 ms per `getMore` | — |

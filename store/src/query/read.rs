@@ -24,7 +24,9 @@ pub enum Input {
     /// The documents a capped collection retains, oldest first, each with its position as
     /// `_id` (as the MongoDB engine stores it), up to the newest when the query starts.
     Capped(Arc<dyn Capped>),
-    /// A keyed collection's documents, by key, as of one moment.
+    /// A keyed collection's documents, by key: as of one moment where the engine reads
+    /// in-process, as the server's own `aggregate` reads them where there is one
+    /// ([`Keyed::server_query`]).
     Keyed(Arc<dyn Keyed>),
 }
 
@@ -46,9 +48,11 @@ pub async fn aggregate(
     pipeline: Pipeline,
     limits: Limits,
 ) -> Result<Answer, AggregateError> {
-    if let Input::Capped(c) = &input
-        && let Some(server) = c.server_query()
-    {
+    let server = match &input {
+        Input::Capped(c) => c.server_query(),
+        Input::Keyed(k) => k.server_query(),
+    };
+    if let Some(server) = server {
         // A server that cannot be probed (it refuses scratch collections) answers nothing of
         // a query: tailrace reads and evaluates all of it, as on a server without features.
         let features = match server.features().await {
@@ -60,7 +64,9 @@ pub async fn aggregate(
             }
         };
         let n = features.map_or(0, |f| pipeline.server_prefix(&f));
-        if n > 0 {
+        // A keyed collection's server also reads what it does not evaluate: it reads by key
+        // with no snapshot, which a server without a replica set's snapshot reads can do.
+        if n > 0 || matches!(input, Input::Keyed(_)) {
             return on_server(server.as_ref(), pipeline, n, limits).await;
         }
     }

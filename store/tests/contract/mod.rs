@@ -13,7 +13,8 @@ mod reference;
 
 pub use filters::{filter_cases_on_capped, filter_cases_on_keyed};
 pub use queries::{
-    queries_run_on_the_server_as_far_as_it_agrees, random_pipelines_answer_as_in_memory,
+    keyed_queries_answer_as_in_memory, queries_run_on_the_server_as_far_as_it_agrees,
+    random_pipelines_answer_as_in_memory,
 };
 
 use std::sync::Arc;
@@ -65,6 +66,7 @@ macro_rules! every_check {
             filter_cases_on_keyed: [ChangeStreams, SnapshotReads],
             random_pipelines_answer_as_in_memory: [],
             queries_run_on_the_server_as_far_as_it_agrees: [],
+            keyed_queries_answer_as_in_memory: [],
         );
     };
 }

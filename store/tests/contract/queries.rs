@@ -338,3 +338,114 @@ fn sets_sorted(docs: Vec<Value>) -> Vec<Value> {
         })
         .collect()
 }
+
+/// Keys of the keyed collection the keyed queries run over: several scripts, dots, a `$`.
+fn keyed_key(i: u64) -> String {
+    let lang = LANGS[(i % 7) as usize];
+    match i % 4 {
+        0 => format!("lang:{lang}:{i:03}"),
+        1 => format!("tag:{}:{i:03}", TAGS[(i % 6) as usize]),
+        2 => format!("$user.{i:03}"),
+        _ => format!("minute:{i:03}"),
+    }
+}
+
+/// A keyed collection answers a query as the same pipeline answers over its documents in
+/// memory, by key, each with its key as `_id` and none of the engine's own fields: written
+/// whole (`set`) and by `$inc`/`$set` upserts named for retries, as the ingester writes its
+/// rollups. On a server, the stages it evaluates as tailrace does run there, and the rest
+/// here over documents it reads without a snapshot (FerretDB has no snapshot reads).
+pub async fn keyed_queries_answer_as_in_memory(store: &dyn Store) {
+    let k = store.keyed("k_queries").await.unwrap();
+    let mut all: Vec<Document> = Vec::new();
+    let mut updates = Vec::new();
+    for i in 0..160_u64 {
+        let key = keyed_key(i);
+        let lang = LANGS[(i * 3 % 7) as usize];
+        let n = (i * 37 % 101) as i64 - 50;
+        let minute = store::date::value(BASE_MS + (i as i64 % 90) * 60_000).unwrap();
+        if i % 3 == 0 {
+            // Upserted: the document is its key, its increments and its sets.
+            updates.push(
+                store::KeyUpdate::new(
+                    key.clone(),
+                    store::Update::inc("n", n)
+                        .and_set("lang", lang)
+                        .and_set("minute", minute.clone()),
+                )
+                .once(store::WriteId {
+                    writer: 7,
+                    seq: i + 1,
+                }),
+            );
+            let mut d = super::doc(json!({"n": n, "lang": lang, "minute": minute}));
+            d.insert("_id".into(), json!(key));
+            all.push(d);
+        } else {
+            let tags: Vec<&str> = (0..i % 4).map(|t| TAGS[((i + t) % 6) as usize]).collect();
+            let d = super::doc(json!({"n": n, "lang": lang, "minute": minute, "tags": tags}));
+            k.set(&key, d.clone(), Durability::Acknowledged)
+                .await
+                .unwrap();
+            let mut d = d;
+            d.insert("_id".into(), json!(key));
+            all.push(d);
+        }
+    }
+    k.update(updates, Durability::Acknowledged).await.unwrap();
+    // By key, bytewise, as the engines keep them.
+    all.sort_by(|a, b| a["_id"].as_str().cmp(&b["_id"].as_str()));
+
+    let features = match k.server_query() {
+        Some(server) => Some(server.features().await.unwrap()),
+        None => None,
+    };
+    let has = |names: &[&str]| {
+        features
+            .as_ref()
+            .is_some_and(|f| names.iter().all(|n| f.get(n).is_some_and(|s| s.is_yes())))
+    };
+    let pipelines = [
+        // Whole documents, in key order: an engine field that leaks, or another order, shows.
+        r#"[{"$project": {"tags": 0}}]"#,
+        r#"[{"$match": {"_id": {"$gte": "lang:", "$lt": "lang;"}}}, {"$group": {"_id": "$lang", "n": {"$sum": "$n"}, "keys": {"$sum": 1}}}, {"$sort": {"n": -1, "_id": 1}}]"#,
+        r#"[{"$sort": {"n": -1, "_id": 1}}, {"$skip": 3}, {"$limit": 5}]"#,
+        r#"[{"$unwind": "$tags"}, {"$sortByCount": "$tags"}]"#,
+        r#"[{"$group": {"_id": null, "first": {"$first": "$_id"}, "last": {"$last": "$_id"}, "keys": {"$count": {}}}}]"#,
+        r#"[{"$group": {"_id": {"$dateTrunc": {"date": "$minute", "unit": "hour"}}, "n": {"$sum": "$n"}}}, {"$sort": {"_id": 1}}]"#,
+    ];
+    for json in pipelines {
+        let pipeline = Pipeline::parse_text(json).unwrap();
+        let want = pipeline.run(all.clone(), Limits::default()).unwrap();
+        let got = aggregate(Input::Keyed(k.clone()), pipeline, Limits::default())
+            .await
+            .unwrap_or_else(|e| panic!("{json}: {e}"));
+        assert_eq!(
+            Value::Array(got.docs),
+            Value::Array(want.docs),
+            "{json}: the engine's answer, then the answer in memory"
+        );
+    }
+    // Where the stages ran: on a server that sorts and projects as tailrace does (a keyed
+    // collection's stages follow a sort by key and a projection), a `$group` by a field and
+    // its `$sort` run there; elsewhere here.
+    let pipeline = Pipeline::parse_text(
+        r#"[{"$group": {"_id": "$lang", "n": {"$sum": 1}}}, {"$sort": {"_id": 1}}]"#,
+    )
+    .unwrap();
+    let got = aggregate(Input::Keyed(k.clone()), pipeline, Limits::default())
+        .await
+        .unwrap();
+    let on_server = has(&["$sort", "$project", "$group", "$sum"]);
+    let ran: Vec<&str> = got.stages.iter().map(|s| s.ran).collect();
+    assert_eq!(
+        ran,
+        if on_server {
+            ["server", "server"]
+        } else {
+            ["tailrace", "tailrace"]
+        },
+        "where the stages ran (features: {features:?})"
+    );
+    assert_eq!(got.docs.len(), 7, "{:?}", got.docs);
+}

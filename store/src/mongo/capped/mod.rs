@@ -368,6 +368,7 @@ impl Capped for MongoCapped {
         Some(Arc::new(super::query::MongoQuery {
             inner: self.inner.clone(),
             coll: self.shared.coll.clone(),
+            keyed: false,
         }))
     }
 }
