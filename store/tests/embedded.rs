@@ -1828,3 +1828,144 @@ async fn a_group_by_an_indexed_field_reads_its_values_files_and_answers_as_a_rea
     ask(&store, &all, true).await;
     store.close().await.unwrap();
 }
+
+/// Finished segments without a values file get one: a store from before values files (every
+/// file gone), a damaged file, and a field added to the indexes of a store that has them.
+/// Until then a `$group` by the field reads those segments' documents; after, it reads their
+/// files, and the answer is the read's either way. With maintenance on its own thread, the
+/// files come while the store is idle.
+#[tokio::test]
+async fn values_files_a_store_lacks_are_written_while_it_is_idle() {
+    use store::query::{Input, Limits, Pipeline, aggregate};
+    let dir = tempfile::tempdir().unwrap();
+    let jdir = dir.path().join("journal");
+    let open = |manual: bool| {
+        EmbeddedStore::open_with(
+            dir.path(),
+            EmbeddedOptions::default(),
+            Tuning {
+                segment_bytes: 16 * 1024,
+                ..Tuning::default()
+            },
+            store::embedded::Io {
+                manual_maintenance: manual,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    let files = || -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(&jdir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "val"))
+            .collect();
+        v.sort();
+        v
+    };
+    let doc = |i: u64| {
+        let mut d = event(i);
+        d.insert(
+            "lang".into(),
+            json!(["en", "ja", "ar", "🌍"][(i % 4) as usize]),
+        );
+        d
+    };
+    // Each pipeline's answer against the read of every document; where the `$group` ran and
+    // how many documents were read.
+    let ask = async |events: &std::sync::Arc<dyn store::Capped>, all: &[store::Document]| {
+        let mut out = Vec::new();
+        for field in ["lang", "user.screen_name"] {
+            let p = json!([{"$group": {"_id": format!("${field}"), "n": {"$sum": 1}}}]);
+            let pipeline = Pipeline::parse(&p).unwrap();
+            let want = pipeline.run(all.to_vec(), Limits::default()).unwrap();
+            let got = aggregate(Input::Capped(events.clone()), pipeline, Limits::default())
+                .await
+                .unwrap();
+            assert_eq!(got.docs, want.docs, "{p}");
+            out.push((got.stages[0].ran, got.read));
+        }
+        out
+    };
+
+    let store = open(true);
+    let events = store
+        .capped("events", &spec(100_000, &["lang"]))
+        .await
+        .unwrap();
+    let mut all = Vec::new();
+    for chunk in (0..8000).collect::<Vec<u64>>().chunks(80) {
+        all.extend(append_as_read(&events, chunk.iter().map(|i| doc(*i)).collect()).await);
+        maintain(&store).await;
+    }
+    let n = all.len() as u64;
+    let segments = files().len();
+    assert!(segments >= 10, "{segments} values files");
+    let from_files = ask(&events, &all).await[0];
+    assert_eq!(from_files.0, "index");
+    assert!(from_files.1 < n / 4, "{from_files:?} of {n}");
+    store.close().await.unwrap();
+
+    // A store from before values files: none, but for one damaged.
+    let kept = files()[segments / 2].clone();
+    for f in files() {
+        if f != kept {
+            std::fs::remove_file(f).unwrap();
+        }
+    }
+    let mut bytes = std::fs::read(&kept).unwrap();
+    let at = bytes.len() - 9;
+    bytes[at] ^= 0x01;
+    std::fs::write(&kept, &bytes).unwrap();
+    let store = open(true);
+    let events = store
+        .capped("events", &spec(100_000, &["lang"]))
+        .await
+        .unwrap();
+    assert_eq!(ask(&events, &all).await[0].1, n, "every document read");
+    maintain(&store).await;
+    assert_eq!(files().len(), segments, "{:?}", files());
+    assert_ne!(
+        std::fs::read(&kept).unwrap(),
+        bytes,
+        "the damaged file written again"
+    );
+    assert_eq!(ask(&events, &all).await[0], from_files);
+    store.close().await.unwrap();
+
+    // A field added to the indexes: its files are written again, with it.
+    let store = open(true);
+    let fields = ["lang", "user.screen_name"];
+    let events = store
+        .capped("events", &spec(100_000, &fields))
+        .await
+        .unwrap();
+    let before = ask(&events, &all).await;
+    assert_eq!(
+        before[1].1, n,
+        "{before:?}: no summary of the new field yet"
+    );
+    maintain(&store).await;
+    let after = ask(&events, &all).await;
+    assert_eq!(after[0], from_files, "{after:?}");
+    assert_eq!(after[1].0, "index", "{after:?}");
+    assert!(after[1].1 < n / 4, "{after:?} of {n}");
+    store.close().await.unwrap();
+
+    // Maintenance on its own thread: the files come without being asked for.
+    for f in files() {
+        std::fs::remove_file(f).unwrap();
+    }
+    let store = open(false);
+    let events = store
+        .capped("events", &spec(100_000, &fields))
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while files().len() < segments && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(files().len(), segments, "{:?}", files());
+    assert_eq!(ask(&events, &all).await, after);
+    store.close().await.unwrap();
+}

@@ -3,7 +3,11 @@
 //! - **Flush**: a sealed memtable of the tree is written to a table, then the tree compacts
 //!   (leveled) what is due. Both are sequential writes, amortised over every commit since the
 //!   last flush; a key written a thousand times meanwhile (a source's summary) is written once.
-//! - **Index files**: a finished segment's index goes to its `.idx` file.
+//! - **Index files**: a finished segment's index goes to its `.idx` file, and the values of
+//!   its indexed fields to its `.val` file ([`super::values`]).
+//! - **Values files due**: a finished segment without a values file (a store from before them,
+//!   a crash between its two files, a field added to the indexes) gets one, a segment at a
+//!   time while nothing else is asked, so queries by its fields read it from the file again.
 //! - **Release**: the oldest segment goes once nothing needs it — its capped documents
 //!   evicted, its changes past the history the change log keeps, its keyed writes in the
 //!   tree's tables. A segment kept only for a few documents of a slowly evicted collection
@@ -12,7 +16,7 @@
 //!   it ([`SPILL_SHARE`], [`SPILL_BEHIND`]).
 
 use crate::telemetry::Problem;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -30,6 +34,10 @@ use crate::{Durability, Result};
 
 /// How often the thread looks for segments to release when nothing else wakes it.
 const CHECK_EVERY: Duration = Duration::from_secs(5);
+/// Between two values files written for segments that lack one: a store of a million events
+/// (about 125 segments) gets them in well under a minute, and the thread stays mostly idle
+/// meanwhile, for the pipeline's work.
+const VALUES_PAUSE: Duration = Duration::from_millis(50);
 /// A collection's documents in a segment are moved into the tree (to release the segment)
 /// when they take at most this share of it...
 const SPILL_SHARE: u64 = 4;
@@ -50,8 +58,22 @@ pub(crate) enum Task {
         /// Each capped collection's indexed fields, whose values go to the values file.
         indexes: HashMap<String, Vec<String>>,
     },
-    /// Look for segments to release now.
+    /// Look for segments to release now (and, again, for segments without a values file).
     Check,
+    /// Write one values file due ([`Maint::values_due`]).
+    WriteValues,
+}
+
+/// Finished segments whose values file is due.
+#[derive(Default)]
+pub(crate) struct ValuesDue {
+    /// Oldest first; `None` until the next look.
+    due: Option<VecDeque<u64>>,
+    /// Whether a look has read every file: the first does (a damaged file is written again),
+    /// later ones only look for missing files.
+    looked: bool,
+    /// Segments whose file could not be written: not tried again until the next open.
+    failed: HashSet<u64>,
 }
 
 /// Sequence numbers readers hold (snapshots): the tree keeps the versions they see.
@@ -115,12 +137,15 @@ pub(crate) struct Maint {
     /// The segment whose documents were moved into the tree, and the sequence number the
     /// tree's tables must reach before it goes.
     pub spilled: Option<(u64, u64)>,
+    pub values: ValuesDue,
 }
 
 pub(crate) fn run(mut m: Maint, rx: Receiver<Task>) {
     loop {
-        let task = match rx.recv_timeout(CHECK_EVERY) {
+        let due = m.values_due();
+        let task = match rx.recv_timeout(if due { VALUES_PAUSE } else { CHECK_EVERY }) {
             Ok(t) => t,
+            Err(RecvTimeoutError::Timeout) if due => Task::WriteValues,
             Err(RecvTimeoutError::Timeout) => Task::Check,
             Err(RecvTimeoutError::Disconnected) => return,
         };
@@ -155,8 +180,121 @@ impl Maint {
                 entries,
                 indexes,
             } => self.write_index(path, &summary, &entries, &indexes),
-            Task::Check => Ok(()),
+            Task::Check => {
+                if self.values.due.as_ref().is_some_and(VecDeque::is_empty) {
+                    self.values.due = None;
+                }
+                Ok(())
+            }
+            Task::WriteValues => self.write_values_due(),
         }
+    }
+
+    /// Whether a values file is due, or the next look for one is.
+    pub(crate) fn values_due(&self) -> bool {
+        self.values.due.as_ref().is_none_or(|d| !d.is_empty())
+    }
+
+    /// Writes the oldest values file due, after looking for them when no look is current.
+    fn write_values_due(&mut self) -> Result<()> {
+        let indexes: HashMap<String, Vec<String>> = {
+            let catalog = self.catalog.lock().map_err(super::lock_err)?;
+            catalog
+                .collections
+                .iter()
+                .filter(|(_, c)| c.kind == super::catalog::Kind::Capped && !c.indexes.is_empty())
+                .map(|(n, c)| (n.clone(), c.indexes.clone()))
+                .collect()
+        };
+        if self.values.due.is_none() {
+            let due = self.look_for_values(&indexes)?;
+            if !due.is_empty() {
+                tracing::info!(
+                    segments = due.len(),
+                    "writing the values files of finished journal segments that have none; queries by an indexed field read those segments' documents until then"
+                );
+            }
+            self.values.looked = true;
+            self.values.due = Some(due);
+        }
+        let Some(seq) = self.values.due.as_mut().and_then(VecDeque::pop_front) else {
+            return Ok(());
+        };
+        let found = {
+            let shared = self.shared.read().map_err(super::lock_err)?;
+            shared.segments.get(&seq).and_then(|i| match &i.index {
+                SegIndex::File { path, .. } => {
+                    Some((i.seg.clone(), path.clone(), i.end, i.last_lsn))
+                }
+                _ => None,
+            })
+        };
+        // Released meanwhile, or not finished: nothing to write.
+        let Some((seg, idx, end, last_lsn)) = found else {
+            return Ok(());
+        };
+        let Some(jdir) = idx.parent() else {
+            return Ok(());
+        };
+        let written = match super::recover::scan_segment(&seg, None, &indexes) {
+            Ok(scanned) if scanned.summary.end == end && scanned.summary.last_lsn == last_lsn => {
+                super::recover::write_values(&*self.fs, jdir, &scanned.summary, scanned.values)
+            }
+            Ok(_) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, segment = seq, "could not read a journal segment for its values file; queries read its documents instead");
+                false
+            }
+        };
+        if !written {
+            self.values.failed.insert(seq);
+        }
+        if self.values.due.as_ref().is_some_and(VecDeque::is_empty) {
+            tracing::debug!("every finished journal segment has its values file");
+        }
+        Ok(())
+    }
+
+    /// Finished segments holding an indexed capped collection whose values file is missing
+    /// (at the first look also: damaged, or made for other contents), oldest first.
+    fn look_for_values(&self, indexes: &HashMap<String, Vec<String>>) -> Result<VecDeque<u64>> {
+        if indexes.is_empty() {
+            return Ok(VecDeque::new());
+        }
+        let candidates: Vec<(u64, PathBuf, super::values::Tie)> = {
+            let shared = self.shared.read().map_err(super::lock_err)?;
+            shared
+                .segments
+                .iter()
+                .filter(|(seq, i)| {
+                    matches!(i.index, SegIndex::File { .. })
+                        && i.colls.keys().any(|c| indexes.contains_key(c))
+                        && !self.values.failed.contains(seq)
+                })
+                .filter_map(|(seq, i)| match &i.index {
+                    SegIndex::File { path, .. } => path.parent().map(|jdir| {
+                        let tie = super::values::Tie {
+                            seq: *seq,
+                            end: i.end,
+                            last_lsn: i.last_lsn,
+                        };
+                        (*seq, super::values::path(jdir, *seq), tie)
+                    }),
+                    _ => None,
+                })
+                .collect()
+        };
+        Ok(candidates
+            .into_iter()
+            .filter(|(_, path, tie)| {
+                if self.values.looked {
+                    !self.fs.exists(path)
+                } else {
+                    !super::values::holds(&*self.fs, path, *tie)
+                }
+            })
+            .map(|(seq, _, _)| seq)
+            .collect())
     }
 
     pub(crate) fn flush(&self) -> Result<()> {
@@ -204,7 +342,9 @@ impl Maint {
             return;
         };
         match super::recover::scan_segment(&seg, None, indexes) {
-            Ok(scanned) => super::recover::write_values(&*self.fs, jdir, summary, scanned.values),
+            Ok(scanned) => {
+                let _ = super::recover::write_values(&*self.fs, jdir, summary, scanned.values);
+            }
             Err(e) => {
                 tracing::warn!(error = %e, segment = summary.seq, "could not read a journal segment for its values file; queries read its documents instead")
             }

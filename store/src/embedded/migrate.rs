@@ -241,6 +241,7 @@ fn convert(
         oplog_max: options.oplog_max_entries,
         submit: Box::new(|_, _| false),
         spilled: None,
+        values: maint::ValuesDue::default(),
     };
     // What the writer asks of the maintenance thread, done here, in turn.
     let drain = |m: &Maint| -> Result<()> {
@@ -253,7 +254,8 @@ fn convert(
                     entries,
                     indexes,
                 } => m.write_index(path, &summary, &entries, &indexes)?,
-                Task::Check => {}
+                // Segments written here get their values files as they finish.
+                Task::Check | Task::WriteValues => {}
             }
         }
         Ok(())

@@ -411,6 +411,7 @@ impl EmbeddedStore {
             oplog_max: options.oplog_max_entries,
             submit: submitter(tx.downgrade(), Arc::downgrade(&cell)),
             spilled: None,
+            values: maint::ValuesDue::default(),
         };
         let mut threads = vec![writer_thread];
         let mut manual = None;
@@ -502,8 +503,8 @@ impl EmbeddedStore {
     }
 
     /// With manual maintenance ([`Io::manual_maintenance`]): does the maintenance work that is
-    /// due (flushes, index files, releases) on this thread, until none is left. Blocks on the
-    /// writer: never call it from an async task.
+    /// due (flushes, index files, releases, values files due) on this thread, until none is
+    /// left. Blocks on the writer: never call it from an async task.
     #[doc(hidden)]
     pub fn maintain(&self) -> Result<()> {
         let mut manual = self.inner.manual.lock().map_err(lock_err)?;
@@ -519,8 +520,13 @@ impl EmbeddedStore {
             }
             m.release()?;
             if !did && rx.try_recv().map(|t| m.run_task(t)).is_err() {
-                return Ok(());
+                break;
             }
+        }
+        // What the thread does when idle: a look for values files due, and each one.
+        m.run_task(maint::Task::Check)?;
+        while m.values_due() {
+            m.run_task(maint::Task::WriteValues)?;
         }
         Ok(())
     }

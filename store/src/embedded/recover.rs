@@ -251,22 +251,27 @@ fn scan_segment_to(
     Ok(out)
 }
 
-/// Writes a finished segment's values file from what a read of it gathered. A failure is
-/// logged and costs only speed: a query reads the documents the file would have summarized.
+/// Writes a finished segment's values file from what a read of it gathered, and says whether
+/// it did. A failure is logged and costs only speed: a query reads the documents the file
+/// would have summarized.
 pub(crate) fn write_values(
     fs: &dyn Fs,
     jdir: &Path,
     summary: &SegSummary,
     gathered: values::Gather,
-) {
+) -> bool {
     let tie = values::Tie {
         seq: summary.seq,
         end: summary.end,
         last_lsn: summary.last_lsn,
     };
     let path = values::path(jdir, summary.seq);
-    if let Err(e) = values::write(fs, &path, tie, &gathered.finish()) {
-        tracing::warn!(error = %e, segment = summary.seq, "could not write a journal segment's values file; queries read its documents instead");
+    match values::write(fs, &path, tie, &gathered.finish()) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, segment = summary.seq, "could not write a journal segment's values file; queries read its documents instead");
+            false
+        }
     }
 }
 
@@ -444,7 +449,7 @@ pub(crate) fn open(
                     (scanned.summary, SegIndex::Memory(scanned.index))
                 } else {
                     let entries = scanned.index.into_sorted();
-                    write_values(&*fs, &jdir, &scanned.summary, scanned.values);
+                    let _ = write_values(&*fs, &jdir, &scanned.summary, scanned.values);
                     if let Err(e) =
                         state::write_index_file(&*fs, &idx_path, &scanned.summary, &entries)
                     {
@@ -802,9 +807,11 @@ pub(crate) fn backfill_index(
                 all.sort_unstable();
                 state::write_index_file(fs, path, &summary, &all)?;
                 *entries = all.len() as u64;
+                // Its values file has no summary of the new fields: the maintenance thread
+                // writes it again (`maint`, values files due).
+                let _ = fs.remove(&values::path(jdir, seq));
             }
         }
-        let _ = jdir;
     }
     Ok(())
 }

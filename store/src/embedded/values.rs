@@ -20,7 +20,10 @@
 //! by its number, end and last record number. A file missing, damaged or made for other
 //! contents is not used. At every open the last segment's file is removed: after a failed
 //! sync that segment is cut and written again, and could end where it ended before with
-//! other documents.
+//! other documents. A finished segment without a file (a store from before them, a crash
+//! between its index file and this one, a field added to the indexes, which removes the
+//! files that lack it) gets one from the maintenance thread while it is idle
+//! ([`super::maint`]); at the first look after an open, a damaged file is written again too.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -190,6 +193,34 @@ pub(crate) fn write(fs: &dyn Fs, path: &Path, tie: Tie, fields: &[FieldValues]) 
         .map_err(|e| super::journal::io_error(format!("writing {}", path.display()), e))
 }
 
+/// Whether the values file at `path` is whole and made for `tie`'s contents (it may still
+/// hold no summary of a field).
+pub(crate) fn holds(fs: &dyn Fs, path: &Path, tie: Tie) -> bool {
+    let Ok(b) = fs.read(path) else {
+        return false;
+    };
+    if b.len() < 32 {
+        return false;
+    }
+    let (body, crc) = b.split_at(b.len() - 4);
+    if crc32fast::hash(body).to_le_bytes() != crc {
+        return false;
+    }
+    header(&mut Reader::new(body)).is_ok_and(|at| at == tie)
+}
+
+/// A values file's magic number, and what its contents were made for.
+fn header(r: &mut Reader<'_>) -> Result<Tie> {
+    if r.u32()? != MAGIC {
+        return Err(StoreError::Invalid("values file".into()));
+    }
+    Ok(Tie {
+        seq: r.u64()?,
+        end: r.u64()?,
+        last_lsn: r.u64()?,
+    })
+}
+
 /// One value's documents in a segment, as [`read`] hands them out.
 pub(crate) struct Group<'a> {
     /// `None`: null or missing.
@@ -221,15 +252,7 @@ pub(crate) fn read(
     }
     let parse = || -> Result<Option<Vec<Group<'_>>>> {
         let mut r = Reader::new(body);
-        if r.u32()? != MAGIC {
-            return Err(StoreError::Invalid("values file".into()));
-        }
-        let at = Tie {
-            seq: r.u64()?,
-            end: r.u64()?,
-            last_lsn: r.u64()?,
-        };
-        if at != tie {
+        if header(&mut r)? != tie {
             return Ok(None);
         }
         for _ in 0..r.u32()? {
