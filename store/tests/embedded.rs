@@ -1752,21 +1752,7 @@ async fn a_group_by_an_indexed_field_reads_its_values_files_and_answers_as_a_rea
     };
 
     // Small segments: many of them finished.
-    let open = |dir: &tempfile::TempDir| {
-        EmbeddedStore::open_with(
-            dir.path(),
-            EmbeddedOptions::default(),
-            Tuning {
-                segment_bytes: 16 * 1024,
-                ..Tuning::default()
-            },
-            store::embedded::Io {
-                manual_maintenance: true,
-                ..Default::default()
-            },
-        )
-        .unwrap()
-    };
+    let open = |dir: &tempfile::TempDir| small_segments(dir.path(), true);
     let store = open(&dir);
     let events = store.capped("events", &spec(6000, &fields)).await.unwrap();
     let mut all = Vec::new();
@@ -1776,15 +1762,7 @@ async fn a_group_by_an_indexed_field_reads_its_values_files_and_answers_as_a_rea
         maintain(&store).await;
     }
     let jdir = dir.path().join("journal");
-    let values_files = || {
-        let mut v: Vec<_> = std::fs::read_dir(&jdir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "val"))
-            .collect();
-        v.sort();
-        v
-    };
+    let values_files = || values_files_in(&jdir);
     let logs = std::fs::read_dir(&jdir)
         .unwrap()
         .filter(|e| {
@@ -1829,6 +1807,35 @@ async fn a_group_by_an_indexed_field_reads_its_values_files_and_answers_as_a_rea
     store.close().await.unwrap();
 }
 
+/// A store whose journal segments hold 16 KiB, so that a few thousand events finish many;
+/// with `manual` maintenance, only [`maintain`] does it.
+fn small_segments(dir: &std::path::Path, manual: bool) -> EmbeddedStore {
+    EmbeddedStore::open_with(
+        dir,
+        EmbeddedOptions::default(),
+        Tuning {
+            segment_bytes: 16 * 1024,
+            ..Tuning::default()
+        },
+        store::embedded::Io {
+            manual_maintenance: manual,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// The values files in the journal directory `jdir`, by name (segment number).
+fn values_files_in(jdir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(jdir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "val"))
+        .collect();
+    v.sort();
+    v
+}
+
 /// Finished segments without a values file get one: a store from before values files (every
 /// file gone), a damaged file, and a field added to the indexes of a store that has them.
 /// Until then a `$group` by the field reads those segments' documents; after, it reads their
@@ -1839,30 +1846,8 @@ async fn values_files_a_store_lacks_are_written_while_it_is_idle() {
     use store::query::{Input, Limits, Pipeline, aggregate};
     let dir = tempfile::tempdir().unwrap();
     let jdir = dir.path().join("journal");
-    let open = |manual: bool| {
-        EmbeddedStore::open_with(
-            dir.path(),
-            EmbeddedOptions::default(),
-            Tuning {
-                segment_bytes: 16 * 1024,
-                ..Tuning::default()
-            },
-            store::embedded::Io {
-                manual_maintenance: manual,
-                ..Default::default()
-            },
-        )
-        .unwrap()
-    };
-    let files = || -> Vec<std::path::PathBuf> {
-        let mut v: Vec<_> = std::fs::read_dir(&jdir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "val"))
-            .collect();
-        v.sort();
-        v
-    };
+    let open = |manual: bool| small_segments(dir.path(), manual);
+    let files = || values_files_in(&jdir);
     let doc = |i: u64| {
         let mut d = event(i);
         d.insert(

@@ -196,17 +196,15 @@ pub(crate) fn write(fs: &dyn Fs, path: &Path, tie: Tie, fields: &[FieldValues]) 
 /// Whether the values file at `path` is whole and made for `tie`'s contents (it may still
 /// hold no summary of a field).
 pub(crate) fn holds(fs: &dyn Fs, path: &Path, tie: Tie) -> bool {
-    let Ok(b) = fs.read(path) else {
-        return false;
-    };
-    if b.len() < 32 {
-        return false;
-    }
-    let (body, crc) = b.split_at(b.len() - 4);
-    if crc32fast::hash(body).to_le_bytes() != crc {
-        return false;
-    }
-    header(&mut Reader::new(body)).is_ok_and(|at| at == tie)
+    checked(fs, path).is_some_and(|body| header(&mut Reader::new(&body)).is_ok_and(|at| at == tie))
+}
+
+/// The file at `path` without its checksum, when it reads and its checksum holds.
+fn checked(fs: &dyn Fs, path: &Path) -> Option<Vec<u8>> {
+    let mut b = fs.read(path).ok()?;
+    let at = b.len().checked_sub(4)?;
+    let crc = b.split_off(at);
+    (crc32fast::hash(&b).to_le_bytes()[..] == crc[..]).then_some(b)
 }
 
 /// A values file's magic number, and what its contents were made for.
@@ -240,16 +238,10 @@ pub(crate) fn read(
     field: &str,
     each: &mut dyn FnMut(Group<'_>),
 ) -> bool {
-    let Ok(b) = fs.read(path) else {
+    let Some(body) = checked(fs, path) else {
         return false;
     };
-    if b.len() < 4 {
-        return false;
-    }
-    let (body, crc) = b.split_at(b.len() - 4);
-    if crc32fast::hash(body).to_le_bytes() != crc {
-        return false;
-    }
+    let body = &body[..];
     let parse = || -> Result<Option<Vec<Group<'_>>>> {
         let mut r = Reader::new(body);
         if header(&mut r)? != tie {
