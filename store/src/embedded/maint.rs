@@ -223,29 +223,21 @@ impl Maint {
         let found = {
             let shared = self.shared.read().map_err(super::lock_err)?;
             shared.segments.get(&seq).and_then(|i| match &i.index {
-                SegIndex::File { path, .. } => {
-                    Some((i.seg.clone(), path.clone(), i.end, i.last_lsn))
-                }
+                SegIndex::File { path, .. } => Some((path.clone(), i.end, i.last_lsn)),
                 _ => None,
             })
         };
         // Released meanwhile, or not finished: nothing to write.
-        let Some((seg, idx, end, last_lsn)) = found else {
+        let Some((idx, end, last_lsn)) = found else {
             return Ok(());
         };
-        let Some(jdir) = idx.parent() else {
-            return Ok(());
+        let summary = SegSummary {
+            seq,
+            end,
+            last_lsn,
+            ..SegSummary::default()
         };
-        let written = match super::recover::scan_segment(&seg, None, &indexes) {
-            Ok(scanned) if scanned.summary.end == end && scanned.summary.last_lsn == last_lsn => {
-                super::recover::write_values(&*self.fs, jdir, &scanned.summary, scanned.values)
-            }
-            Ok(_) => false,
-            Err(e) => {
-                tracing::warn!(error = %e, segment = seq, "could not read a journal segment for its values file; queries read its documents instead");
-                false
-            }
-        };
+        let written = self.write_values(&idx, &summary, &indexes);
         if !written {
             self.values.failed.insert(seq);
         }
@@ -310,7 +302,7 @@ impl Maint {
         indexes: &HashMap<String, Vec<String>>,
     ) -> Result<()> {
         super::state::write_index_file(&*self.fs, &path, summary, entries)?;
-        self.write_values(&path, summary, indexes);
+        let _ = self.write_values(&path, summary, indexes);
         let mut shared = self.shared.write().map_err(super::lock_err)?;
         if let Some(info) = shared.segments.get_mut(&summary.seq)
             && matches!(info.index, SegIndex::Sealed(_))
@@ -324,29 +316,42 @@ impl Maint {
     }
 
     /// Writes a finished segment's values file: its documents are read once more, for the
-    /// values of the indexed fields (the writer keeps only their hashes).
+    /// values of the indexed fields (the writer keeps only their hashes); says whether it did.
+    /// The file is tied to what the read found, and written only when that is what `summary`
+    /// (readers' knowledge of the segment) says the segment holds.
     fn write_values(
         &self,
         idx: &Path,
         summary: &SegSummary,
         indexes: &HashMap<String, Vec<String>>,
-    ) {
+    ) -> bool {
         if !indexes.values().any(|f| !f.is_empty()) {
-            return;
+            return false;
         }
         let seg = match self.shared.read() {
             Ok(shared) => shared.segments.get(&summary.seq).map(|i| i.seg.clone()),
             Err(_) => None,
         };
         let (Some(seg), Some(jdir)) = (seg, idx.parent()) else {
-            return;
+            return false;
         };
         match super::recover::scan_segment(&seg, None, indexes) {
-            Ok(scanned) => {
-                let _ = super::recover::write_values(&*self.fs, jdir, summary, scanned.values);
+            Ok(scanned)
+                if scanned.summary.end == summary.end
+                    && scanned.summary.last_lsn == summary.last_lsn =>
+            {
+                super::recover::write_values(&*self.fs, jdir, &scanned.summary, scanned.values)
+            }
+            Ok(_) => {
+                tracing::warn!(
+                    segment = summary.seq,
+                    "a journal segment read for its values file ended elsewhere than recorded; queries read its documents instead"
+                );
+                false
             }
             Err(e) => {
-                tracing::warn!(error = %e, segment = summary.seq, "could not read a journal segment for its values file; queries read its documents instead")
+                tracing::warn!(error = %e, segment = summary.seq, "could not read a journal segment for its values file; queries read its documents instead");
+                false
             }
         }
     }
