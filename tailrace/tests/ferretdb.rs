@@ -620,17 +620,7 @@ async fn the_pipeline_runs_on_ferretdb() {
         {"$match": {"_id": {"$gte": "lang:", "$lt": "lang;"}}},
         {"$sort": {"_id": 1}},
     ]});
-    let resp = ingest::source::http::client()
-        .build()
-        .unwrap()
-        .post(format!("http://{}/api/aggregate", t.addr))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    let code = resp.status().as_u16();
-    let answer: Value = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
+    let (code, answer) = t.post_json("/api/aggregate", &body.to_string()).await;
     assert_eq!(code, 200, "{answer}");
     let docs = answer["docs"].as_array().cloned().unwrap_or_default();
     assert!(!docs.is_empty(), "rollups by language: {answer}");

@@ -37,20 +37,7 @@ async fn post(t: &Tailrace, body: &Value) -> (u16, Value) {
 }
 
 async fn post_text(t: &Tailrace, body: &str) -> (u16, Value) {
-    let client = ingest::source::http::client().build().unwrap();
-    let resp = client
-        .post(format!("http://{}/api/aggregate", t.addr))
-        .header("content-type", "application/json")
-        .body(body.to_owned())
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    t.post_json("/api/aggregate", body).await
 }
 
 async fn answer(t: &Tailrace, collection: &str, pipeline: Value) -> Value {

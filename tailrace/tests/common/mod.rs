@@ -169,6 +169,26 @@ impl Tailrace {
         }
     }
 
+    /// POST `body` (JSON text) to `path`; (status, the answer as JSON, or as a JSON string
+    /// when it is not JSON).
+    pub async fn post_json(&self, path: &str, body: &str) -> (u16, serde_json::Value) {
+        let resp = ingest::source::http::client()
+            .build()
+            .unwrap()
+            .post(format!("http://{}{}", self.addr, path))
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        )
+    }
+
     /// GET a JSON document (panics with the report on failure).
     pub async fn json(&self, path: &str) -> serde_json::Value {
         let (status, body) = self.get(path).await;
