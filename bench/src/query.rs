@@ -258,7 +258,7 @@ pub async fn run(bench: &Bench) -> Result<Report> {
         "query_cores": query_cores,
     });
     report.notes.push(
-        "a $match on _tailrace.received reads only where that range lies (store::Capped::time_span); every other question reads the whole window".into(),
+        "where each question ran and what it read: a $match on _tailrace.received reads only where that range lies (store::Capped::time_span); a count by minute adds up the documents received each second (the timeline); a $group by an indexed field reads its values files (the index); the rest read the whole window".into(),
     );
     let all = std::thread::available_parallelism().map_or(1, |n| n.get());
     report.notes.push(format!(

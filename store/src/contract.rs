@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use crate::{
     Bounds, Capabilities, CappedSpec, Change, ChangeFilter, ChangeStart, Document, Durability,
-    Filter, KeyUpdate, KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record, Result,
-    ResumeToken, Start, StoreError, TimeSpan, Usage, ValueGroup,
+    Filter, KeyUpdate, KeyedDoc, KeyedSnapshot, NewestMatching, Position, ReceivedRun, Record,
+    Result, ResumeToken, Start, StoreError, TimeSpan, Usage, ValueGroup,
 };
 
 /// A stream of capped-collection documents in insertion order. It never ends on its own while
@@ -279,6 +279,21 @@ pub trait Capped: Send + Sync + 'static {
     ) -> Result<Vec<(Position, Position)>> {
         let _ = (field, from, to, each);
         Ok(Vec::new())
+    }
+
+    /// For a query counting documents by when they arrived: calls `each` with stretches of
+    /// positions within `[from, to]`, in order, whose documents arrived within one second
+    /// ([`ReceivedRun`]), where the engine keeps a record of that. The caller reads the
+    /// documents of the rest. Blocking (it may read files): call it from a query's thread.
+    /// The default keeps none.
+    fn received_runs(
+        &self,
+        from: Position,
+        to: Position,
+        each: &mut dyn FnMut(ReceivedRun),
+    ) -> Result<()> {
+        let _ = (from, to, each);
+        Ok(())
     }
 
     /// Number of retained documents and their encoded size in bytes.

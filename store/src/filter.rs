@@ -262,6 +262,25 @@ impl Filter {
         range
     }
 
+    /// The range of dates (ms, inclusive) the filter keeps at `path` when that is all it asks:
+    /// `$gt`, `$gte`, `$lt` and `$lte` with dates, on that path alone. A document whose path
+    /// reaches one value (no array on the way) then passes exactly when the value is a date
+    /// ([`crate::date::millis`]) within the range.
+    pub fn only_date_range(&self, path: &str) -> Option<(i64, i64)> {
+        match self.root.as_slice() {
+            [Clause::Field { path: p, ops }]
+                if p.raw == path
+                    && !ops.is_empty()
+                    && ops
+                        .iter()
+                        .all(|op| matches!(op, Op::Cmp(_, v) if crate::date::is_date(v))) =>
+            {
+                self.date_range(path)
+            }
+            _ => None,
+        }
+    }
+
     /// Whether the filter accepts every document by its structure alone: `{}`,
     /// `{"$and": [{}]}`, `{"$or": [{}, ...]}`. An engine can then skip evaluating it. A field
     /// condition that happens to hold everywhere is not detected.

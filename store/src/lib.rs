@@ -77,6 +77,6 @@ pub use names::MAX_KEY_BYTES;
 pub use stamp::{GEO_FIELD, GEO_PATH, RECEIVED_PATH, STAMP_FIELD, STAMP_SOURCE_PATH, Stamp};
 pub use types::{
     Bounds, CappedSpec, Change, ChangeFilter, ChangeOp, ChangeStart, Document, Durability,
-    KeyUpdate, KeyedDoc, KeyedSnapshot, NewestMatching, Position, Record, ResumeToken, Start,
-    TimeSpan, Update, Usage, ValueGroup, WriteId,
+    KeyUpdate, KeyedDoc, KeyedSnapshot, NewestMatching, Position, ReceivedRun, Record, ResumeToken,
+    Start, TimeSpan, Update, Usage, ValueGroup, WriteId,
 };

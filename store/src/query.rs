@@ -43,6 +43,7 @@ mod read;
 mod server;
 #[cfg(test)]
 mod tests;
+mod timed;
 
 use std::fmt;
 

@@ -163,6 +163,25 @@ pub enum TimeSpan {
     Positions(Position, Position),
 }
 
+/// A stretch of a capped collection's positions whose documents arrived within one second
+/// ([`crate::Capped::received_runs`]): each holds the date [`crate::RECEIVED_PATH`] in that
+/// second, or no date there (not reached through an array: a stretch with one is never
+/// given).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReceivedRun {
+    /// The first position: a document received in `second`, unless `second` is `None`.
+    pub first: Position,
+    /// The last position.
+    pub last: Position,
+    /// The second (milliseconds since the epoch divided by 1000, rounded down) the timed
+    /// documents were received in; `None` when the stretch has none.
+    pub second: Option<i64>,
+    /// Documents with a received time.
+    pub timed: u64,
+    /// Documents without one: no date at [`crate::RECEIVED_PATH`].
+    pub untimed: u64,
+}
+
 /// How much a capped collection holds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {

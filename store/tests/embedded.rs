@@ -1954,3 +1954,153 @@ async fn values_files_a_store_lacks_are_written_while_it_is_idle() {
     assert_eq!(ask(&events, &all).await, after);
     store.close().await.unwrap();
 }
+
+/// A count by time bucket of the received time adds up the runs of documents received within
+/// one second, reads only what no run decides (a second the range cuts, documents without a
+/// time, a time through an array, a slow stretch), and answers as a read of every document
+/// does: with times out of order, missing, not dates, before 1970, evictions, and the active
+/// segment growing between queries.
+#[tokio::test]
+async fn a_count_by_time_bucket_adds_up_runs_and_answers_as_a_read() {
+    use store::query::{Input, Limits, Pipeline, aggregate};
+    let dir = tempfile::tempdir().unwrap();
+    let store = small_segments(dir.path(), true);
+    let events = store.capped("events", &spec(5500, &[])).await.unwrap();
+    let base = 1_796_565_600_000_i64;
+    // Ten a second, each 100 ms apart; from 6000 on, one every 2 s (a slow stream).
+    let ms = |i: i64| {
+        if i < 6000 {
+            base + i * 100
+        } else {
+            base + 600_000 + (i - 6000) * 2000
+        }
+    };
+    let doc = |i: i64| {
+        let mut d = event(i as u64);
+        let received = match i {
+            _ if i % 41 == 7 => None,
+            1500 => Some(json!("2026-12-07T10:00:00Z")),
+            5300 => Some(json!([store::date::value(ms(i)).unwrap()])),
+            2500 => Some(json!({"$date": {"$numberLong": "-5000"}})),
+            3300 => Some(store::date::value(base).unwrap()),
+            _ => Some(store::date::value(ms(i)).unwrap()),
+        };
+        if let Some(r) = received {
+            d.insert("_tailrace".into(), json!({"received": r, "seq": i}));
+        }
+        d
+    };
+    let mut all = Vec::new();
+    let append = async |from: i64, to: i64, all: &mut Vec<store::Document>| {
+        for chunk in (from..to).collect::<Vec<_>>().chunks(50) {
+            let docs: Vec<_> = chunk.iter().map(|i| doc(*i)).collect();
+            all.extend(append_as_read(&events, docs).await);
+            maintain(&store).await;
+        }
+    };
+    let at = |ms: i64| store::date::value(ms).unwrap();
+    let minute = json!({"$dateTrunc": {"date": "$_tailrace.received", "unit": "minute"}});
+    let pipelines = |from: i64, to: i64| {
+        vec![
+            json!([
+                {"$match": {"_tailrace.received": {"$gte": at(from)}}},
+                {"$group": {"_id": minute, "n": {"$sum": 1}}},
+                {"$sort": {"_id": 1}},
+            ]),
+            json!([
+                {"$match": {"_tailrace.received": {"$gt": at(from), "$lte": at(to)}}},
+                {"$group": {"_id": {"$dateTrunc": {"date": "$_tailrace.received", "unit": "second", "binSize": 15}}, "c": {"$count": {}}, "t": {"$sum": -3}}},
+            ]),
+            json!([
+                {"$match": {"_tailrace.received": {"$gte": at(from), "$lt": at(to)}}},
+                {"$sortByCount": {"m": minute, "k": "x"}},
+                {"$limit": 3},
+            ]),
+            json!([
+                {"$match": {"_tailrace.received": {"$gte": at(from), "$lt": at(to)}}},
+                {"$group": {"_id": null, "n": {"$sum": 1}}},
+            ]),
+            // Over everything: a time that is not a date fails the `$dateTrunc`, in both.
+            json!([{"$group": {"_id": minute, "n": {"$sum": 1}}}]),
+            // Documents without a time count too.
+            json!([{"$group": {"_id": "all", "n": {"$count": {}}}}]),
+        ]
+    };
+    // Each answer (or error) against the read of every retained document; where the first
+    // stage ran and how much was read.
+    let ask = async |from: i64, to: i64, all: &[store::Document]| {
+        let oldest = events.bounds().await.unwrap().unwrap().oldest.0;
+        let window: Vec<store::Document> = all
+            .iter()
+            .filter(|d| d["_id"].as_u64().unwrap() >= oldest)
+            .cloned()
+            .collect();
+        let mut ran = Vec::new();
+        for p in pipelines(from, to) {
+            let pipeline = Pipeline::parse(&p).unwrap();
+            let want = pipeline
+                .run(window.clone(), Limits::default())
+                .map(|a| a.docs)
+                .map_err(|e| e.to_string());
+            let got = aggregate(Input::Capped(events.clone()), pipeline, Limits::default()).await;
+            let stage = got.as_ref().ok().map(|a| (a.stages[0].ran, a.read));
+            let got = got.map(|a| a.docs).map_err(|e| e.to_string());
+            assert_eq!(got, want, "{p}");
+            ran.push(stage);
+        }
+        (ran, window.len() as u64)
+    };
+
+    append(0, 5000, &mut all).await;
+    // A minute and a half, from a cut second: runs, and the few documents they leave.
+    let (ran, window) = ask(base + 300_050, base + 390_050, &all).await;
+    for r in &ran[..4] {
+        let (where_, read) = r.unwrap();
+        assert_eq!(where_, "timeline", "{ran:?}");
+        assert!(read < window / 20, "{ran:?} of {window}");
+    }
+    assert_eq!(ran[4], None, "the string time fails the whole window");
+    let (where_, read) = ran[5].unwrap();
+    assert!(where_ == "timeline" && read < window, "{ran:?} of {window}");
+    // The same over the times out of order, missing and not dates.
+    let (ran, _) = ask(base, base + 500_000, &all).await;
+    assert!(
+        ran[..4].iter().all(|r| r.unwrap().0 == "timeline"),
+        "{ran:?}"
+    );
+    for (from, to) in [
+        (0, 253_402_300_799_999),
+        (base + 10, base + 20),
+        (base - 99_999, base),
+    ] {
+        ask(from, to, &all).await;
+    }
+    // The active segment grows, with a time through an array (its segment is read whole).
+    append(5000, 5600, &mut all).await;
+    ask(base + 480_000, base + 560_000, &all).await;
+    // Over the time through an array: a `$dateTrunc` of an array fails, in both; the count
+    // does not.
+    let (ran, _) = ask(base, base + 10_000_000, &all).await;
+    assert_eq!(ran[..3], [None, None, None], "{ran:?}");
+    assert_eq!(ran[3].unwrap().0, "timeline", "{ran:?}");
+    append(5600, 7000, &mut all).await;
+    // Then the stream slows to a document every 2 s, and the oldest documents are evicted:
+    // a zone whose runs would stand for a document each keeps none, and is read.
+    let (ran, _) = ask(base + 590_000, base + 10_000_000, &all).await;
+    assert!(ran[..4].iter().all(|r| r.is_some()), "{ran:?}");
+    // The bound on what a `$group` holds applies as in a read.
+    let small = Limits { max_bytes: 300 };
+    let err = aggregate(
+        Input::Capped(events.clone()),
+        Pipeline::parse(&pipelines(base, base + 500_000)[1]).unwrap(),
+        small,
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.starts_with("[1].$group: holds more than the query bound"),
+        "{err}"
+    );
+    store.close().await.unwrap();
+}

@@ -243,6 +243,15 @@ impl Capped for EmbeddedCapped {
         Ok(covered)
     }
 
+    fn received_runs(
+        &self,
+        from: Position,
+        to: Position,
+        each: &mut dyn FnMut(crate::ReceivedRun),
+    ) -> Result<()> {
+        timeline::runs(&self.inner, &self.name, from.0, to.0, each)
+    }
+
     async fn usage(&self) -> Result<Usage> {
         self.inner.caught_up().await?;
         let shared = self.inner.shared.read().map_err(lock_err)?;

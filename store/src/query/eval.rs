@@ -23,7 +23,8 @@ pub struct Answer {
     /// Each stage: where it ran and how many documents came out of it.
     pub stages: Vec<StageRun>,
     /// Documents tailrace read: from the collection, or out of the stages a server ran; for
-    /// a `$group` run on the `index`, the documents read plus the summaries' values.
+    /// a `$group` run on the `index`, the documents read plus the summaries' values; on the
+    /// `timeline`, the documents read plus the runs added up.
     pub read: u64,
     /// Time spent evaluating, in microseconds.
     pub took_us: u64,
@@ -34,9 +35,11 @@ pub struct Answer {
 pub struct StageRun {
     /// `$match`, `$group`, ...
     pub stage: &'static str,
-    /// `tailrace` (evaluated in-process), `server` (run by a database server) or `index`
+    /// `tailrace` (evaluated in-process), `server` (run by a database server), `index`
     /// (a `$group` by an indexed field, from the engine's summaries of its values where it
-    /// keeps them and from the documents elsewhere: `query/indexed.rs`).
+    /// keeps them and from the documents elsewhere: `query/indexed.rs`) or `timeline` (a
+    /// `$match` of received times and a count by a time bucket of them, from the engine's
+    /// counts of documents received each second where it keeps them: `query/timed.rs`).
     pub ran: &'static str,
     /// Documents out of it; `None` inside a server's part of the pipeline (the server says
     /// only what comes out of its last stage).

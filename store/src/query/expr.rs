@@ -236,10 +236,9 @@ impl Expr {
                 Some(v) => {
                     let ms = date_millis(v)
                         .ok_or_else(|| format!("$dateTrunc needs a date, found {}", kind(v)))?;
-                    // Bins start at MongoDB's reference date for these units, 2000-01-01:
-                    // the same as the epoch for one unit, not for every bin size (7 days).
-                    let step = unit_ms.saturating_mul(*bin).min(i64::MAX as u64) as i64;
-                    Some(date_value(ms - (ms - REFERENCE_MS).rem_euclid(step))?)
+                    let bin = truncate(ms, *unit_ms, *bin)
+                        .ok_or_else(|| format!("date {ms} ms is outside the years 1970 to 9999"))?;
+                    Some(date_value(bin)?)
                 }
             },
             Expr::Divide(a, b) => {
@@ -333,6 +332,17 @@ pub(super) fn kind(v: &Value) -> &'static str {
 /// Milliseconds since the epoch of a date value.
 pub(super) fn date_millis(v: &Value) -> Option<i64> {
     crate::date::millis(v)
+}
+
+/// `$dateTrunc` of `ms` (since the epoch) to bins of `bin` units of `unit_ms`; `None` when
+/// the bin starts before the earliest `i64` (no date tailrace writes).
+pub(super) fn truncate(ms: i64, unit_ms: u64, bin: u64) -> Option<i64> {
+    // Bins start at MongoDB's reference date for these units, 2000-01-01: the same as the
+    // epoch for one unit, not for every bin size (7 days). In i128: a `$numberLong` date may
+    // lie anywhere in i64.
+    let step = i128::from(unit_ms.saturating_mul(bin).max(1));
+    let ms = i128::from(ms);
+    i64::try_from(ms - (ms - i128::from(REFERENCE_MS)).rem_euclid(step)).ok()
 }
 
 /// `$toDate`'s reading of a value.

@@ -40,21 +40,7 @@ impl Pipeline {
             Stage::Group {
                 id: Expr::Field(parts),
                 accs,
-            } => {
-                let accs = accs
-                    .iter()
-                    .map(|(name, acc)| match acc {
-                        Acc::Count => Some((name.clone(), 1)),
-                        // Small enough that no count of documents makes the sum overflow.
-                        Acc::Sum(Expr::Literal(Value::Number(n))) => n
-                            .as_i64()
-                            .filter(|k| k.unsigned_abs() <= 1 << 31)
-                            .map(|k| (name.clone(), k)),
-                        _ => None,
-                    })
-                    .collect::<Option<Vec<_>>>()?;
-                (parts, accs, false)
-            }
+            } => (parts, counting(accs)?, false),
             Stage::SortByCount(Expr::Field(parts)) => (parts, vec![("count".to_owned(), 1)], true),
             _ => return None,
         };
@@ -70,10 +56,10 @@ impl Pipeline {
         })
     }
 
-    /// The stages after the first, behind the sort a `$sortByCount` ends with (as MongoDB
+    /// The stages after stage `at`, behind the sort a `$sortByCount` ends with (as MongoDB
     /// describes it: a `$group` counting, then this `$sort`) when `by_count`.
-    fn after_grouping(&self, by_count: bool) -> Pipeline {
-        let mut rest = self.after(1);
+    pub(super) fn after_grouping(&self, at: usize, by_count: bool) -> Pipeline {
+        let mut rest = self.after(at + 1);
         if by_count {
             rest.stages.insert(
                 0,
@@ -87,15 +73,31 @@ impl Pipeline {
     }
 }
 
+/// What each of a `$group`'s accumulators adds per document, when every one counts: `$count`,
+/// or `$sum` of an integer.
+pub(super) fn counting(accs: &[(String, Acc)]) -> Option<Vec<(String, i64)>> {
+    accs.iter()
+        .map(|(name, acc)| match acc {
+            Acc::Count => Some((name.clone(), 1)),
+            // Small enough that no count of documents makes the sum overflow.
+            Acc::Sum(Expr::Literal(Value::Number(n))) => n
+                .as_i64()
+                .filter(|k| k.unsigned_abs() <= 1 << 31)
+                .map(|k| (name.clone(), k)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A group's key as met.
-enum Key<'a> {
+pub(super) enum Key<'a> {
     Str(&'a str),
     Null,
     Other(&'a Value),
 }
 
 /// The groups met so far, as the `$group` stage holds them (and bounded as it is).
-struct Table {
+pub(super) struct Table {
     index: GroupIndex,
     /// Each group's first position, key and count, in the order met.
     groups: Vec<(u64, Value, u64)>,
@@ -103,12 +105,12 @@ struct Table {
     held: usize,
     per: usize,
     limits: Limits,
-    /// The first stage's name (`$group`, `$sortByCount`), for a refusal.
-    stage: &'static str,
+    /// The stage's path (`[0].$group`), for a refusal.
+    at: String,
 }
 
 impl Table {
-    fn new(per: usize, limits: Limits, stage: &'static str) -> Table {
+    pub(super) fn new(per: usize, limits: Limits, at: String) -> Table {
         Table {
             index: GroupIndex::default(),
             groups: Vec::new(),
@@ -116,11 +118,11 @@ impl Table {
             held: 0,
             per,
             limits,
-            stage,
+            at,
         }
     }
 
-    fn add(&mut self, key: Key<'_>, first: u64, count: u64) -> Result<(), QueryError> {
+    pub(super) fn add(&mut self, key: Key<'_>, first: u64, count: u64) -> Result<(), QueryError> {
         self.canon.clear();
         match key {
             Key::Str(s) => {
@@ -142,10 +144,7 @@ impl Table {
             .held
             .saturating_add(group_bytes(self.canon.len(), self.per));
         if self.held > self.limits.max_bytes {
-            return Err(QueryError::at(
-                &format!("[0].{}", self.stage),
-                over_bound(self.limits),
-            ));
+            return Err(QueryError::at(&self.at, over_bound(self.limits)));
         }
         let value = match key {
             Key::Str(s) => Value::String(s.to_owned()),
@@ -157,7 +156,7 @@ impl Table {
     }
 
     /// The `$group`'s output: a document per group, by first position.
-    fn into_docs(mut self, accs: &[(String, i64)]) -> Vec<Document> {
+    pub(super) fn into_docs(mut self, accs: &[(String, i64)]) -> Vec<Document> {
         self.groups.sort_by_key(|g| g.0);
         self.groups
             .into_iter()
@@ -192,7 +191,7 @@ pub(super) async fn aggregate(
     let summed = {
         let (c, field) = (c.clone(), g.field.clone());
         evaluate(move || {
-            let mut table = Table::new(per, limits, stage);
+            let mut table = Table::new(per, limits, format!("[0].{stage}"));
             let (mut entries, mut failed) = (0u64, None);
             let covered = c.value_groups(&field, oldest, newest, &mut |v| {
                 entries += 1;
@@ -220,7 +219,7 @@ pub(super) async fn aggregate(
     // The documents no summary covers, read and grouped on a query's thread.
     let gaps = gaps(oldest, newest, &covered);
     let (tx, mut rx) = mpsc::channel::<Vec<Document>>(IN_FLIGHT);
-    let rest = pipeline.after_grouping(g.by_count);
+    let rest = pipeline.after_grouping(0, g.by_count);
     let (parts, accs, by_count) = (g.parts, g.accs, g.by_count);
     let eval = evaluate(move || {
         let mut table = table;
@@ -274,7 +273,7 @@ pub(super) async fn aggregate(
 }
 
 /// The stretches of `[oldest, newest]` outside `covered` (inclusive, in order, apart).
-fn gaps(
+pub(super) fn gaps(
     oldest: Position,
     newest: Position,
     covered: &[(Position, Position)],

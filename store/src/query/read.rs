@@ -76,6 +76,12 @@ pub async fn aggregate(
     {
         return Ok(answer);
     }
+    if let Input::Capped(c) = &input
+        && let Some(g) = pipeline.time_grouping()
+        && let Some(answer) = super::timed::aggregate(c.clone(), &pipeline, g, limits).await?
+    {
+        return Ok(answer);
+    }
     let fields = pipeline.fields_read();
     let range = pipeline.received_range();
     let (tx, mut rx) = mpsc::channel::<Vec<Document>>(IN_FLIGHT);
