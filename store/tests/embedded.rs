@@ -2104,3 +2104,175 @@ async fn a_count_by_time_bucket_adds_up_runs_and_answers_as_a_read() {
     );
     store.close().await.unwrap();
 }
+
+/// A file system that, once armed, holds the first read of a journal segment until told to
+/// go on: a reader paused there while maintenance releases segments.
+#[derive(Debug, Default)]
+struct PausingFs {
+    armed: std::sync::atomic::AtomicBool,
+    /// Sends when a read is held; the read goes on when `go` receives.
+    held: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    go: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+#[derive(Debug)]
+struct PausingFile {
+    fs: Arc<PausingFs>,
+    inner: Arc<dyn store::embedded::fs::FsFile>,
+    segment: bool,
+}
+
+impl store::embedded::fs::FsFile for PausingFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering;
+        if self.segment && self.fs.armed.swap(false, Ordering::SeqCst) {
+            if let Some(held) = self.fs.held.lock().unwrap().take() {
+                held.send(()).unwrap();
+            }
+            if let Some(go) = self.fs.go.lock().unwrap().take() {
+                go.recv().unwrap();
+            }
+        }
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, offset)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.inner.sync_data()
+    }
+    fn sync_all(&self) -> std::io::Result<()> {
+        self.inner.sync_all()
+    }
+    fn allocate(&self, from: u64, to: u64) -> std::io::Result<()> {
+        self.inner.allocate(from, to)
+    }
+    fn size(&self) -> std::io::Result<u64> {
+        self.inner.size()
+    }
+    fn direct(&self) -> bool {
+        self.inner.direct()
+    }
+    fn write_align(&self) -> u64 {
+        self.inner.write_align()
+    }
+}
+
+/// The real file system, through [`PausingFile`]s.
+#[derive(Debug)]
+struct Pausing(Arc<PausingFs>);
+
+impl store::embedded::fs::Fs for Pausing {
+    fn create_dir_all(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        store::embedded::fs::RealFs.create_dir_all(dir)
+    }
+    fn list(&self, dir: &std::path::Path) -> std::io::Result<Vec<String>> {
+        store::embedded::fs::RealFs.list(dir)
+    }
+    fn exists(&self, path: &std::path::Path) -> bool {
+        store::embedded::fs::RealFs.exists(path)
+    }
+    fn open(
+        &self,
+        path: &std::path::Path,
+        how: store::embedded::fs::Open,
+    ) -> std::io::Result<Arc<dyn store::embedded::fs::FsFile>> {
+        Ok(Arc::new(PausingFile {
+            fs: self.0.clone(),
+            inner: store::embedded::fs::RealFs.open(path, how)?,
+            segment: path.extension().is_some_and(|e| e == "log"),
+        }))
+    }
+    fn read(&self, path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+        store::embedded::fs::RealFs.read(path)
+    }
+    fn remove(&self, path: &std::path::Path) -> std::io::Result<()> {
+        store::embedded::fs::RealFs.remove(path)
+    }
+    fn remove_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        store::embedded::fs::RealFs.remove_dir(dir)
+    }
+    fn rename(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+        store::embedded::fs::RealFs.rename(from, to)
+    }
+    fn sync_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        store::embedded::fs::RealFs.sync_dir(dir)
+    }
+}
+
+/// The newest documents of an indexed value, asked while maintenance releases the segments
+/// the read has listed but not reached yet (their documents move into the tree): every one
+/// is found, once.
+#[tokio::test]
+async fn the_newest_of_a_value_are_found_while_their_segments_are_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(PausingFs::default());
+    let store = EmbeddedStore::open_with(
+        dir.path(),
+        EmbeddedOptions::default(),
+        Tuning {
+            segment_bytes: 16 * 1024,
+            ..Tuning::default()
+        },
+        store::embedded::Io {
+            fs: Arc::new(Pausing(fs.clone())),
+            manual_maintenance: true,
+        },
+    )
+    .unwrap();
+    let events = store
+        .capped("events", &spec(50, &["user.id"]))
+        .await
+        .unwrap();
+    let letters = store
+        .capped("dead", &spec(1000, &["reason"]))
+        .await
+        .unwrap();
+    for b in 0..200u64 {
+        events
+            .append(
+                (b * 10..b * 10 + 10).map(event).collect(),
+                Durability::Acknowledged,
+            )
+            .await
+            .unwrap();
+        if b % 50 == 0 || b == 199 {
+            letters
+                .append(
+                    vec![contract::doc(json!({"reason": "bad", "b": b}))],
+                    Durability::Acknowledged,
+                )
+                .await
+                .unwrap();
+        }
+    }
+    let before = store.segments();
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel();
+    *fs.held.lock().unwrap() = Some(held_tx);
+    *fs.go.lock().unwrap() = Some(go_rx);
+    fs.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let asking = {
+        let letters = letters.clone();
+        tokio::spawn(async move { letters.latest("reason", &json!("bad"), 10).await })
+    };
+    // The read holds at its first document (the newest segment's); meanwhile the older
+    // segments go.
+    tokio::task::spawn_blocking(move || held_rx.recv().unwrap())
+        .await
+        .unwrap();
+    maintain(&store).await;
+    assert!(
+        store.segments() < before,
+        "{} of {before}",
+        store.segments()
+    );
+    go_tx.send(()).unwrap();
+    let got = asking.await.unwrap().unwrap();
+    let bs: Vec<Value> = got.iter().map(|r| r.doc["b"].clone()).collect();
+    assert_eq!(
+        bs,
+        vec![json!(199), json!(150), json!(100), json!(50), json!(0)]
+    );
+    store.close().await.unwrap();
+}

@@ -445,7 +445,7 @@ pub(super) fn latest(
     let hash = state::index_hash(coll, field, &canonical);
     // Segments newest first: positions only grow along the journal, so once `limit` matches
     // are found no older segment can hold a newer one.
-    let (segs, oldest, journal_from) = {
+    let (segs, oldest) = {
         let shared = inner.shared.read().map_err(super::lock_err)?;
         let Some(v) = shared.capped.get(coll) else {
             return Ok(Vec::new());
@@ -457,7 +457,7 @@ pub(super) fn latest(
             .filter(|(_, i)| i.colls.contains_key(coll))
             .map(|(seq, _)| *seq)
             .collect();
-        (segs, v.oldest, v.journal_from)
+        (segs, v.oldest)
     };
     let mut found: Vec<Record> = Vec::new();
     let mut candidates: Vec<u64> = Vec::new();
@@ -511,11 +511,19 @@ pub(super) fn latest(
             i = j;
         }
     }
-    // Documents of released segments, kept in the tree: few, read whole.
+    // Documents of released segments, kept in the tree: few, read whole. Where the tree ends
+    // is read now, not with the segments: a segment released since (skipped above) moved its
+    // documents there first, and a document read from its segment before may be there too.
+    let journal_from = {
+        let shared = inner.shared.read().map_err(super::lock_err)?;
+        shared.capped.get(coll).map_or(oldest, |v| v.journal_from)
+    };
     if oldest < journal_from {
+        let seen: std::collections::HashSet<u64> = found.iter().map(|r| r.position.0).collect();
         for r in read_docs(inner, coll, oldest, journal_from - 1, usize::MAX)? {
-            if state::canonical(crate::update::get_path(&r.doc, field)).as_deref()
-                == Some(canonical.as_slice())
+            if !seen.contains(&r.position.0)
+                && state::canonical(crate::update::get_path(&r.doc, field)).as_deref()
+                    == Some(canonical.as_slice())
             {
                 found.push(r);
             }
