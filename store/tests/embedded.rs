@@ -664,24 +664,7 @@ async fn finished_segments_are_released_and_few_survivors_move_into_the_tree() {
             .await
             .unwrap();
         let letters = store.capped("dead", &letters_spec).await.unwrap();
-        for b in 0..200u64 {
-            events
-                .append(
-                    (b * 10..b * 10 + 10).map(event).collect(),
-                    Durability::Acknowledged,
-                )
-                .await
-                .unwrap();
-            if b % 50 == 0 {
-                letters
-                    .append(
-                        vec![contract::doc(json!({"reason": "bad", "b": b}))],
-                        Durability::Acknowledged,
-                    )
-                    .await
-                    .unwrap();
-            }
-        }
+        events_and_letters(&events, &letters, |b| b % 50 == 0).await;
         let deadline = tokio::time::Instant::now() + contract::WAIT;
         loop {
             store.flush_keyed_state().await.unwrap();
@@ -726,6 +709,33 @@ async fn finished_segments_are_released_and_few_survivors_move_into_the_tree() {
         json!(1950)
     );
     store.close().await.unwrap();
+}
+
+/// Appends 200 batches of ten events and, after each batch `letter_after` picks, a letter
+/// `{"reason": "bad", "b": <batch>}`: dead letters among events evicted much faster.
+async fn events_and_letters(
+    events: &Arc<dyn store::Capped>,
+    letters: &Arc<dyn store::Capped>,
+    letter_after: impl Fn(u64) -> bool,
+) {
+    for b in 0..200u64 {
+        events
+            .append(
+                (b * 10..b * 10 + 10).map(event).collect(),
+                Durability::Acknowledged,
+            )
+            .await
+            .unwrap();
+        if letter_after(b) {
+            letters
+                .append(
+                    vec![contract::doc(json!({"reason": "bad", "b": b}))],
+                    Durability::Acknowledged,
+                )
+                .await
+                .unwrap();
+        }
+    }
 }
 
 /// The store of `dir` with maintenance run only by [`maintain`]: what it does, and when,
@@ -2228,24 +2238,7 @@ async fn the_newest_of_a_value_are_found_while_their_segments_are_released() {
         .capped("dead", &spec(1000, &["reason"]))
         .await
         .unwrap();
-    for b in 0..200u64 {
-        events
-            .append(
-                (b * 10..b * 10 + 10).map(event).collect(),
-                Durability::Acknowledged,
-            )
-            .await
-            .unwrap();
-        if b % 50 == 0 || b == 199 {
-            letters
-                .append(
-                    vec![contract::doc(json!({"reason": "bad", "b": b}))],
-                    Durability::Acknowledged,
-                )
-                .await
-                .unwrap();
-        }
-    }
+    events_and_letters(&events, &letters, |b| b % 50 == 0 || b == 199).await;
     let before = store.segments();
     let (held_tx, held_rx) = std::sync::mpsc::channel();
     let (go_tx, go_rx) = std::sync::mpsc::channel();

@@ -96,6 +96,80 @@ pub(super) enum Key<'a> {
     Other(&'a Value),
 }
 
+impl<'a> Key<'a> {
+    /// The key of a group by `value` (missing: null), as met in a document.
+    pub(super) fn of(value: Option<&'a Value>) -> Key<'a> {
+        match value {
+            None | Some(Value::Null) => Key::Null,
+            Some(Value::String(s)) => Key::Str(s),
+            Some(v) => Key::Other(v),
+        }
+    }
+}
+
+/// The groups made so far from what the engine keeps, and what comes after them.
+pub(super) struct Grouped {
+    pub(super) table: Table,
+    pub(super) accs: Vec<(String, i64)>,
+    /// The stages after the group ([`Pipeline::after_grouping`]).
+    pub(super) rest: Pipeline,
+    pub(super) by_count: bool,
+    pub(super) limits: Limits,
+}
+
+impl Grouped {
+    /// Reads the documents of `gaps` (only `fields`, each with its position as `_id`) and
+    /// hands each to `add`, which groups it into the table and says whether it passed the
+    /// stages before the group; then runs the rest of the pipeline over the groups. Returns
+    /// the answer, the documents read, those that passed, and the groups.
+    pub(super) async fn read_gaps(
+        self,
+        c: Arc<dyn Capped>,
+        gaps: Vec<(Position, Position)>,
+        fields: Option<Vec<String>>,
+        mut add: impl FnMut(&Document, &mut Table) -> Result<bool, QueryError> + Send + 'static,
+    ) -> Result<(Answer, u64, u64, u64), AggregateError> {
+        let (tx, mut rx) = mpsc::channel::<Vec<Document>>(IN_FLIGHT);
+        let Grouped {
+            mut table,
+            accs,
+            rest,
+            by_count,
+            limits,
+        } = self;
+        let eval = evaluate(move || {
+            let (mut read, mut passed) = (0u64, 0u64);
+            while let Some(batch) = rx.blocking_recv() {
+                for doc in batch {
+                    read += 1;
+                    passed += u64::from(add(&doc, &mut table)?);
+                }
+            }
+            let docs = table.into_docs(&accs);
+            let groups = docs.len() as u64;
+            let mut answer = rest.run(docs, limits)?;
+            if by_count {
+                // The sort is the `$sortByCount`'s own, not a stage of the client's.
+                answer.stages.remove(0);
+            }
+            Ok::<_, QueryError>((answer, read, passed, groups))
+        })?;
+        let reading = off_runtime(async move {
+            for (first, last) in gaps {
+                read_range(c.clone(), first, last, fields.as_deref(), true, tx.clone()).await?;
+            }
+            Ok::<_, StoreError>(())
+        })?
+        .await
+        .map_err(|_| StoreError::Invalid("the query's reading stopped".into()))?;
+        let evaluated = eval
+            .await
+            .map_err(|_| StoreError::Invalid("the query's evaluation stopped".into()))?;
+        reading?;
+        Ok(evaluated?)
+    }
+}
+
 /// The groups met so far, as the `$group` stage holds them (and bounded as it is).
 pub(super) struct Table {
     index: GroupIndex,
@@ -218,48 +292,22 @@ pub(super) async fn aggregate(
 
     // The documents no summary covers, read and grouped on a query's thread.
     let gaps = gaps(oldest, newest, &covered);
-    let (tx, mut rx) = mpsc::channel::<Vec<Document>>(IN_FLIGHT);
-    let rest = pipeline.after_grouping(0, g.by_count);
-    let (parts, accs, by_count) = (g.parts, g.accs, g.by_count);
-    let eval = evaluate(move || {
-        let mut table = table;
-        let mut read = 0u64;
-        while let Some(batch) = rx.blocking_recv() {
-            for doc in batch {
-                read += 1;
-                let position = doc.get("_id").and_then(Value::as_u64).unwrap_or(0);
-                let value = super::value_at(&doc, &parts);
-                let key = match value.as_deref() {
-                    None | Some(Value::Null) => Key::Null,
-                    Some(Value::String(s)) => Key::Str(s),
-                    Some(v) => Key::Other(v),
-                };
-                table.add(key, position, 1)?;
-            }
-        }
-        let docs = table.into_docs(&accs);
-        let groups = docs.len() as u64;
-        let mut answer = rest.run(docs, limits)?;
-        if by_count {
-            // The sort is the `$sortByCount`'s own, not a stage of the client's.
-            answer.stages.remove(0);
-        }
-        Ok::<_, QueryError>((answer, read, groups))
-    })?;
-    let fields = [g.field];
-    let reading = off_runtime(async move {
-        for (first, last) in gaps {
-            read_range(c.clone(), first, last, Some(&fields), true, tx.clone()).await?;
-        }
-        Ok::<_, StoreError>(())
-    })?
-    .await
-    .map_err(|_| StoreError::Invalid("the query's reading stopped".into()))?;
-    let evaluated = eval
-        .await
-        .map_err(|_| StoreError::Invalid("the query's evaluation stopped".into()))?;
-    reading?;
-    let (mut answer, read, groups) = evaluated?;
+    let parts = g.parts;
+    let grouped = Grouped {
+        table,
+        accs: g.accs,
+        rest: pipeline.after_grouping(0, g.by_count),
+        by_count: g.by_count,
+        limits,
+    };
+    let (mut answer, read, _, groups) = grouped
+        .read_gaps(c, gaps, Some(vec![g.field]), move |doc, table| {
+            let position = doc.get("_id").and_then(Value::as_u64).unwrap_or(0);
+            let value = super::value_at(doc, &parts);
+            table.add(Key::of(value.as_deref()), position, 1)?;
+            Ok(true)
+        })
+        .await?;
     let mut stages = vec![StageRun {
         stage,
         ran: "index",

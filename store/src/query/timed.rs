@@ -23,11 +23,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{Map, Value};
-use tokio::sync::mpsc;
 
 use super::expr::{Expr, truncate};
-use super::indexed::{Key, Table, counting, gaps};
-use super::read::{AggregateError, IN_FLIGHT, evaluate, off_runtime, read_range};
+use super::indexed::{Grouped, Key, Table, counting, gaps};
+use super::read::{AggregateError, evaluate};
 use super::{Answer, Limits, Pipeline, QueryError, Stage, StageRun};
 use crate::{Capped, Document, Filter, Position, ReceivedRun, StoreError, TimeSpan};
 
@@ -201,7 +200,7 @@ impl Counted {
                 None => return,
             },
         };
-        if let Err(e) = self.table.add(Key::Other(&key), run.first.0, run.timed) {
+        if let Err(e) = self.table.add(Key::of(Some(&key)), run.first.0, run.timed) {
             self.failed = Some(e);
             return;
         }
@@ -275,58 +274,33 @@ pub(super) async fn aggregate(
 
     // The documents no run decides, read and grouped on a query's thread.
     let gaps = gaps(first, last, &covered);
-    let (tx, mut rx) = mpsc::channel::<Vec<Document>>(IN_FLIGHT);
-    let rest = pipeline.after_grouping(g.at, g.by_count);
-    let eval = {
-        let g = g.clone();
-        evaluate(move || {
-            let (mut table, mut read, mut passed) = (table, 0u64, passed);
-            while let Some(batch) = rx.blocking_recv() {
-                for doc in batch {
-                    read += 1;
-                    if let Some((f, _)) = &g.filter
-                        && !f.matches(&doc)
-                    {
-                        continue;
-                    }
-                    passed += 1;
-                    let position = doc.get("_id").and_then(Value::as_u64).unwrap_or(0);
-                    let value = g
-                        .key
-                        .eval_ref(&doc)
-                        .map_err(|e| QueryError::at(&g.path(), e))?;
-                    let key = match value.as_deref() {
-                        None | Some(Value::Null) => Key::Null,
-                        Some(Value::String(s)) => Key::Str(s),
-                        Some(v) => Key::Other(v),
-                    };
-                    table.add(key, position, 1)?;
-                }
-            }
-            let docs = table.into_docs(&g.accs);
-            let groups = docs.len() as u64;
-            let mut answer = rest.run(docs, limits)?;
-            if g.by_count {
-                // The sort is the `$sortByCount`'s own, not a stage of the client's.
-                answer.stages.remove(0);
-            }
-            Ok::<_, QueryError>((answer, read, passed, groups))
-        })?
+    let grouped = Grouped {
+        table,
+        accs: g.accs.clone(),
+        rest: pipeline.after_grouping(g.at, g.by_count),
+        by_count: g.by_count,
+        limits,
     };
-    let fields = pipeline.fields_read();
-    let reading = off_runtime(async move {
-        for (first, last) in gaps {
-            read_range(c.clone(), first, last, fields.as_deref(), true, tx.clone()).await?;
-        }
-        Ok::<_, StoreError>(())
-    })?
-    .await
-    .map_err(|_| StoreError::Invalid("the query's reading stopped".into()))?;
-    let evaluated = eval
-        .await
-        .map_err(|_| StoreError::Invalid("the query's evaluation stopped".into()))?;
-    reading?;
-    let (mut answer, read, passed, groups) = evaluated?;
+    let (mut answer, read, passed_read, groups) = {
+        let g = g.clone();
+        grouped
+            .read_gaps(c, gaps, pipeline.fields_read(), move |doc, table| {
+                if let Some((f, _)) = &g.filter
+                    && !f.matches(doc)
+                {
+                    return Ok(false);
+                }
+                let position = doc.get("_id").and_then(Value::as_u64).unwrap_or(0);
+                let value = g
+                    .key
+                    .eval_ref(doc)
+                    .map_err(|e| QueryError::at(&g.path(), e))?;
+                table.add(Key::of(value.as_deref()), position, 1)?;
+                Ok(true)
+            })
+            .await?
+    };
+    let passed = passed + passed_read;
     let mut stages = Vec::new();
     if g.filter.is_some() {
         stages.push(StageRun {
