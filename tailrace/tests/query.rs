@@ -122,6 +122,9 @@ async fn the_stored_window_answers_aggregations() {
         .map(|d| d["n"].as_u64().unwrap())
         .sum();
     assert_eq!(total, 300, "{a}");
+    // Added up from the engine's counts of events received each second, not read.
+    assert_eq!(a["stages"][0]["ran"], "timeline", "{a}");
+    assert!(a["read"].as_u64() < Some(300), "{a}");
     assert!(
         a["docs"][0]["_id"]["$date"]
             .as_str()
