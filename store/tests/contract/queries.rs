@@ -37,7 +37,11 @@ const DOCS: u64 = 1_200;
 const LANGS: [&str; 7] = ["en", "ja", "ar", "🌍", "ü", "und", "zh-Hant"];
 const TAGS: [&str; 6] = ["rust", "東京", "مرحبا", "🦀", "a.b", "Ünïcode"];
 
-/// Document `i`: received `i` × 700 ms after [`BASE_MS`], so the set spans 14 minutes.
+/// Between two documents' received times: five a second, so that the embedded engine keeps
+/// runs of them ([`store::ReceivedRun`]) and a count by minute adds those up.
+const STEP_MS: i64 = 200;
+
+/// Document `i`: received `i` × [`STEP_MS`] after [`BASE_MS`], so the set spans 4 minutes.
 fn event(i: u64) -> Document {
     let mut d = json!({
         "i": i,
@@ -45,7 +49,7 @@ fn event(i: u64) -> Document {
         "n": (i * 37 % 101) as i64 - 50,
         "f": (i % 13) as f64 / 4.0,
         "user": {"screen_name": format!("u{}", i * 7 % 61)},
-        "_tailrace": {"received": store::date::value(BASE_MS + i as i64 * 700).unwrap()},
+        "_tailrace": {"received": store::date::value(BASE_MS + i as i64 * STEP_MS).unwrap()},
     });
     match i % 5 {
         0 => {}
@@ -70,7 +74,7 @@ fn at(ms: i64) -> Value {
 
 /// A first `$match`, or none.
 fn first_match(r: &mut Rng) -> Option<Value> {
-    let span = DOCS as i64 * 700;
+    let span = DOCS as i64 * STEP_MS;
     let from = BASE_MS - 5_000 + r.below(span as u64 + 10_000) as i64;
     let to = from + r.below(span as u64 / 2) as i64;
     let range = json!({"_tailrace.received": {"$gte": at(from), "$lt": at(to)}});
@@ -124,7 +128,7 @@ fn rest_values(r: &mut Rng) -> Vec<Value> {
         ("langs", json!({"$addToSet": "$lang"})),
         ("count", json!({"$count": {}})),
     ];
-    match r.below(5) {
+    match r.below(6) {
         0 | 1 => {
             let key = match r.below(4) {
                 0 => json!("$lang"),
@@ -175,7 +179,29 @@ fn rest_values(r: &mut Rng) -> Vec<Value> {
             json!({"$skip": r.below(30)}),
             json!({"$limit": 1 + r.below(40)}),
         ],
-        _ => vec![json!({"$count": "n"})],
+        4 => vec![json!({"$count": "n"})],
+        // Counting by time: added up from runs where the engine keeps them.
+        _ => {
+            let key = match r.below(3) {
+                0 => json!({"$dateTrunc": {"date": "$_tailrace.received", "unit": "minute"}}),
+                1 => {
+                    json!({"$dateTrunc": {"date": "$_tailrace.received", "unit": "second", "binSize": 30}})
+                }
+                _ => {
+                    json!({"m": {"$dateTrunc": {"date": "$_tailrace.received", "unit": "minute"}}, "k": null})
+                }
+            };
+            if r.below(3) == 0 {
+                return vec![
+                    json!({"$sortByCount": key}),
+                    json!({"$limit": 1 + r.below(5)}),
+                ];
+            }
+            vec![
+                json!({"$group": {"_id": key, "events": {"$sum": 1}, "count": {"$count": {}}}}),
+                json!({"$sort": {"_id": 1}}),
+            ]
+        }
     }
 }
 
@@ -198,6 +224,8 @@ pub async fn random_pipelines_answer_as_in_memory(store: &dyn Store) {
     }
     let mut r = Rng(0x7A11_5ACE_D00D_F00D);
     let mut failures = Vec::new();
+    // Answers added up from runs of documents received each second.
+    let mut timeline = 0u32;
     for _ in 0..150 {
         let mut stages: Vec<(String, Value)> = first_match(&mut r)
             .map(|m| (json!({"$match": m}).to_string(), json!({"$match": m})))
@@ -220,6 +248,7 @@ pub async fn random_pipelines_answer_as_in_memory(store: &dyn Store) {
         let got = aggregate(Input::Capped(c.clone()), pipeline, Limits::default())
             .await
             .unwrap_or_else(|e| panic!("{json}: {e}"));
+        timeline += u32::from(got.stages.iter().any(|s| s.ran == "timeline"));
         if got.docs != want.docs {
             failures.push(format!(
                 "{json}\n  engine:    {}\n  in memory: {}",
@@ -234,6 +263,10 @@ pub async fn random_pipelines_answer_as_in_memory(store: &dyn Store) {
         failures.len(),
         failures.join("\n")
     );
+    // An engine that reads in-process and keeps runs used them for some.
+    if c.server_query().is_none() {
+        assert!(timeline >= 5, "{timeline} of 150 from the timeline");
+    }
 }
 
 /// Each stage runs on the collection's server when the server evaluates everything the stage
