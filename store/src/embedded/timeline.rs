@@ -126,8 +126,11 @@ impl Zone {
             return;
         };
         let second = match time {
-            // The zone is read whole from now on ([`Zone::unplaced`]), and gives no runs.
-            Time::Unplaced => return,
+            // The zone is read whole from now on ([`Zone::unplaced`]): runs would not be used.
+            Time::Unplaced => {
+                self.runs = None;
+                return;
+            }
             Time::None => None,
             Time::At(ms) => Some(ms.div_euclid(1000)),
         };
@@ -155,14 +158,14 @@ impl Zone {
 
     /// Calls `each` with the zone's runs lying within positions `[from, to]`, in order.
     fn each_run(&self, from: u64, to: u64, each: &mut dyn FnMut(crate::ReceivedRun)) {
-        let (Some(runs), Some((_, last)), false) = (&self.runs, self.positions, self.unplaced)
-        else {
+        let (Some(runs), Some((_, last))) = (&self.runs, self.positions) else {
             return;
         };
-        for (i, run) in runs.iter().enumerate() {
+        let start = runs.partition_point(|r| r.first < from);
+        for (i, run) in runs.iter().enumerate().skip(start) {
             let end = runs.get(i + 1).map_or(last, |next| next.first - 1);
-            if run.first < from || end > to {
-                continue;
+            if end > to {
+                break;
             }
             each(crate::ReceivedRun {
                 first: Position(run.first),
