@@ -133,19 +133,28 @@ impl TimeGrouping {
     /// The group key of the documents received in `second`, as the key makes it of each;
     /// `None` when making it fails (the documents are then read, and fail as they would).
     fn key_of(&self, second: i64) -> Option<Value> {
-        let ms = second.checked_mul(1000)?;
+        // The usual key, without writing and reading back a date per run.
+        if let Some(bin) = self.bin_of(second) {
+            return crate::date::value(bin);
+        }
+        let mut stamp = Map::new();
+        stamp.insert(
+            "received".to_owned(),
+            crate::date::value(second.checked_mul(1000)?)?,
+        );
+        let mut doc = Document::new();
+        doc.insert(crate::STAMP_FIELD.to_owned(), Value::Object(stamp));
+        Some(self.key.eval(&doc).ok()?.unwrap_or(Value::Null))
+    }
+
+    /// When the key is a `$dateTrunc` of the received time itself: the start (ms) of the bin
+    /// `second` falls in.
+    fn bin_of(&self, second: i64) -> Option<i64> {
         match &self.key {
-            // The usual key, without writing and reading back a date per run.
             Expr::DateTrunc { date, unit_ms, bin } if is_received(date) => {
-                crate::date::value(truncate(ms, *unit_ms, *bin)?)
+                truncate(second.checked_mul(1000)?, *unit_ms, *bin)
             }
-            key => {
-                let mut stamp = Map::new();
-                stamp.insert("received".to_owned(), crate::date::value(ms)?);
-                let mut doc = Document::new();
-                doc.insert(crate::STAMP_FIELD.to_owned(), Value::Object(stamp));
-                Some(key.eval(&doc).ok()?.unwrap_or(Value::Null))
-            }
+            _ => None,
         }
     }
 
@@ -187,12 +196,7 @@ impl Counted {
             Fate::Read => return,
             Fate::Counted(second) => second,
         };
-        let bin = match &g.key {
-            Expr::DateTrunc { date, unit_ms, bin } if is_received(date) => second
-                .checked_mul(1000)
-                .and_then(|ms| truncate(ms, *unit_ms, *bin)),
-            _ => None,
-        };
+        let bin = g.bin_of(second);
         let key = match (&self.last, bin) {
             (Some((b, key)), Some(bin)) if *b == bin => key.clone(),
             _ => match g.key_of(second) {
