@@ -76,8 +76,6 @@ struct Zone {
     since_mark: u64,
     /// Every document's run, in order; `None` once they stand for too few documents.
     runs: Option<Vec<Run>>,
-    /// Documents added.
-    docs: u64,
 }
 
 impl Zone {
@@ -95,7 +93,6 @@ impl Zone {
             Some((first, _)) => (first, pos),
             None => (pos, pos),
         });
-        self.docs += 1;
         self.add_to_runs(pos, &time);
         let ms = match time {
             Time::None => return,
@@ -149,8 +146,10 @@ impl Zone {
                 Some(())
             }
         };
+        // The zone's positions are its documents'.
+        let docs = self.positions.map_or(0, |(first, last)| last - first + 1);
         let too_many = runs.len() > RUNS_ALWAYS_KEPT
-            && runs.len() as u64 > self.docs / DOCS_PER_RUN + RUNS_ALWAYS_KEPT as u64;
+            && runs.len() as u64 > docs / DOCS_PER_RUN + RUNS_ALWAYS_KEPT as u64;
         if counted.is_none() || too_many {
             self.runs = None;
         }
