@@ -1,11 +1,12 @@
 //! The stack for real: `scripts/stack.sh up` runs docker-compose.yml's `ferretdb` profile
-//! (PostgreSQL, FerretDB on it, the one-shot that creates FerretDB's oplog, tailrace, Prometheus)
+//! (PostgreSQL, FerretDB on it, the one-shot that waits for FerretDB, tailrace, Prometheus)
 //! from images built on this machine, on its own Docker daemon, through the machine's override
 //! (scripts/stack/compose.host.yml). Then, under the stream the users' file configures
 //! (synthetic, 70 events/s):
 //!
 //! - nothing listens beyond loopback, no bridge network or `br-*`/`docker0` link exists;
-//! - the pipeline writes at least 90 % of 70 events/s over at least 3 minutes;
+//! - the pipeline writes at least 90 % of 70 events/s over at least 3 minutes, and FerretDB
+//!   writes no oplog (the profile's default);
 //! - FerretDB is killed (SIGKILL of its process) under ingestion and its restart policy brings
 //!   it back; afterwards the tailable feed's completeness audit counts nothing missing or
 //!   doubled, and the server holds every sequence number once, in order;
@@ -353,6 +354,16 @@ async fn the_ferretdb_stack_runs_for_real() {
             "the pipeline wrote {rate:.1} events/s over {elapsed:.0} s (FerretDB's kill \
              included), below 90 % of the configured {RATE_PER_SEC}/s; queue depth {}",
             st["ingest"]["queue_depth"]
+        ));
+    }
+
+    // The one-shot created no oplog (unless FERRETDB_OPLOG=true): FerretDB writes none, and
+    // tailrace's probe finds none.
+    let oplog_asked = std::env::var("FERRETDB_OPLOG").is_ok_and(|v| v == "true");
+    if st["info"]["capabilities"]["oplog"]["supported"] != oplog_asked {
+        problems.push(format!(
+            "FerretDB's oplog: FERRETDB_OPLOG={oplog_asked}, but the probe found {}",
+            st["info"]["capabilities"]["oplog"]
         ));
     }
 
