@@ -132,27 +132,9 @@ start() {
     >"$home/log" 2>&1 &
   echo $! > "$home/pid"
   local uri="mongodb://127.0.0.1:$port/?replicaSet=rs0"
-  # Waits for `ping` (up to 30 s), then creates the oplog FerretDB writes once it exists.
-  if ! "$py" - "$uri" <<'PY'
-import sys, time
-from pymongo import MongoClient
-from pymongo.errors import CollectionInvalid, PyMongoError
-client = MongoClient(sys.argv[1], serverSelectionTimeoutMS=1000)
-deadline = time.monotonic() + 30
-while True:
-    try:
-        client.admin.command("ping")
-        break
-    except PyMongoError as e:
-        if time.monotonic() > deadline:
-            sys.exit(f"no answer to ping within 30 s: {e}")
-        time.sleep(0.2)
-try:
-    client.local.create_collection("oplog.rs", capped=True, size=256 * 1024 * 1024, max=10000)
-except CollectionInvalid:
-    pass
-PY
-  then
+  # Waits for `ping`, then creates the oplog FerretDB writes once it exists: the compose
+  # stack's one-shot, asked for the oplog (its messages to stderr: stdout is the URI).
+  if ! FERRETDB_OPLOG=true "$py" "$here/config/ferretdb/ready.py" "$uri" >&2; then
     tail -n 20 "$home/log" >&2
     stop
     die "FerretDB did not start (its log is above)"
