@@ -352,8 +352,11 @@ async fn the_ferretdb_stack_runs_for_real() {
     if rate < 0.9 * RATE_PER_SEC {
         problems.push(format!(
             "the pipeline wrote {rate:.1} events/s over {elapsed:.0} s (FerretDB's kill \
-             included), below 90 % of the configured {RATE_PER_SEC}/s; queue depth {}",
-            st["ingest"]["queue_depth"]
+             included), below 90 % of the configured {RATE_PER_SEC}/s; queue depth {} (not \
+             yet gathered into a batch); the tail feed read {} events, the ingester counted \
+             {} written (an event is counted once its batch's rollups are written too, so a \
+             feed far ahead means the rollups lag)",
+            st["ingest"]["queue_depth"], st["feeds"][0]["events"], st["ingest"]["written"]
         ));
     }
 
