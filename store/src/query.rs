@@ -96,7 +96,9 @@ impl std::error::Error for QueryError {}
 /// What a query may hold.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
-    /// Approximate bytes of groups, sort buffers and sets held at once.
+    /// Bytes held at once: groups as their tables allocate them (a growth that would pass
+    /// the bound, counting the old block while it is copied, is refused before it is made);
+    /// sort buffers and sets by their documents' approximate sizes.
     pub max_bytes: usize,
 }
 

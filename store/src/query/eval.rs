@@ -84,31 +84,82 @@ pub(super) struct GroupIndex {
     table: hashbrown::HashTable<(u64, usize)>,
     hasher: hashbrown::DefaultHashBuilder,
     /// Each group's text: `spans[g]` in `texts`.
-    texts: String,
+    texts: Vec<u8>,
     spans: Vec<(usize, usize)>,
 }
 
+/// Bytes of an entry of [`GroupIndex`]'s table: the entry and its control byte.
+const ENTRY_BYTES: usize = std::mem::size_of::<(u64, usize)>() + 1;
+
 impl GroupIndex {
-    /// The group of `canon`, and whether it is new (then numbered next).
-    pub(super) fn group(&mut self, canon: &str) -> (usize, bool) {
+    /// The hash of `canon`, and its group if it has one.
+    pub(super) fn find(&self, canon: &str) -> (u64, Option<usize>) {
         use std::hash::BuildHasher;
         let hash = self.hasher.hash_one(canon);
         let (texts, spans) = (&self.texts, &self.spans);
         let found = self.table.find(hash, |&(h, g)| {
             h == hash && {
                 let (at, len) = spans[g];
-                &texts[at..at + len] == canon
+                &texts[at..at + len] == canon.as_bytes()
             }
         });
-        if let Some(&(_, g)) = found {
-            return (g, false);
+        (hash, found.map(|&(_, g)| g))
+    }
+
+    /// Makes room for a group of a text of `len` bytes, and says how many bytes that
+    /// allocated; `None`, having allocated nothing more, when growing would hold more than
+    /// `room` bytes at once ([`reserve`]).
+    pub(super) fn make_room(&mut self, len: usize, room: usize) -> Option<usize> {
+        let mut grown = 0;
+        let cap = self.table.capacity();
+        if self.table.len() == cap {
+            // hashbrown doubles its entries (from 4) when full, and uses 7/8 of them.
+            let entries = if cap == 0 { 0 } else { (cap * 8).div_ceil(7) };
+            let next = (entries * 2).max(4);
+            if next * ENTRY_BYTES > room {
+                return None;
+            }
+            let before = self.table_bytes();
+            self.table.reserve(1, |e| e.0);
+            grown += self.table_bytes().saturating_sub(before);
         }
+        grown += reserve(&mut self.texts, len, room.checked_sub(grown)?)?;
+        grown += reserve(&mut self.spans, 1, room.checked_sub(grown)?)?;
+        Some(grown)
+    }
+
+    /// Numbers `canon`, which [`GroupIndex::find`] gave `hash` and no group, as the next
+    /// group.
+    pub(super) fn insert(&mut self, hash: u64, canon: &str) -> usize {
         let g = self.spans.len();
         self.spans.push((self.texts.len(), canon.len()));
-        self.texts.push_str(canon);
+        self.texts.extend_from_slice(canon.as_bytes());
         self.table.insert_unique(hash, (hash, g), |e| e.0);
-        (g, true)
+        g
     }
+
+    fn table_bytes(&self) -> usize {
+        (self.table.capacity() * 8).div_ceil(7) * ENTRY_BYTES
+    }
+}
+
+/// Grows `v` to hold `extra` more, to twice its capacity at least, when it must, and says
+/// how many bytes that allocated; `None`, with nothing allocated, when the growth would hold
+/// more than `room` bytes at once: the new block, and the old one while it is copied.
+/// Checking before growing, rather than counting after, keeps a doubling of a large table
+/// from passing a query's bound by as much again before it is refused.
+pub(super) fn reserve<T>(v: &mut Vec<T>, extra: usize, room: usize) -> Option<usize> {
+    let (len, cap) = (v.len(), v.capacity());
+    if cap - len >= extra {
+        return Some(0);
+    }
+    let size = std::mem::size_of::<T>();
+    let want = (cap * 2).max(len + extra).max(4);
+    if want * size > room {
+        return None;
+    }
+    v.reserve_exact(want - len);
+    Some((v.capacity() - cap) * size)
 }
 
 #[derive(Default)]
@@ -120,6 +171,21 @@ struct Groups {
     /// one array, not one per group, so adding to a group reaches its accumulators without
     /// following a pointer of their own.
     accs: Vec<AccState>,
+}
+
+impl Groups {
+    /// Makes room for a new group (of a text of `len` bytes, `per` accumulators, and `heap`
+    /// bytes its key and accumulators allocate of their own), and says how many bytes it will
+    /// hold; `None`, having grown nothing more, when that would
+    /// pass `room`. What a set or a list accumulator holds beyond its slot is counted as it
+    /// grows.
+    fn room_for(&mut self, len: usize, heap: usize, per: usize, room: usize) -> Option<usize> {
+        let mut grown = heap;
+        grown += self.index.make_room(len, room.checked_sub(grown)?)?;
+        grown += reserve(&mut self.keys, 1, room.checked_sub(grown)?)?;
+        grown += reserve(&mut self.accs, per, room.checked_sub(grown)?)?;
+        Some(grown)
+    }
 }
 
 pub(super) fn run<I>(stages: &[Stage], docs: I, limits: Limits) -> Result<Answer, QueryError>
@@ -332,17 +398,21 @@ impl Run<'_> {
         self.canon.clear();
         write_key(&key, &mut self.canon);
         let canon = self.canon.as_str();
+        let room = self.limits.max_bytes.saturating_sub(self.held);
         let State::Groups(g) = &mut self.states[i] else {
             return Ok(());
         };
         let per = accs.len();
-        let (slot, new_bytes) = match g.index.group(canon) {
-            (slot, false) => (slot, 0),
-            (slot, true) => {
-                let bytes = group_bytes(canon.len(), per);
+        let (slot, new_bytes) = match g.index.find(canon) {
+            (_, Some(slot)) => (slot, 0),
+            (hash, None) => {
+                let heap = heap_of(&key) + accs.clone().map(AccState::heap_of_new).sum::<usize>();
+                let Some(grown) = g.room_for(canon.len(), heap, per, room) else {
+                    return Err(self.err(i, over_bound(self.limits)));
+                };
                 g.keys.push(key.into_owned());
                 g.accs.extend(accs.clone().map(AccState::new));
-                (slot, bytes)
+                (g.index.insert(hash, canon), grown)
             }
         };
         let mut grown = new_bytes;
@@ -380,18 +450,23 @@ impl Run<'_> {
                 vec![d]
             }
             (Stage::Group { accs, .. }, State::Groups(g)) => {
-                let mut states = g.accs.into_iter();
-                g.keys
-                    .into_iter()
-                    .map(|key| {
-                        let mut d = Map::new();
-                        d.insert("_id".into(), key);
-                        for ((name, _), s) in accs.iter().zip(states.by_ref()) {
-                            d.insert(name.clone(), s.finish());
-                        }
-                        d
-                    })
-                    .collect()
+                // A document a group, made as the next stage takes it: all of them at once
+                // would hold as much again as the groups, uncounted.
+                let Groups {
+                    keys, accs: states, ..
+                } = g;
+                let mut states = states.into_iter();
+                for key in keys {
+                    let mut d = Map::new();
+                    d.insert("_id".into(), key);
+                    for ((name, _), s) in accs.iter().zip(states.by_ref()) {
+                        d.insert(name.clone(), s.finish());
+                    }
+                    if self.emit(i + 1, d)? == Flow::Done {
+                        break;
+                    }
+                }
+                return self.finish(i + 1);
             }
             (Stage::SortByCount(_), State::Groups(g)) => by_count(g, self.kept_after(i)),
             _ => Vec::new(),
@@ -567,10 +642,14 @@ pub(super) fn compare(a: &Value, b: &Value) -> Ordering {
     }
 }
 
-/// What a new group counts against a query's bound: its key's text (held twice, as the key
-/// and in the index of keys), its accumulators, and what holds them.
-pub(super) fn group_bytes(key_len: usize, accumulators: usize) -> usize {
-    key_len * 2 + 64 + 48 * accumulators
+/// What a value holds beyond its own slot: a string's text, an array's or an object's
+/// contents.
+pub(super) fn heap_of(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.capacity(),
+        Value::Array(_) | Value::Object(_) => size_of(v),
+        _ => 0,
+    }
 }
 
 /// Why a stage holding more than `limits` allow is refused.
@@ -662,7 +741,8 @@ enum AccState {
     Pick(Option<Value>),
     First(Option<Value>),
     Last(Value),
-    Set(HashSet<String>, Vec<Value>),
+    /// Boxed: the largest state by far, it would make every group's accumulators as large.
+    Set(Box<(HashSet<String>, Vec<Value>)>),
     Push(Vec<Value>),
     Count(u64),
 }
@@ -681,9 +761,17 @@ impl AccState {
             Acc::Min(_) | Acc::Max(_) => AccState::Pick(None),
             Acc::First(_) => AccState::First(None),
             Acc::Last(_) => AccState::Last(Value::Null),
-            Acc::AddToSet(_) => AccState::Set(HashSet::new(), Vec::new()),
+            Acc::AddToSet(_) => AccState::Set(Box::default()),
             Acc::Push(_) => AccState::Push(Vec::new()),
             Acc::Count => AccState::Count(0),
+        }
+    }
+
+    /// What a new state of `acc` allocates beyond its slot.
+    fn heap_of_new(acc: &Acc) -> usize {
+        match acc {
+            Acc::AddToSet(_) => std::mem::size_of::<(HashSet<String>, Vec<Value>)>(),
+            _ => 0,
         }
     }
 
@@ -727,7 +815,8 @@ impl AccState {
                 *last = e.eval(doc)?.unwrap_or(Value::Null);
                 return Ok(size_of(last));
             }
-            (AccState::Set(seen, values), Acc::AddToSet(e)) => {
+            (AccState::Set(set), Acc::AddToSet(e)) => {
+                let (seen, values) = &mut **set;
                 if let Some(v) = e.eval_ref(doc)? {
                     let key = canonical(&v);
                     let grow = key.len() + size_of(&v) + 32;
@@ -761,7 +850,8 @@ impl AccState {
             AccState::Pick(v) => v.unwrap_or(Value::Null),
             AccState::First(v) => v.unwrap_or(Value::Null),
             AccState::Last(v) => v,
-            AccState::Set(_, values) | AccState::Push(values) => Value::Array(values),
+            AccState::Set(set) => Value::Array(set.1),
+            AccState::Push(values) => Value::Array(values),
             AccState::Count(n) => Value::from(n),
         }
     }

@@ -17,7 +17,7 @@ use std::time::Instant;
 use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 
-use super::eval::{GroupIndex, group_bytes, over_bound, write_key};
+use super::eval::{GroupIndex, heap_of, over_bound, reserve, write_key};
 use super::expr::Expr;
 use super::read::{AggregateError, IN_FLIGHT, evaluate, off_runtime, read_range};
 use super::{Acc, Answer, Limits, Pipeline, QueryError, Stage, StageRun};
@@ -145,9 +145,12 @@ impl Grouped {
                     passed += u64::from(add(&doc, &mut table)?);
                 }
             }
-            let docs = table.into_docs(&accs);
-            let groups = docs.len() as u64;
-            let mut answer = rest.run(docs, limits)?;
+            let groups = table.len() as u64;
+            // The stages after the `$group` hold what the groups leave of the bound.
+            let left = Limits {
+                max_bytes: limits.max_bytes.saturating_sub(table.held()),
+            };
+            let mut answer = rest.run(table.into_docs(&accs), left)?;
             if by_count {
                 // The sort is the `$sortByCount`'s own, not a stage of the client's.
                 answer.stages.remove(0);
@@ -177,20 +180,18 @@ pub(super) struct Table {
     groups: Vec<(u64, Value, u64)>,
     canon: String,
     held: usize,
-    per: usize,
     limits: Limits,
     /// The stage's path (`[0].$group`), for a refusal.
     at: String,
 }
 
 impl Table {
-    pub(super) fn new(per: usize, limits: Limits, at: String) -> Table {
+    pub(super) fn new(limits: Limits, at: String) -> Table {
         Table {
             index: GroupIndex::default(),
             groups: Vec::new(),
             canon: String::new(),
             held: 0,
-            per,
             limits,
             at,
         }
@@ -206,43 +207,62 @@ impl Table {
             Key::Null => write_key(&Value::Null, &mut self.canon),
             Key::Other(v) => write_key(v, &mut self.canon),
         }
-        let (slot, new) = self.index.group(&self.canon);
-        if !new {
-            let g = &mut self.groups[slot];
-            g.0 = g.0.min(first);
-            g.2 += count;
-            return Ok(());
-        }
-        // What the `$group` stage counts for a new group.
-        self.held = self
-            .held
-            .saturating_add(group_bytes(self.canon.len(), self.per));
-        if self.held > self.limits.max_bytes {
-            return Err(QueryError::at(&self.at, over_bound(self.limits)));
-        }
+        let hash = match self.index.find(&self.canon) {
+            (_, Some(slot)) => {
+                let g = &mut self.groups[slot];
+                g.0 = g.0.min(first);
+                g.2 += count;
+                return Ok(());
+            }
+            (hash, None) => hash,
+        };
         let value = match key {
             Key::Str(s) => Value::String(s.to_owned()),
             Key::Null => Value::Null,
             Key::Other(v) => v.clone(),
         };
+        // What the `$group` stage counts for a new group: what the table allocates for it,
+        // refused before it grows past the bound.
+        let room = self.limits.max_bytes.saturating_sub(self.held);
+        let grown = (|| {
+            let mut grown = heap_of(&value);
+            grown += self
+                .index
+                .make_room(self.canon.len(), room.checked_sub(grown)?)?;
+            grown += reserve(&mut self.groups, 1, room.checked_sub(grown)?)?;
+            Some(grown)
+        })();
+        let Some(grown) = grown else {
+            return Err(QueryError::at(&self.at, over_bound(self.limits)));
+        };
+        self.held += grown;
+        self.index.insert(hash, &self.canon);
         self.groups.push((first, value, count));
         Ok(())
     }
 
-    /// The `$group`'s output: a document per group, by first position.
-    pub(super) fn into_docs(mut self, accs: &[(String, i64)]) -> Vec<Document> {
+    /// The groups met.
+    pub(super) fn len(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// What the table holds, as counted against the query's bound.
+    pub(super) fn held(&self) -> usize {
+        self.held
+    }
+
+    /// The `$group`'s output: a document per group, by first position, each made as it is
+    /// taken (all of them at once would hold as much again as the groups, uncounted).
+    pub(super) fn into_docs(mut self, accs: &[(String, i64)]) -> impl Iterator<Item = Document> {
         self.groups.sort_by_key(|g| g.0);
-        self.groups
-            .into_iter()
-            .map(|(_, key, count)| {
-                let mut d = Map::new();
-                d.insert("_id".into(), key);
-                for (name, k) in accs {
-                    d.insert(name.clone(), Value::from(*k * count as i64));
-                }
-                d
-            })
-            .collect()
+        self.groups.into_iter().map(move |(_, key, count)| {
+            let mut d = Map::new();
+            d.insert("_id".into(), key);
+            for (name, k) in accs {
+                d.insert(name.clone(), Value::from(*k * count as i64));
+            }
+            d
+        })
     }
 }
 
@@ -260,12 +280,11 @@ pub(super) async fn aggregate(
         return Ok(None);
     };
     let (oldest, newest) = (bounds.oldest, bounds.newest);
-    let per = g.accs.len();
     let stage = if g.by_count { "$sortByCount" } else { "$group" };
     let summed = {
         let (c, field) = (c.clone(), g.field.clone());
         evaluate(move || {
-            let mut table = Table::new(per, limits, format!("[0].{stage}"));
+            let mut table = Table::new(limits, format!("[0].{stage}"));
             let (mut entries, mut failed) = (0u64, None);
             let covered = c.value_groups(&field, oldest, newest, &mut |v| {
                 entries += 1;

@@ -246,7 +246,7 @@ pub(super) async fn aggregate(
         let (c, g) = (c.clone(), g.clone());
         evaluate(move || {
             let mut counted = Counted {
-                table: Table::new(g.accs.len(), limits, g.path()),
+                table: Table::new(limits, g.path()),
                 covered: Vec::new(),
                 runs: 0,
                 passed: 0,
