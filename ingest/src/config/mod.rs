@@ -185,9 +185,9 @@ fn default_max_streams() -> usize {
 fn default_stream_stall_timeout_ms() -> u64 {
     30_000
 }
-/// 100 MiB: MongoDB's bound on one stage without `allowDiskUse`.
+/// 256 MiB: see [`store::query::Limits`]'s default.
 fn default_query_max_bytes() -> usize {
-    100 << 20
+    256 << 20
 }
 fn default_status_interval_secs() -> u64 {
     10
