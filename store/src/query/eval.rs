@@ -176,9 +176,8 @@ struct Groups {
 impl Groups {
     /// Makes room for a new group (of a text of `len` bytes, `per` accumulators, and `heap`
     /// bytes its key and accumulators allocate of their own), and says how many bytes it will
-    /// hold; `None`, having grown nothing more, when that would
-    /// pass `room`. What a set or a list accumulator holds beyond its slot is counted as it
-    /// grows.
+    /// hold; `None`, having grown nothing more, when that would pass `room`. What a set or a
+    /// list accumulator holds beyond its slot is counted as it grows.
     fn room_for(&mut self, len: usize, heap: usize, per: usize, room: usize) -> Option<usize> {
         let mut grown = heap;
         grown += self.index.make_room(len, room.checked_sub(grown)?)?;
